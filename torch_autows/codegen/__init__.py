@@ -1,0 +1,1 @@
+"""Code generation: partitioned Program -> Gluon source (gluon.py) -> cubin (compile.py)."""

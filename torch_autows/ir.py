@@ -1,0 +1,504 @@
+"""The tile IR: a Program of Ops over tile values, frozen dataclasses with a deterministic text form.
+
+A ``Program`` is one kernel: its arguments (tensors in memory and scalars), the output-tile grid it
+walks (``Grid``; persistent or one tile per CTA), its decision points (``Options``) and the body of
+``Op``s that computes one output tile. Values are SSA names (``%acc``) with a ``TileType``: dtype,
+shape and memory space (``reg`` or ``smem``). Index expressions (load coordinates, loop bounds) are
+small Python expressions over scalar names (``pid_m*128+64``, ``cdiv(K,64)``), kept as strings.
+
+Analysis results live on the IR so every pass's result prints:
+    Op.chain      data-partition chain (None: shared read-only input)          data_partition
+    Op.stage      software-pipeline stage inside its loop, Op.order its slot  loop_schedule
+    Op.partition  warp-group role that runs it                                partition_schedule
+    Program.partitions (warps, regs), Program.buffers, Program.channels       later passes
+    Buffer.count / Buffer.offset                                              memory_plan
+    Partition.body, Channel.group, Program.groups (barrier pairs)             code_partition
+
+``format_program`` prints a Program; ``parse_program`` reads the same text back (tests use it to
+write pass inputs and expectations as text).
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "f32": 4, "fp32": 4, "i32": 4, "i64": 8, "fp8e4": 1}
+
+
+@dataclass(frozen=True)
+class TileType:
+    dtype: str
+    shape: tuple[int, ...]
+    space: str = "reg"  # "reg" (distributed over threads) or "smem"
+
+    @property
+    def nbytes(self) -> int:
+        n = DTYPE_BYTES[self.dtype]
+        for d in self.shape:
+            n *= d
+        return n
+
+    def __str__(self) -> str:
+        s = f"{self.dtype}[{','.join(map(str, self.shape))}]"
+        return s if self.space == "reg" else f"{s}@{self.space}"
+
+    @staticmethod
+    def parse(text: str) -> TileType:
+        m = re.fullmatch(r"(\w+)\[([\d,]*)\](?:@(\w+))?", text.strip())
+        if not m:
+            raise ValueError(f"bad tile type {text!r}")
+        shape = tuple(int(x) for x in m.group(2).split(",") if x)
+        return TileType(m.group(1), shape, m.group(3) or "reg")
+
+
+@dataclass(frozen=True)
+class Value:
+    name: str
+    type: TileType
+
+    def __str__(self) -> str:
+        return f"%{self.name}:{self.type}"
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operation. ``body`` is non-empty only for ``loop``; ``attrs`` is a sorted tuple of (key, value)."""
+
+    kind: str
+    results: tuple[Value, ...] = ()
+    operands: tuple[str, ...] = ()
+    attrs: tuple[tuple[str, Any], ...] = ()
+    body: tuple[Op, ...] = ()
+    chain: int | None = None
+    partition: str | None = None
+    stage: int | None = None
+    order: int | None = None
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        for k, v in self.attrs:
+            if k == key:
+                return v
+        return default
+
+    def with_attrs(self, **kw: Any) -> Op:
+        d = dict(self.attrs)
+        d.update(kw)
+        return replace(self, attrs=tuple(sorted(d.items())))
+
+    @property
+    def result(self) -> Value:
+        assert len(self.results) == 1, self
+        return self.results[0]
+
+
+def op(kind: str, results=(), operands=(), body=(), **attrs: Any) -> Op:
+    """Build an Op with attrs given as keywords (sorted, so equal ops compare and print equal)."""
+    return Op(kind, tuple(results), tuple(operands), tuple(sorted(attrs.items())), tuple(body))
+
+
+@dataclass(frozen=True)
+class Arg:
+    """A kernel argument. Tensors are described as they lie in memory (dims outermost first, row-major
+    in the last dim); a transposed view is a ``trans`` op on the loaded tile, not a different Arg."""
+
+    name: str
+    kind: str  # "tensor" | "ptr" | "scalar"
+    dtype: str
+    dims: tuple[str, ...] = ()
+    out: bool = False
+
+    def __str__(self) -> str:
+        if self.kind == "scalar":
+            return f"arg {self.name}: {self.dtype}"
+        return f"arg {self.name}: {self.kind}<{self.dtype}>[{', '.join(self.dims)}]" + (" out" if self.out else "")
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The output tiles: ``tiles`` are (index name, extent expression), outermost first. Persistent
+    kernels walk tiles ``pid, pid + nprog, ...`` in grouped order (``group`` rows of the second-to-last
+    index at a time, for L2 reuse); otherwise one tile per CTA in the same order."""
+
+    tiles: tuple[tuple[str, str], ...]
+    persistent: bool = True
+    group: int = 8
+
+    def __str__(self) -> str:
+        t = ", ".join(f"{n}: {e}" for n, e in self.tiles)
+        return f"grid ({t}) persistent={self.persistent} group={self.group}"
+
+
+@dataclass(frozen=True)
+class Options:
+    """Decision points. Templates fix the tile; passes read the rest; a heuristic or search picks all."""
+
+    block_m: int = 128
+    block_n: int = 256
+    block_k: int = 64
+    stages: int = 4  # wanted copies of each pipelined buffer; memory_plan may lower it to fit SMEM
+    data_partition: int = 2  # 1 or 2 chains along M
+    persistent: bool = True
+    group_m: int = 8
+    mma_pending: int = 1  # async wgmma groups left in flight inside a loop
+    producer_warps: int = 1
+    producer_regs: int = 40
+    smem_limit: int = 232448  # 227 KB per CTA on sm_90
+    regs_per_sm: int = 65536
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    warps: int
+    regs: int
+    body: tuple[Op, ...] = ()
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """SMEM for a value: ``count`` copies (ring slots) at byte ``offset`` (equal offsets = reuse)."""
+
+    name: str
+    type: TileType
+    value: str  # the SSA value it holds
+    count: int | None = None
+    offset: int | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.type.nbytes * (self.count or 1)
+
+
+@dataclass(frozen=True)
+class Channel:
+    """A value crossing partitions, through ``buffer``; ``group`` names its mbarrier ready/empty pair."""
+
+    name: str
+    value: str
+    src: str
+    dsts: tuple[str, ...]
+    buffer: str
+    group: str | None = None
+
+
+@dataclass(frozen=True)
+class BarrierGroup:
+    """One ring of mbarriers: ``ready`` (filled, expect-tx bytes) and ``empty`` (``arrivals`` releases)."""
+
+    name: str
+    count: int
+    arrivals: int
+    nbytes: int
+    channels: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Program:
+    name: str
+    args: tuple[Arg, ...]
+    grid: Grid
+    options: Options
+    body: tuple[Op, ...]
+    partitions: tuple[Partition, ...] = ()
+    buffers: tuple[Buffer, ...] = ()
+    channels: tuple[Channel, ...] = ()
+    groups: tuple[BarrierGroup, ...] = ()
+    smem_bytes: int | None = None
+    notes: tuple[str, ...] = field(default=())
+
+    def arg(self, name: str) -> Arg:
+        for a in self.args:
+            if a.name == name:
+                return a
+        raise KeyError(name)
+
+    def buffer(self, name: str) -> Buffer:
+        return next(b for b in self.buffers if b.name == name)
+
+    def channel(self, name: str) -> Channel:
+        return next(c for c in self.channels if c.name == name)
+
+    def partition(self, name: str) -> Partition:
+        return next(p for p in self.partitions if p.name == name)
+
+
+# ----------------------------------------------------------------------------------------------- walking
+
+
+def walk(ops: tuple[Op, ...]):
+    """Every op, depth first, loops before their bodies."""
+    for o in ops:
+        yield o
+        if o.body:
+            yield from walk(o.body)
+
+
+def defs(ops: tuple[Op, ...]) -> dict[str, Op]:
+    """Value name -> defining op (loop iter_args map to their loop)."""
+    out: dict[str, Op] = {}
+    for o in walk(ops):
+        for r in o.results:
+            out[r.name] = o
+        for name in o.attr("iter_args", ()):
+            out[name] = o
+    return out
+
+
+def value_types(ops: tuple[Op, ...]) -> dict[str, TileType]:
+    out: dict[str, TileType] = {}
+    for o in walk(ops):
+        for r in o.results:
+            out[r.name] = r.type
+        if o.kind == "loop":
+            for name, r in zip(o.attr("iter_args", ()), o.results):
+                out[name] = r.type
+    return out
+
+
+def map_ops(ops: tuple[Op, ...], fn) -> tuple[Op, ...]:
+    """Rebuild a body bottom-up: ``fn(op)`` sees loops with their bodies already mapped."""
+    out = []
+    for o in ops:
+        if o.body:
+            o = replace(o, body=map_ops(o.body, fn))
+        out.append(fn(o))
+    return tuple(out)
+
+
+# ----------------------------------------------------------------------------------------------- printer
+
+
+def _fmt_attr(v: Any) -> str:
+    return repr(v)
+
+
+def format_op(o: Op, indent: int = 0) -> list[str]:
+    pad = "  " * indent
+    res = ", ".join(map(str, o.results))
+    lhs = f"{res} = " if res else ""
+    args = ", ".join(f"%{x}" for x in o.operands)
+    text = f"{pad}{lhs}{o.kind}({args})"
+    if o.attrs:
+        text += " {" + ", ".join(f"{k}={_fmt_attr(v)}" for k, v in o.attrs) + "}"
+    ann = [f"{k}={getattr(o, k)}" for k in ("chain", "partition", "stage", "order") if getattr(o, k) is not None]
+    if ann:
+        text += " [" + " ".join(ann) + "]"
+    if not o.body:
+        return [text]
+    lines = [text + " {"]
+    for b in o.body:
+        lines += format_op(b, indent + 1)
+    return lines + [pad + "}"]
+
+
+def format_program(p: Program) -> str:
+    lines = [f"program {p.name}"]
+    lines += [f"  {a}" for a in p.args]
+    lines.append(f"  {p.grid}")
+    lines.append("  options " + " ".join(f"{k}={v}" for k, v in p.options.items()))
+    for pt in p.partitions:
+        lines.append(f"  partition {pt.name} warps={pt.warps} regs={pt.regs}")
+    for b in p.buffers:
+        lines.append(f"  buffer {b.name}: {b.type} value=%{b.value} count={b.count} offset={b.offset}")
+    for c in p.channels:
+        lines.append(f"  channel {c.name}: %{c.value} {c.src} -> {','.join(c.dsts)} buffer={c.buffer} group={c.group}")
+    for g in p.groups:
+        lines.append(f"  barriers {g.name}: count={g.count} arrivals={g.arrivals} bytes={g.nbytes} "
+                     f"channels={','.join(g.channels)}")
+    if p.smem_bytes is not None:
+        lines.append(f"  smem {p.smem_bytes}")
+    for n in p.notes:
+        lines.append(f"  note {n!r}")
+    lines.append("  body {")
+    for o in p.body:
+        lines += format_op(o, 2)
+    lines.append("  }")
+    for pt in p.partitions:
+        if pt.body:
+            lines.append(f"  code {pt.name} {{")
+            for o in pt.body:
+                lines += format_op(o, 2)
+            lines.append("  }")
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------------------------- parser
+
+
+def _split_top(s: str, sep: str = ",") -> list[str]:
+    out, depth, cur, quote = [], 0, [], None
+    for ch in s:
+        if quote:
+            cur.append(ch)
+            if ch == quote:
+                quote = None
+            continue
+        if ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        if ch == sep and depth == 0:
+            out.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(ch)
+    if "".join(cur).strip():
+        out.append("".join(cur).strip())
+    return out
+
+
+_OP_RE = re.compile(r"^(?:(?P<res>.+?) = )?(?P<kind>\w+)\((?P<args>[^)]*)\)(?: \{(?P<attrs>.*?)\})?"
+                    r"(?: \[(?P<ann>[^\]]*)\])?(?P<open> \{)?$")
+
+
+def _parse_op_line(line: str) -> tuple[Op, bool]:
+    m = _OP_RE.match(line.strip())
+    if not m:
+        raise ValueError(f"cannot parse op: {line!r}")
+    results = []
+    if m.group("res"):
+        for r in _split_top(m.group("res")):
+            name, ty = r.split(":", 1)
+            results.append(Value(name.lstrip("%"), TileType.parse(ty)))
+    operands = tuple(x.strip().lstrip("%") for x in m.group("args").split(",") if x.strip())
+    attrs = []
+    if m.group("attrs"):
+        for kv in _split_top(m.group("attrs")):
+            k, v = kv.split("=", 1)
+            attrs.append((k.strip(), ast.literal_eval(v.strip())))
+    ann: dict[str, Any] = {}
+    if m.group("ann"):
+        for kv in m.group("ann").split():
+            k, v = kv.split("=", 1)
+            ann[k] = v if k == "partition" else int(v)
+    o = Op(m.group("kind"), tuple(results), operands, tuple(sorted(attrs)), (), **ann)
+    return o, bool(m.group("open"))
+
+
+def _parse_block(lines: list[str], i: int) -> tuple[tuple[Op, ...], int]:
+    ops = []
+    while i < len(lines):
+        line = lines[i].strip()
+        if line == "}":
+            return tuple(ops), i + 1
+        o, opens = _parse_op_line(line)
+        i += 1
+        if opens:
+            body, i = _parse_block(lines, i)
+            o = replace(o, body=body)
+        ops.append(o)
+    raise ValueError("unterminated block")
+
+
+def _kv(text: str) -> dict[str, str]:
+    return dict(kv.split("=", 1) for kv in text.split())
+
+
+def _lit(v: str) -> Any:
+    if v == "None":
+        return None
+    try:
+        return ast.literal_eval(v)
+    except (ValueError, SyntaxError):
+        return v
+
+
+def parse_program(text: str) -> Program:
+    """Inverse of ``format_program``."""
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    name = lines[0].split()[1]
+    args, parts, bufs, chans, groups, notes = [], [], [], [], [], []
+    grid = options = smem = None
+    body: tuple[Op, ...] = ()
+    codes: dict[str, tuple[Op, ...]] = {}
+    i = 1
+    while i < len(lines):
+        s = lines[i].strip()
+        i += 1
+        if s.startswith("arg "):
+            m = re.fullmatch(r"arg (\w+): (?:(\w+)<(\w+)>\[([^\]]*)\]( out)?|(\w+))", s)
+            if m.group(6):
+                args.append(Arg(m.group(1), "scalar", m.group(6)))
+            else:
+                dims = tuple(d.strip() for d in m.group(4).split(",") if d.strip())
+                args.append(Arg(m.group(1), m.group(2), m.group(3), dims, bool(m.group(5))))
+        elif s.startswith("grid "):
+            m = re.fullmatch(r"grid \((.*)\) persistent=(\w+) group=(\d+)", s)
+            tiles = tuple(tuple(x.strip() for x in t.split(":", 1)) for t in _split_top(m.group(1)))
+            grid = Grid(tiles, m.group(2) == "True", int(m.group(3)))
+        elif s.startswith("options "):
+            options = Options(**{k: _lit(v) for k, v in _kv(s[len("options "):]).items()})
+        elif s.startswith("partition "):
+            _, pname, rest = s.split(" ", 2)
+            kv = _kv(rest)
+            parts.append(Partition(pname, int(kv["warps"]), int(kv["regs"])))
+        elif s.startswith("buffer "):
+            m = re.fullmatch(r"buffer (\S+): (\S+) value=%(\S+) count=(\S+) offset=(\S+)", s)
+            bufs.append(Buffer(m.group(1), TileType.parse(m.group(2)), m.group(3), _lit(m.group(4)),
+                               _lit(m.group(5))))
+        elif s.startswith("channel "):
+            m = re.fullmatch(r"channel (\S+): %(\S+) (\S+) -> (\S+) buffer=(\S+) group=(\S+)", s)
+            chans.append(Channel(m.group(1), m.group(2), m.group(3), tuple(m.group(4).split(",")), m.group(5),
+                                 _lit(m.group(6))))
+        elif s.startswith("barriers "):
+            m = re.fullmatch(r"barriers (\S+): count=(\d+) arrivals=(\d+) bytes=(\d+) channels=(\S+)", s)
+            groups.append(BarrierGroup(m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)),
+                                       tuple(m.group(5).split(","))))
+        elif s.startswith("smem "):
+            smem = int(s.split()[1])
+        elif s.startswith("note "):
+            notes.append(ast.literal_eval(s[len("note "):]))
+        elif s == "body {":
+            body, i = _parse_block(lines, i)
+        elif s.startswith("code ") and s.endswith("{"):
+            codes[s.split()[1]], i = _parse_block(lines, i)
+        else:
+            raise ValueError(f"cannot parse line {s!r}")
+    parts = [replace(pt, body=codes.get(pt.name, ())) for pt in parts]
+    return Program(name, tuple(args), grid, options or Options(), body, tuple(parts), tuple(bufs), tuple(chans),
+                   tuple(groups), smem, tuple(notes))
+
+
+# ----------------------------------------------------------------------------------------------- expressions
+
+_ALLOWED = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Name, ast.Load, ast.Constant, ast.Call, ast.Add, ast.Sub,
+            ast.Mult, ast.FloorDiv, ast.Mod, ast.USub, ast.Compare, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.BoolOp,
+            ast.And)
+
+
+def check_expr(expr: str) -> set[str]:
+    """Validate an index expression; return the names it uses (``cdiv``/``min``/``max`` are functions)."""
+    tree = ast.parse(str(expr), mode="eval")
+    names = set()
+    for n in ast.walk(tree):
+        if not isinstance(n, _ALLOWED):
+            raise ValueError(f"expression {expr!r}: {type(n).__name__} not allowed")
+        if isinstance(n, ast.Call) and not (isinstance(n.func, ast.Name) and n.func.id in ("cdiv", "min", "max")):
+            raise ValueError(f"expression {expr!r}: only cdiv/min/max calls")
+        if isinstance(n, ast.Name):
+            names.add(n.id)
+    return names - {"cdiv", "min", "max"}
+
+
+def eval_expr(expr: str | int, env: dict[str, int]) -> int:
+    if isinstance(expr, int):
+        return expr
+    check_expr(expr)
+    return eval(expr, {"__builtins__": {}, "cdiv": lambda a, b: -(-a // b), "min": min, "max": max}, env)
+
+
+def add_offset(expr: str | int, delta: int) -> str | int:
+    """``expr + delta`` kept readable (``pid_m*128`` + 64 -> ``pid_m*128+64``)."""
+    if delta == 0:
+        return expr
+    if isinstance(expr, int):
+        return expr + delta
+    return f"{expr}+{delta}"

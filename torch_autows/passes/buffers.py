@@ -1,0 +1,62 @@
+"""buffers: give every value that lives in SMEM a Buffer, and every cross-partition value a Channel.
+
+Assumes: partition_schedule ran (every non-container op has a partition).
+Guarantees: each TMA ``load`` result has a Buffer (its landing tile); each ``store`` operand has a
+staging Buffer (TMA stores read SMEM); every value used in a partition other than its producer's
+goes through a Channel (value, src, dsts, buffer). Counts and offsets are left to memory_plan.
+Only SMEM tiles may cross partitions here: a register value used by another role is an error
+naming both roles (its SMEM hand-off is not lowered yet).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..ir import Buffer, Channel, Op, Program, defs, walk
+from . import PassError
+
+
+def value_partition(name: str, dmap: dict[str, Op]) -> set[str]:
+    """Partitions that produce ``name``; loop-carried values resolve to their init and yield operands."""
+    d = dmap[name]
+    if d.kind != "loop":
+        return {d.partition}
+    its = list(d.attr("iter_args"))
+    i = its.index(name) if name in its else [r.name for r in d.results].index(name)
+    out: set[str] = set()
+    for src in (d.operands[i], d.body[-1].operands[i]):
+        if src != name:
+            out |= value_partition(src, dmap)
+    return out
+
+
+def run(program: Program, options=None) -> Program:
+    dmap = defs(program.body)
+    users: dict[str, set[str]] = {}
+    for o in walk(program.body):
+        if o.kind in ("loop", "yield"):
+            continue
+        for x in o.operands:
+            users.setdefault(x, set()).add(o.partition)
+    buffers, channels = [], []
+    for o in walk(program.body):
+        if o.kind == "load":
+            v = o.results[0]
+            buffers.append(Buffer(f"{v.name}_smem", v.type, v.name))
+        if o.kind == "store":
+            x = o.operands[0]
+            t = next(r.type for r in dmap[x].results if r.name == x)
+            buffers.append(Buffer(f"{x}_stage", replace(t, space="smem"), x))
+    for name in sorted(users):
+        srcs = value_partition(name, dmap)
+        dsts = users[name] - srcs
+        if not dsts:
+            continue
+        if len(srcs) != 1:
+            raise PassError(f"buffers: %{name} is produced by several partitions {sorted(srcs)}")
+        (src,) = srcs
+        t = next(r.type for r in dmap[name].results if r.name == name) if dmap[name].kind != "loop" else None
+        if t is None or t.space != "smem":
+            raise PassError(f"buffers: register value %{name} crosses from {src} to {sorted(dsts)}; only SMEM "
+                            f"tiles (TMA loads) can cross partitions: schedule its producer and users together")
+        channels.append(Channel(f"ch_{name}", name, src, tuple(sorted(dsts)), f"{name}_smem"))
+    return replace(program, buffers=tuple(buffers), channels=tuple(channels))

@@ -1,0 +1,165 @@
+"""code_partition: one body per partition, channels lowered to mbarrier ready/empty rings.
+
+Assumes: memory_plan ran (buffers have counts and offsets; channels exist for every cross-partition
+value); loop mmas carry ``pending``.
+Guarantees: ``Program.groups`` holds one BarrierGroup per (loop, producing partition): its channels
+share a ring of ``count`` slots, one ``ready`` barrier per slot (TMA transaction bytes = the sum of
+its tiles) and one ``empty`` barrier per slot that every consuming partition arrives on once
+(``arrivals``); each Channel names its group; each Partition has a ``body`` with only its own ops,
+its loops (iter_args it does not carry dropped) and explicit sync ops:
+    producer:  acquire {group}  (wait empty[slot] with phase^1, expect bytes) ... loads {group, buffer} ...
+               advance {group}
+    consumer:  wait_ready {group} (wait ready[slot] with phase); %v = get {group, buffer} per channel;
+               release {group, lag} after the last op reading the slot (lag = async wgmma groups still
+               reading it, so the slot of step k-lag is freed); advance {group};
+               after the loop: %r_done = mma_wait(%r) for accumulators of async wgmma, then
+               release_tail {group, lag} frees the last ``lag`` slots.
+Per partition and group a counter (slot = n % count, phase = (n // count) & 1) runs on across
+loops and tiles, so every wait matches exactly one arrive: acquires and releases balance.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..ir import BarrierGroup, Op, Program, Value, op, walk
+from . import PassError
+from .buffers import value_partition
+
+
+def _groups(program: Program):
+    """Channels grouped by the loop whose body defines them (None: top level) and their producer."""
+    loop_of: dict[str, int | None] = {}
+
+    def visit(ops, loop):
+        for o in ops:
+            if o.kind == "loop":
+                visit(o.body, id(o))
+            for r in o.results:
+                loop_of.setdefault(r.name, loop)
+
+    visit(program.body, None)
+    keyed: dict[tuple, list] = {}
+    for c in program.channels:
+        keyed.setdefault((loop_of[c.value], c.src), []).append(c)
+    groups, chans = [], {}
+    for i, (_, cs) in enumerate(keyed.items()):
+        name = f"g{i}"
+        bufs = [program.buffer(c.buffer) for c in cs]
+        counts = {b.count for b in bufs}
+        if len(counts) != 1:
+            raise PassError(f"code_partition: channels {[c.name for c in cs]} share a ring but have depths {counts}")
+        dsts = sorted({d for c in cs for d in c.dsts})
+        groups.append(BarrierGroup(name, counts.pop(), len(dsts), sum(b.type.nbytes for b in bufs),
+                                   tuple(c.name for c in cs)))
+        for c in cs:
+            chans[c.name] = replace(c, group=name)
+    return groups, [chans[c.name] for c in program.channels]
+
+
+def _partition_body(program: Program, part: str, chans, dmap) -> tuple[Op, ...]:
+    by_value = {c.value: c for c in chans}
+    views: dict[str, str] = {}  # smem value -> group whose slot it reads (gets and their trans views)
+
+    def lower(ops: tuple[Op, ...]) -> list[Op]:
+        out: list[Op] = []
+        mine = [o for o in ops if o.kind != "yield" and (o.kind == "loop" or o.partition == part)]
+        # producer side: acquire before the first load of a group, advance after its last
+        puts: dict[str, list[int]] = {}
+        for i, o in enumerate(mine):
+            c = by_value.get(o.results[0].name) if o.kind == "load" else None
+            if c is not None and c.src == part:
+                puts.setdefault(c.group, []).append(i)
+        # consumer side: gets for channel values this body reads, releases after their last reader
+        gets: dict[str, list[tuple[int, Op]]] = {}
+        for i, o in enumerate(mine):
+            for x in o.operands:
+                c = by_value.get(x)
+                if c is not None and part in c.dsts and o.kind != "loop":
+                    gets.setdefault(c.group, []).append((i, o))
+        first_get = {g: min(i for i, _ in v) for g, v in gets.items()}
+        for i, o in enumerate(mine):
+            for g, idx in puts.items():
+                if i == idx[0]:
+                    out.append(op("acquire", group=g))
+            for g, fi in first_get.items():
+                if i == fi:
+                    out.append(op("wait_ready", group=g))
+                    for c in chans:
+                        if c.group == g and part in c.dsts:
+                            t = next(r.type for r in dmap[c.value].results if r.name == c.value)
+                            out.append(op("get", [Value(c.value, t)], group=g, buffer=c.buffer))
+                            views[c.value] = g
+            if o.kind == "loop":
+                out += _lower_loop(o)
+            else:
+                c = by_value.get(o.results[0].name) if o.kind == "load" else None
+                if c is not None:
+                    o = o.with_attrs(group=c.group, buffer=c.buffer)
+                if o.kind == "trans" and o.operands[0] in views:
+                    views[o.results[0].name] = views[o.operands[0]]
+                out.append(o)
+            for g, idx in puts.items():
+                if i == idx[-1]:
+                    out.append(op("advance", group=g))
+            for g in first_get:
+                readers = [j for j, u in enumerate(mine) if u.kind != "loop" and
+                           any(views.get(x) == g for x in u.operands)]
+                if readers and i == max(readers):
+                    lag = max(mine[j].attr("pending", 0) for j in readers)
+                    out.append(op("release", group=g, lag=lag))
+                    out.append(op("advance", group=g))
+        return out
+
+    def _lower_loop(o: Op) -> list[Op]:
+        keep = [i for i, n in enumerate(o.attr("iter_args")) if value_partition(n, dmap) == {part}]
+        body = lower(o.body)
+        if not body:
+            return []
+        y = o.body[-1]
+        body.append(replace(y, operands=tuple(y.operands[i] for i in keep)))
+        loop = replace(o, operands=tuple(o.operands[i] for i in keep), results=tuple(o.results[i] for i in keep),
+                       body=tuple(body)).with_attrs(iter_args=tuple(o.attr("iter_args")[i] for i in keep))
+        out = [loop]
+        # async wgmma on a carried accumulator: retire it after the loop, then free the slots it held
+        lags = {}
+        for b in body:
+            if b.kind == "release" and b.attr("lag"):
+                lags[b.attr("group")] = b.attr("lag")
+        for i in keep:
+            src = y.operands[i]
+            d = dmap.get(src)
+            if d is not None and d.kind == "mma" and d.attr("pending", 0) > 0:
+                r = o.results[i]
+                out.append(op("mma_wait", [Value(r.name + "_done", r.type)], [r.name], pending=0))
+        for g, lag in lags.items():
+            out.append(op("release_tail", group=g, lag=lag))
+        return out
+
+    body = lower(program.body)
+    # uses after a mma_wait read the retired accumulator
+    renames = {o.operands[0]: o.results[0].name for o in walk(tuple(body)) if o.kind == "mma_wait"}
+
+    def ren(ops):
+        res = []
+        for o in ops:
+            if o.body:
+                o = replace(o, body=tuple(ren(o.body)))
+            if o.kind != "mma_wait":
+                o = replace(o, operands=tuple(renames.get(x, x) for x in o.operands))
+            res.append(o)
+        return res
+
+    return tuple(ren(body))
+
+
+def run(program: Program, options=None) -> Program:
+    groups, chans = _groups(program)
+    prog = replace(program, groups=tuple(groups), channels=tuple(chans))
+    dmap = {}
+    for o in walk(program.body):
+        for r in o.results:
+            dmap[r.name] = o
+        for n in o.attr("iter_args", ()):
+            dmap[n] = o
+    parts = tuple(replace(p, body=_partition_body(prog, p.name, chans, dmap)) for p in program.partitions)
+    return replace(prog, partitions=parts)

@@ -1,0 +1,165 @@
+"""data_partition: split the output tile along M into ``options.data_partition`` independent chains.
+
+Assumes: a Program before partitioning (no chains, stages or partitions yet); outputs leave through
+``store`` ops; every op kind's row/column structure is known (``_operand_axes`` below).
+Guarantees: every op that computes part of an output has ``chain`` = its chain index; with factor 2
+the split values are renamed ``<name>_c<i>`` with the split dimension halved and load/store
+coordinates offset; TMA ``load``s that no chain splits stay shared with ``chain=None``; cheap
+non-load ops that both chains need are replicated, so chains share no values except those loads.
+
+Algorithm: propagate "split along axis a" backwards from each store's operand (axis 0, rows) through
+the ops (mma: rows come from A and the accumulator, not B; trans swaps axes; expand/reduce shift
+them; loops tie results, yields, inits and iter_args together) to a fixpoint, then rebuild the body,
+cloning every split or needed op once per chain.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..ir import Op, Program, TileType, Value, add_offset, defs, walk
+from . import PassError
+
+_ELEMENTWISE = {"add", "sub", "mul", "max", "cast", "exp2", "where", "zeros", "neg"}
+
+
+def _operand_axes(o: Op, axis: int, types: dict[str, TileType]) -> dict[str, int | None]:
+    """For an op whose result is split along ``axis``: operand -> axis it must be split along (None: not split)."""
+    k = o.kind
+    if k in _ELEMENTWISE:
+        return {x: (axis if types[x].shape[axis] != 1 else None) for x in o.operands}
+    if k == "mma":
+        a, b, acc = o.operands
+        return {a: 0, b: None, acc: 0} if axis == 0 else {a: None, b: 1, acc: 1}
+    if k == "trans":
+        return {o.operands[0]: 1 - axis}
+    if k == "expand":
+        e = o.attr("axis")
+        return {o.operands[0]: axis if axis < e else axis - 1}
+    if k in ("reduce_max", "reduce_sum"):
+        r = o.attr("axis")
+        return {o.operands[0]: axis if axis < r else axis + 1}
+    if k in ("load", "load_vec"):
+        return {}
+    raise PassError(f"data_partition: no split rule for op kind {k!r}")
+
+
+def _types(body) -> dict[str, TileType]:
+    out = {}
+    for o in walk(body):
+        for r in o.results:
+            out[r.name] = r.type
+        if o.kind == "loop":
+            for n, r in zip(o.attr("iter_args"), o.results):
+                out[n] = r.type
+    return out
+
+
+def _split_axes(body: tuple[Op, ...]) -> dict[str, int]:
+    types = _types(body)
+    dmap = defs(body)
+    split: dict[str, int] = {}
+    work = [(o.operands[0], 0) for o in walk(body) if o.kind == "store"]
+    while work:
+        v, axis = work.pop()
+        if split.get(v) == axis:
+            continue
+        if v in split:
+            raise PassError(f"data_partition: %{v} would be split along axes {split[v]} and {axis}")
+        split[v] = axis
+        d = dmap[v]
+        if d.kind == "loop":  # tie loop result / iter_arg / init / yield together
+            i = list(d.attr("iter_args")).index(v) if v in d.attr("iter_args") else \
+                [r.name for r in d.results].index(v)
+            y = d.body[-1]
+            for w in (d.results[i].name, d.attr("iter_args")[i], d.operands[i], y.operands[i]):
+                work.append((w, axis))
+            continue
+        for x, ax in _operand_axes(d, axis, types).items():
+            if ax is not None:
+                work.append((x, ax))
+    return split
+
+
+def run(program: Program, options=None) -> Program:
+    opts = options or program.options
+    f = opts.data_partition
+    if f not in (1, 2):
+        raise PassError(f"data_partition: factor {f} not supported; use 1 or 2")
+    split = _split_axes(program.body)
+    types = _types(program.body)
+    for v, ax in split.items():
+        if types[v].shape[ax] % f:
+            raise PassError(f"data_partition: %{v} dim {types[v].shape[ax]} not divisible by {f}")
+    dmap = defs(program.body)
+    # Values the chains need that are not split: replicate them per chain, except shared TMA loads.
+    needed: set[str] = set()
+    work = [x for v in split for x in (dmap[v].operands if dmap[v].kind != "loop" else ())]
+    while work:
+        x = work.pop()
+        if x in split or x in needed:
+            continue
+        d = dmap[x]
+        if d.kind == "load":
+            continue
+        needed.add(x)
+        work += list(d.operands)
+
+    def rename(x: str, i: int) -> str:
+        if f == 1 or (x not in split and x not in needed):
+            return x
+        return f"{x}_c{i}"
+
+    def clone(o: Op, i: int) -> Op:
+        results = []
+        for r in o.results:
+            t = r.type
+            if r.name in split:
+                ax = split[r.name]
+                t = replace(t, shape=tuple(d // f if j == ax else d for j, d in enumerate(t.shape)))
+            results.append(Value(rename(r.name, i), t))
+        new = replace(o, results=tuple(results), operands=tuple(rename(x, i) for x in o.operands), chain=i)
+        if o.kind == "load" and o.results[0].name in split:
+            ax = split[o.results[0].name]
+            step = o.results[0].type.shape[ax] // f
+            coords = tuple(add_offset(c, i * step) if j == ax else c for j, c in enumerate(o.attr("coords")))
+            new = new.with_attrs(coords=coords)
+        if o.kind == "load_vec" and o.results[0].name in split:
+            new = new.with_attrs(offset=add_offset(o.attr("offset"), i * o.results[0].type.shape[0] // f))
+        if o.kind == "store":
+            ax = split[o.operands[0]]
+            step = types[o.operands[0]].shape[ax] // f
+            coords = tuple(add_offset(c, i * step) if j == ax else c for j, c in enumerate(o.attr("coords")))
+            new = new.with_attrs(coords=coords)
+        return new
+
+    def rebuild(ops: tuple[Op, ...]) -> tuple[Op, ...]:
+        out: list[Op] = []
+        for o in ops:
+            if o.kind == "loop":
+                its = o.attr("iter_args")
+                inits, names, results = [], [], []
+                for n, init, r in zip(its, o.operands, o.results):
+                    copies = range(f) if n in split or n in needed else [None]
+                    for i in copies:
+                        inits.append(rename(init, i) if i is not None else init)
+                        names.append(rename(n, i) if i is not None else n)
+                        t = r.type
+                        if r.name in split:
+                            ax = split[r.name]
+                            t = replace(t, shape=tuple(d // f if j == ax else d for j, d in enumerate(t.shape)))
+                        results.append(Value(rename(r.name, i) if i is not None else r.name, t))
+                out.append(replace(o, operands=tuple(inits), results=tuple(results), body=rebuild(o.body))
+                           .with_attrs(iter_args=tuple(names)))
+            elif o.kind == "yield":  # operands follow the loop's iter_args order, cloned the same way
+                ops_ = []
+                for x in o.operands:
+                    ops_ += [rename(x, i) for i in range(f)] if (x in split or x in needed) else [x]
+                out.append(replace(o, operands=tuple(ops_)))
+            elif o.kind == "store" or any(r.name in split or r.name in needed for r in o.results):
+                out += [clone(o, i) for i in range(f)]
+            else:
+                out.append(o)
+        return tuple(out)
+
+    body = rebuild(program.body)
+    return replace(program, body=body)

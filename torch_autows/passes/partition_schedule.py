@@ -1,0 +1,64 @@
+"""partition_schedule: assign every op to a warp-group role and size the roles.
+
+Assumes: data_partition ran (chains set; only TMA ``load``s are shared, with ``chain=None``).
+Guarantees: every non-container op (not ``loop``/``yield``) has ``partition``; ``Program.partitions``
+lists them, first the consumer of chain 0 (it becomes Gluon's default partition), then the other
+consumers, then the producer; each consumer has 4 warps per 64 rows of its chain (one warpgroup
+per wgmma M=64 slice); the producer has ``options.producer_warps`` warps with
+``options.producer_regs`` registers; the register file (``options.regs_per_sm``) holds all of them
+with consumers at the most registers a multiple of 8 allows (setmaxnreg granularity, max 256).
+
+Roles: ``producer`` issues every TMA load (they need no registers beyond addresses); ``consumer<c>``
+runs chain c's wgmma, math and epilogue (the TMA store is issued from its own SMEM staging tile,
+so the store overlaps the next tile's main loop without another role).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..ir import Partition, Program, map_ops, walk
+from . import PassError
+
+CONTAINERS = ("loop", "yield")
+
+
+def _rows(program: Program, chain: int) -> int:
+    rows = 0
+    for o in walk(program.body):
+        if o.chain == chain and o.kind in ("mma", "store", "zeros"):
+            t = o.results[0].type if o.results else None
+            if t is not None and len(t.shape) == 2:
+                rows = max(rows, t.shape[0])
+    return rows
+
+
+def run(program: Program, options=None) -> Program:
+    opts = options or program.options
+
+    def assign(o):
+        if o.kind in CONTAINERS:
+            return o
+        if o.kind == "load":
+            return replace(o, partition="producer")
+        if o.chain is None:
+            raise PassError(f"partition_schedule: {o.kind} op has no chain and is not a TMA load; run data_partition")
+        return replace(o, partition=f"consumer{o.chain}")
+
+    body = map_ops(program.body, assign)
+    chains = sorted({o.chain for o in walk(body) if o.chain is not None})
+    consumers = []
+    for c in chains:
+        rows = _rows(program, c)
+        if rows % 64:
+            raise PassError(f"partition_schedule: chain {c} has {rows} rows; wgmma needs multiples of 64 per "
+                            f"warpgroup: raise block_m or lower data_partition")
+        consumers.append((f"consumer{c}", 4 * (rows // 64)))
+    prod_warps = opts.producer_warps
+    prod_group_regs = opts.producer_regs * 32 * 4  # a worker is padded to a full warpgroup
+    cons_threads = 32 * sum(w for _, w in consumers)
+    regs = (opts.regs_per_sm - prod_group_regs) // cons_threads // 8 * 8
+    regs = min(regs, 256)
+    if regs < 64:
+        raise PassError(f"partition_schedule: {regs} registers per consumer thread is too few; lower block sizes")
+    parts = [Partition(n, w, regs) for n, w in consumers] + [Partition("producer", prod_warps, opts.producer_regs)]
+    return replace(program, body=body, partitions=tuple(parts))

@@ -1,0 +1,59 @@
+"""The pass pipeline: one visible list, in order, with why each step runs there.
+
+``run(program)`` applies every pass, runs the verifier after each one when ``config.debug`` is set
+(tests set it), and writes the IR after every step to ``config.dump_dir`` (TORCH_AUTOWS_DUMP=dir).
+"""
+from __future__ import annotations
+
+import os
+import re
+
+from .. import config
+from ..ir import Program, format_program
+from . import buffers, code_partition, data_partition, loop_schedule, memory_plan, partition_schedule
+
+PIPELINE = [
+    # Split the output tile along M first: every later decision (schedule, roles, buffers) is per chain.
+    ("data_partition", data_partition.run),
+    # Schedule loops before roles exist: stages say how far ahead loads must run, which sets ring depths.
+    ("loop_schedule", loop_schedule.run),
+    # Roles from chains and op kinds: TMA loads to the producer, each chain's math to its consumer.
+    ("partition_schedule", partition_schedule.run),
+    # With roles known, every SMEM value gets a buffer and every cross-role value a channel.
+    ("buffers", buffers.run),
+    # Ring depths and offsets need the buffers, the stages and the pending wgmma counts.
+    ("memory_plan", memory_plan.run),
+    # Last: split into per-role bodies and lower channels to mbarrier rings, with all decisions fixed.
+    ("code_partition", code_partition.run),
+]
+
+
+def run(program: Program, options=None, *, verify: bool | None = None, dump_dir: str | None = None,
+        trace: list | None = None) -> Program:
+    """Run every pass; ``trace`` (a list) receives (step name, Program) after each step."""
+    from .. import verify as verifier
+
+    verify = config.debug if verify is None else verify
+    dump_dir = dump_dir if dump_dir is not None else config.dump_dir
+    if verify:
+        verifier.check(program, "template")
+    _dump(dump_dir, program, 0, "template")
+    if trace is not None:
+        trace.append(("template", program))
+    for i, (name, fn) in enumerate(PIPELINE, 1):
+        program = fn(program, options)
+        if verify:
+            verifier.check(program, name)
+        _dump(dump_dir, program, i, name)
+        if trace is not None:
+            trace.append((name, program))
+    return program
+
+
+def _dump(dump_dir, program: Program, i: int, name: str) -> None:
+    if not dump_dir:
+        return
+    os.makedirs(dump_dir, exist_ok=True)
+    safe = re.sub(r"[^\w.-]", "_", program.name)
+    with open(os.path.join(dump_dir, f"{safe}.{i:02d}.{name}.ir"), "w") as f:
+        f.write(format_program(program))

@@ -1,0 +1,1 @@
+"""Running generated kernels: support checks, config selection, descriptor caches, launches."""

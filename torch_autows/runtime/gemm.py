@@ -1,0 +1,185 @@
+"""GEMM runtime: support checks, config choice, compiled-kernel and descriptor caches, launch.
+
+``support_reason(a, b, bias, out_dtype)`` says why a call cannot run the generated kernel (None:
+it can); it reads only devices, dtypes, shapes and strides, so it also works on fake tensors.
+``gemm``/``bmm`` raise ``Unsupported`` with that reason, else run the kernel built by
+``templates.gemm`` -> ``passes.pipeline`` -> ``codegen.gluon`` for the chosen config.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..ir import Options
+from ..templates.gemm import GemmRequest, build
+from .fallback import Unsupported
+
+DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "f32"}
+
+#: Every config the runtime can pick (tests compile each one offline for sm_90a).
+CONFIGS: dict[str, Options] = {
+    # 128x256 output tile, two consumer warpgroups (64 rows each), persistent, epilogue staged per chain.
+    "ws_p_128x256": Options(block_m=128, block_n=256, block_k=64, stages=4, data_partition=2, persistent=True),
+    # 128x128 for narrow N: more tiles to fill 132 SMs, a deeper ring fits.
+    "ws_p_128x128": Options(block_m=128, block_n=128, block_k=64, stages=5, data_partition=2, persistent=True),
+    # One 8-warp consumer, one tile per CTA: the epilogue staging reuses the operand ring (4 stages).
+    "ws_np_128x256": Options(block_m=128, block_n=256, block_k=64, stages=4, data_partition=1, persistent=False),
+}
+
+
+def choose_config(m: int, n: int, k: int) -> str:
+    """Heuristic: 128x256 tiles unless N is narrow or the 128x256 grid leaves most SMs idle."""
+    if n <= 128 or -(-m // 128) * -(-n // 256) < 66:
+        return "ws_p_128x128"
+    return "ws_p_128x256"
+
+
+def _num_sms(device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _tma_view(t: torch.Tensor, rows: int, cols: int) -> tuple[bool, str | None]:
+    """Can a 2-D [rows, cols] operand be read by TMA as is (False) or as its transpose (True)?"""
+    s0, s1 = t.stride()
+    es = t.element_size()
+    if s1 == 1 and (s0 * es) % 16 == 0 and s0 >= cols:
+        return False, None
+    if s0 == 1 and (s1 * es) % 16 == 0 and s1 >= rows:
+        return True, None
+    if rows == 1 or cols == 1:
+        return False, "a vector operand (a dim of 1) with strides TMA cannot describe"
+    return False, f"strides {tuple(t.stride())} of a [{rows}, {cols}] operand: TMA needs one dim with stride 1 " \
+                  f"and the other a multiple of 16 bytes; make it .contiguous()"
+
+
+def support_reason(a, b, bias=None, out_dtype=None, *, check_device: bool = True) -> str | None:
+    """Why the generated GEMM cannot serve ``a @ b (+ bias)`` (None: it can). Works on fake tensors."""
+    out_dtype = out_dtype or a.dtype
+    if a.device.type != "cuda":
+        return f"tensors on {a.device.type}; the generated kernels run on CUDA sm_90 GPUs"
+    if check_device:
+        cap = torch.cuda.get_device_capability(a.device)
+        if cap != (9, 0):
+            return f"GPU capability sm_{cap[0]}{cap[1]}; the generated kernels need sm_90 (Hopper, wgmma)"
+    if a.dtype not in (torch.bfloat16, torch.float16):
+        return f"dtype {a.dtype}; the generated GEMM takes bfloat16 or float16 operands"
+    if out_dtype not in (a.dtype, torch.float32):
+        return f"out_dtype {out_dtype}; the generated GEMM writes the operand dtype or float32"
+    M, K = a.shape[-2], a.shape[-1]
+    N = b.shape[-1]
+    if min(M, N, K) < 1:
+        return "an empty dimension"
+    for name, t in (("a", a), ("b", b)):
+        if _real(t) and t.data_ptr() % 16:
+            return f"operand {name} is not 16-byte aligned (TMA needs 16); make it .contiguous()"
+    if (N * torch.empty((), dtype=out_dtype).element_size()) % 16:
+        return f"N={N}: the output row must be a multiple of 16 bytes for TMA stores"
+    if a.dim() == 2:
+        for name, t, r, c in (("a", a, M, K), ("b", b, K, N)):
+            _, why = _tma_view(t, r, c)
+            if why:
+                return f"operand {name}: {why}"
+    if bias is not None and (bias.dim() != 1 or bias.stride(0) != 1):
+        return "bias must be a contiguous vector [N]"
+    return None
+
+
+def _real(t) -> bool:
+    try:
+        t.data_ptr()
+        return not isinstance(t, torch._subclasses.FakeTensor)
+    except Exception:
+        return False
+
+
+@functools.lru_cache(maxsize=128)
+def compiled(req: GemmRequest, config: str):
+    """(program, kernel function) for a request and config; cached per process."""
+    from ..codegen.compile import load_module
+    from ..codegen.gluon import generate
+    from ..passes import pipeline
+
+    program = pipeline.run(build(req, CONFIGS[config]))
+    return program, load_module(generate(program)).kernel
+
+
+_desc_cache: dict = {}
+
+
+def _desc(t: torch.Tensor, block, dtype: str):
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from ..codegen.compile import desc_layout
+
+    key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), tuple(block), t.dtype)
+    d = _desc_cache.get(key)
+    if d is None:
+        if len(_desc_cache) > 256:
+            _desc_cache.clear()
+        d = TensorDescriptor(t, list(t.shape), list(t.stride()), list(block), desc_layout(tuple(block), dtype))
+        _desc_cache[key] = d
+    return d
+
+
+def _launch(req: GemmRequest, config: str, a2, b2, c2, bias, M, N, K, device):
+    from ..codegen.compile import num_warps
+    from ..codegen.gluon import block_shapes
+
+    program, kernel = compiled(req, config)
+    blocks = block_shapes(program)
+    args = [_desc(a2, blocks["a"][0], req.dtype), _desc(b2, blocks["b"][0], req.dtype),
+            _desc(c2, blocks["c"][0], blocks["c"][1])]
+    if bias is not None:
+        args.append(bias)
+    args += [M, N, K]
+    o = program.options
+    tiles = req.batch * -(-M // o.block_m) * -(-N // o.block_n)
+    grid = (min(tiles, _num_sms(device)),) if program.grid.persistent else (tiles,)
+    kernel[grid](*args, num_warps=num_warps(program))
+
+
+def gemm(a, b, bias, out_dtype, config: str | None = None, out: torch.Tensor | None = None):
+    why = support_reason(a, b, bias, out_dtype)
+    if why:
+        raise Unsupported(why)
+    M, K = a.shape
+    N = b.shape[1]
+    ta, _ = _tma_view(a, M, K)
+    tb, _ = _tma_view(b, K, N)
+    a2 = a.t() if ta else a
+    b2 = b.t() if tb else b
+    c = out if out is not None else torch.empty((M, N), device=a.device, dtype=out_dtype)
+    config = config or choose_config(M, N, K)
+    req = GemmRequest(M, N, K, DTYPES[a.dtype], DTYPES[out_dtype], ta, tb, bias is not None)
+    _launch(_shape_free(req), config, a2, b2, c, bias, M, N, K, a.device)
+    return c
+
+
+def _shape_free(req: GemmRequest) -> GemmRequest:
+    """Kernels take M, N, K at run time: cache them by layout, dtype, bias and batch only."""
+    return GemmRequest(1, 1, 1, req.dtype, req.out_dtype, req.trans_a, req.trans_b, req.bias, req.batch)
+
+
+def bmm(a, b, out_dtype, config: str | None = None, out: torch.Tensor | None = None):
+    why = support_reason(a, b, None, out_dtype)
+    if why:
+        raise Unsupported(why)
+    B, M, K = a.shape
+    N = b.shape[2]
+    cfg = config or choose_config(B * M, N, K)
+    o = CONFIGS[cfg]
+    if M % o.block_m or K % o.block_k:
+        raise Unsupported(f"bmm with M={M}, K={K}: batches are flattened into rows, so M must be a multiple of "
+                          f"{o.block_m} and K of {o.block_k}")
+    if a.stride(2) != 1 or b.stride(2) != 1 or a.stride(0) != M * a.stride(1) or b.stride(0) != K * b.stride(1):
+        raise Unsupported(f"bmm operands with strides {tuple(a.stride())}, {tuple(b.stride())}: each must be "
+                          f"row-major with batches contiguous; make them .contiguous()")
+    if (a.stride(1) * a.element_size()) % 16 or (b.stride(1) * b.element_size()) % 16:
+        raise Unsupported("bmm row strides must be multiples of 16 bytes")
+    a2 = a.reshape(B * M, K)
+    b2 = b.reshape(B * K, N)
+    c = out if out is not None else torch.empty((B, M, N), device=a.device, dtype=out_dtype)
+    req = GemmRequest(1, 1, 1, DTYPES[a.dtype], DTYPES[out_dtype], False, False, False, B)
+    _launch(req, cfg, a2, b2, c.view(B * M, N), None, M, N, K, a.device)
+    return c

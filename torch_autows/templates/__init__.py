@@ -1,0 +1,1 @@
+"""Templates: a kernel request -> a tile-level Program (before any pass)."""

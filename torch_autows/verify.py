@@ -1,0 +1,175 @@
+"""IR invariants per pipeline stage. ``check(program, stage)`` raises ``VerifyError`` naming the op.
+
+Stages are the names in passes.pipeline.PIPELINE (plus "template"); each stage's checks include
+those of the stages before it.
+"""
+from __future__ import annotations
+
+from .ir import Program, check_expr, defs, format_op, walk
+from .passes.buffers import value_partition
+
+ORDER = ["template", "data_partition", "loop_schedule", "partition_schedule", "buffers", "memory_plan",
+         "code_partition"]
+
+
+class VerifyError(AssertionError):
+    pass
+
+
+def _fail(stage: str, msg: str, o=None):
+    where = f"\n  at: {format_op(o)[0].strip()}" if o is not None else ""
+    raise VerifyError(f"[{stage}] {msg}{where}")
+
+
+def check(program: Program, stage: str = "code_partition") -> None:
+    level = ORDER.index(stage)
+    _check_ssa(program, stage)
+    if level >= ORDER.index("data_partition"):
+        _check_chains(program, stage)
+    if level >= ORDER.index("loop_schedule"):
+        _check_schedule(program, stage)
+    if level >= ORDER.index("partition_schedule"):
+        _check_partitions(program, stage)
+    if level >= ORDER.index("buffers"):
+        _check_channels(program, stage)
+    if level >= ORDER.index("memory_plan"):
+        _check_memory(program, stage)
+    if level >= ORDER.index("code_partition"):
+        _check_code(program, stage)
+
+
+def _check_ssa(p: Program, stage: str):
+    seen: set[str] = set()
+    names = {a.name for a in p.args} | {n for n, _ in p.grid.tiles}
+
+    def visit(ops, scope, loop_vars):
+        for o in ops:
+            for x in o.operands:
+                if x not in scope:
+                    _fail(stage, f"%{x} used before it is defined", o)
+            for key in ("coords", "offset", "size", "lb", "ub"):
+                val = o.attr(key)
+                for e in (val if isinstance(val, tuple) else (val,)) if val is not None else ():
+                    bad = check_expr(str(e)) - names - loop_vars
+                    if bad:
+                        _fail(stage, f"expression {e!r} uses unknown names {sorted(bad)}", o)
+            if o.kind == "loop":
+                inner = set(scope) | set(o.attr("iter_args"))
+                if o.body and o.body[-1].kind != "yield":
+                    _fail(stage, "loop body must end in yield", o)
+                if len(o.body[-1].operands) != len(o.attr("iter_args")) or len(o.results) != len(o.operands):
+                    _fail(stage, "loop iter_args, inits, results and yield operands differ in number", o)
+                visit(o.body, inner, loop_vars | {o.attr("var")})
+            for r in o.results:
+                if r.name in seen:
+                    _fail(stage, f"%{r.name} defined twice", o)
+                seen.add(r.name)
+                scope.add(r.name)
+
+    visit(p.body, set(), set())
+
+
+def _check_chains(p: Program, stage: str):
+    dmap = defs(p.body)
+    for o in walk(p.body):
+        if o.kind in ("loop", "yield") or o.chain is None:
+            continue
+        for x in o.operands:
+            d = dmap.get(x)
+            if d is None or d.kind == "loop":
+                continue
+            if d.chain is None and d.kind != "load":
+                _fail(stage, f"chain {o.chain} reads %{x}, a shared value that is not a read-only load", o)
+            if d.chain is not None and d.chain != o.chain:
+                _fail(stage, f"chain {o.chain} reads %{x} of chain {d.chain}: chains must be independent", o)
+
+
+def _check_schedule(p: Program, stage: str):
+    for loop in (o for o in walk(p.body) if o.kind == "loop"):
+        index = {r.name: o for o in loop.body for r in o.results}
+        orders = [o.order for o in loop.body if o.kind != "yield"]
+        if None in orders or sorted(orders) != list(range(len(orders))) and len(set(orders)) != len(orders):
+            _fail(stage, "loop ops need distinct orders", loop)
+        for o in loop.body:
+            if o.kind == "yield":
+                continue
+            if o.stage is None:
+                _fail(stage, "op in a loop has no stage", o)
+            for x in o.operands:
+                d = index.get(x)
+                if d is not None and d.stage > o.stage:
+                    _fail(stage, f"uses %{x} at stage {o.stage} before its def's stage {d.stage}", o)
+                if d is not None and d.order > o.order:
+                    _fail(stage, f"ordered before the def of %{x}", o)
+
+
+def _check_partitions(p: Program, stage: str):
+    names = {pt.name for pt in p.partitions}
+    for o in walk(p.body):
+        if o.kind in ("loop", "yield"):
+            continue
+        if o.partition not in names:
+            _fail(stage, f"op has partition {o.partition!r}, not one of {sorted(names)}", o)
+    regs = sum(pt.regs * 32 * max(4, pt.warps) for pt in p.partitions)
+    if regs > p.options.regs_per_sm:
+        _fail(stage, f"partitions need {regs} registers, more than the {p.options.regs_per_sm} of an SM")
+    for pt in p.partitions:
+        if pt.regs % 8 or not 24 <= pt.regs <= 256:
+            _fail(stage, f"partition {pt.name}: {pt.regs} registers; setmaxnreg takes multiples of 8 in 24..256")
+
+
+def _check_channels(p: Program, stage: str):
+    dmap = defs(p.body)
+    chans = {(c.value, d) for c in p.channels for d in c.dsts}
+    for o in walk(p.body):
+        if o.kind in ("loop", "yield"):
+            continue
+        for x in o.operands:
+            for src in value_partition(x, dmap):
+                if src != o.partition and (x, o.partition) not in chans:
+                    _fail(stage, f"%{x} crosses from {src} to {o.partition} without a channel", o)
+
+
+def _check_memory(p: Program, stage: str):
+    for b in p.buffers:
+        if b.count is None or b.offset is None or b.count < 1:
+            _fail(stage, f"buffer {b.name} has no count/offset")
+    if p.smem_bytes is None or p.smem_bytes > p.options.smem_limit:
+        _fail(stage, f"SMEM {p.smem_bytes} B exceeds the limit {p.options.smem_limit} B")
+    for i, a in enumerate(p.buffers):
+        for b in p.buffers[i + 1:]:
+            overlap = a.offset < b.offset + b.nbytes and b.offset < a.offset + a.nbytes
+            if overlap and a.offset != b.offset:
+                _fail(stage, f"buffers {a.name} and {b.name} overlap at different offsets")
+
+
+def _check_code(p: Program, stage: str):
+    groups = {g.name: g for g in p.groups}
+    for c in p.channels:
+        if c.group not in groups:
+            _fail(stage, f"channel {c.name} has no barrier group")
+    for pt in p.partitions:
+        if not pt.body:
+            _fail(stage, f"partition {pt.name} has no body")
+        count = {}
+        for o in walk(pt.body):
+            g = o.attr("group")
+            if g is None:
+                continue
+            if g not in groups:
+                _fail(stage, f"unknown barrier group {g}", o)
+            count.setdefault(g, {"acquire": 0, "wait_ready": 0, "release": 0, "advance": 0})
+            if o.kind in count[g]:
+                count[g][o.kind] += 1
+        for g, c in count.items():
+            if c["acquire"] + c["wait_ready"] != c["advance"]:
+                _fail(stage, f"{pt.name}: group {g} waits {c['acquire'] + c['wait_ready']} times per step but "
+                      f"advances {c['advance']} times: phases would drift")
+            if c["wait_ready"] != c["release"]:
+                _fail(stage, f"{pt.name}: group {g} is waited on {c['wait_ready']} times but released "
+                      f"{c['release']} times: a slot would never be freed")
+    for g in groups.values():
+        consumers = {pt.name for pt in p.partitions for o in walk(pt.body)
+                     if o.kind == "release" and o.attr("group") == g.name}
+        if len(consumers) != g.arrivals:
+            _fail(stage, f"group {g.name} expects {g.arrivals} releasing partitions, found {sorted(consumers)}")
