@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from .ir import Program, check_expr, defs, format_op, walk
 from .passes.buffers import value_partition
+from .passes.loop_schedule import LATENCY
 
 ORDER = ["template", "data_partition", "loop_schedule", "partition_schedule", "buffers", "memory_plan",
          "code_partition"]
@@ -97,8 +98,9 @@ def _check_schedule(p: Program, stage: str):
                 _fail(stage, "op in a loop has no stage", o)
             for x in o.operands:
                 d = index.get(x)
-                if d is not None and d.stage > o.stage:
-                    _fail(stage, f"uses %{x} at stage {o.stage} before its def's stage {d.stage}", o)
+                need = d.stage + LATENCY.get(d.kind, 0) if d is not None else 0
+                if d is not None and o.stage < need:
+                    _fail(stage, f"uses %{x} at stage {o.stage} before its def's stage {d.stage} + latency", o)
                 if d is not None and d.order > o.order:
                     _fail(stage, f"ordered before the def of %{x}", o)
 

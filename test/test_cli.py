@@ -1,0 +1,34 @@
+"""The main job: python -m torch_autows explain gemm ... --compile."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from torch_autows.__main__ import main
+
+
+def test_explain_gemm_compile_prints_every_pass_gluon_and_summary(capsys):
+    assert main(["explain", "gemm", "--m", "4096", "--n", "4096", "--k", "4096", "--dtype", "bf16", "--compile"]) == 0
+    out = capsys.readouterr().out
+    steps = ["template", "data_partition", "loop_schedule", "partition_schedule", "buffers", "memory_plan",
+             "code_partition"]
+    pos = 0
+    for s in steps + ["generated Gluon"]:
+        pos = out.index(s, pos)
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("summary: ")
+    summary = json.loads(last[len("summary: "):])
+    assert [p["name"] for p in summary["partitions"]] == ["consumer0", "consumer1", "producer"]
+    assert summary["wgmma"] > 0 and summary["setmaxnreg"] > 0 and summary["spills"] == 0
+    assert summary["smem_bytes"] <= 232448
+
+
+def test_explain_attention_says_not_available():
+    r = subprocess.run([sys.executable, "-m", "torch_autows", "explain", "attention", "--s", "4096"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "not generated" in r.stderr
+
+
+def test_explain_unknown_config():
+    assert main(["explain", "gemm", "--m", "8", "--n", "8", "--k", "8", "--config", "nope"]) == 2
