@@ -1,0 +1,144 @@
+"""Table, ratio, geomean, JSON, BENCHMARKS.md and plot, from recorded rows (no GPU)."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from torch_autows.bench import report, results
+from torch_autows.bench.plot import plot_rows
+
+
+def test_make_row_failed_row_has_no_time():
+    row = results.make_row("gemm", "c", "autows", tflops=800.0, ms=0.1, rel_err=0.5, error="rel_err too big")
+    assert row["tflops"] is None and row["ms"] is None and row["rel_err"] == 0.5
+    assert list(row)[:7] == list(results.ROW_KEYS)
+    assert results.make_row("gemm", "c", "x", rel_err=float("nan"))["rel_err"] is None
+
+
+def test_summarize_ratios_and_failures(gemm_rows):
+    s = {x["case"]: x for x in report.summarize(gemm_rows)}
+    assert s["4096x4096x4096"]["best_other"] == "cublas"
+    assert s["4096x4096x4096"]["ratio"] == pytest.approx(770 / 700)
+    # a peer with an error is not the best other peer; the remaining best is
+    assert s["8192x8192x8192"]["ratio"] == pytest.approx(684 / 760)
+    assert s["bmm:32x2048x2048x128"]["status"] == "failed" and s["bmm:32x2048x2048x128"]["ratio"] is None
+    assert s["addmm:8192x4096x4096"]["status"] == "failed"
+
+
+def test_aggregate_geomean_min_counts_failures(gemm_rows):
+    agg = report.aggregate(report.summarize(gemm_rows))
+    assert agg["geomean"] == pytest.approx(math.sqrt((770 / 700) * (684 / 760)))
+    assert agg["min"] == pytest.approx(684 / 760) and agg["min_case"] == "8192x8192x8192"
+    assert (agg["n_ratios"], agg["n_cases"]) == (2, 4)
+    assert agg["failed"] == ["bmm:32x2048x2048x128", "addmm:8192x4096x4096"]
+    line = report.summary_line(agg)
+    assert "geomean 0.995" in line and "min 0.900" in line and "over 2/4 cases" in line and "FAILED on 2" in line
+
+
+def test_aggregate_without_any_ratio():
+    rows = [results.make_row("gemm", "c", "autows", error="fell back to torch")]
+    agg = report.aggregate(report.summarize(rows))
+    assert agg["geomean"] is None and agg["failed"] == ["c"]
+    assert "no ratio" in report.summary_line(agg)
+
+
+def test_text_table(gemm_rows):
+    text = report.table(gemm_rows)
+    lines = text.splitlines()
+    assert lines[0].split() == ["case", "cublas", "inductor-max-autotune", "triton-autows", "autows", "best", "other",
+                                "autows/best"]
+    row1 = next(line for line in lines if line.startswith("4096x4096x4096"))
+    assert "700.0 ±2%" in row1 and "770.0 ±1%" in row1 and "1.100" in row1
+    bmm = next(line for line in lines if line.startswith("bmm:"))
+    assert bmm.split()[-1] == "FAIL" and bmm.split().count("-") == 2  # no inductor / triton rows
+    assert "Failures:" in text and "bmm:32x2048x2048x128 / autows: fell back to torch" in text
+    assert "ttg.warp_specialize absent" in text  # notes are shown
+
+
+def test_markdown_table_escapes_pipes(gemm_rows):
+    md = report.table(gemm_rows, markdown=True)
+    assert md.splitlines()[0].startswith("| case | cublas |")
+    assert "autotune \\| failed badly" in md
+
+
+def test_split_table(model_rows):
+    text = report.table(model_rows)
+    assert "GPU time per forward by kernel class" in text
+    row = next(line for line in text.splitlines() if line.strip().startswith("8x2048") and "eager" in line)
+    assert row.split()[2:] == ["35.00", "2.50", "2.50", "88", "6", "6"]
+
+
+def test_gpu_slug_and_result_path(tmp_path):
+    assert results.gpu_slug("NVIDIA H200") == "h200"
+    assert results.gpu_slug("NVIDIA H100 80GB HBM3") == "h100"
+    assert results.gpu_slug(None) == "cpu"
+    p1 = results.result_path(tmp_path, "2026-11-30", "NVIDIA H200", "gemm")
+    assert p1.name == "2026-11-30-h200-gemm.json"
+    results.write_json(p1, {"subcommand": "gemm"}, [])
+    p2 = results.result_path(tmp_path, "2026-11-30", "NVIDIA H200", "gemm")
+    assert p2.name == "2026-11-30-h200-gemm-2.json"
+    results.write_json(p2, {}, [])
+    assert results.result_path(tmp_path, "2026-11-30", "NVIDIA H200", "gemm").name == "2026-11-30-h200-gemm-3.json"
+
+
+def test_json_roundtrip_rejects_nan(tmp_path, gemm_rows):
+    path = results.write_json(tmp_path / "r.json", {"gpu": "NVIDIA H200"}, gemm_rows)
+    data = results.load_json(path)
+    assert data["rows"] == gemm_rows and data["meta"]["gpu"] == "NVIDIA H200"
+    with pytest.raises(ValueError):
+        results.write_json(tmp_path / "bad.json", {}, [{"tflops": float("nan")}])
+    (tmp_path / "x.json").write_text(json.dumps({"no": "rows"}))
+    with pytest.raises(ValueError):
+        results.load_json(tmp_path / "x.json")
+
+
+def test_error_text_is_one_truncated_line():
+    t = results.error_text(RuntimeError("PassManager::run failed\n" + "x" * 2000))
+    assert t.startswith("RuntimeError: PassManager::run failed x") and len(t) == results.ERROR_CHARS
+    assert "\n" not in t
+
+
+def _meta(work, ts, **kw):
+    return {"subcommand": work, "date": ts[:10], "timestamp": ts, "gpu": "NVIDIA H200", "sm_count": 132,
+            "torch": "2.11.0", "triton": "3.6.0", "git_commit": "abc123",
+            "command": f"python -m torch_autows.bench {work}", "clocks": {"clocks.sm": "1980 MHz"}, **kw}
+
+
+def test_benchmarks_md_newest_first_with_links(tmp_path, gemm_rows, model_rows):
+    out = tmp_path / "bench" / "results"
+    old = results.write_json(out / "2026-11-29-h200-gemm.json", _meta("gemm", "2026-11-29T10:00:00+00:00"),
+                             gemm_rows[:4])
+    new = results.write_json(out / "2026-11-30-h200-gemm.json", _meta("gemm", "2026-11-30T09:00:00+00:00"), gemm_rows)
+    newer = results.write_json(out / "2026-11-30-h200-gemm-2.json",
+                               _meta("gemm", "2026-11-30T11:00:00+00:00", complete=False), gemm_rows[4:8])
+    results.write_json(out / "2026-11-30-h200-model.json", _meta("model", "2026-11-30T12:00:00+00:00"), model_rows)
+    plot_rows(gemm_rows, new.with_suffix(".png"))
+    (out / "junk.json").write_text("{not json")
+    md_path = report.write_markdown(out, tmp_path / "BENCHMARKS.md")
+    md = md_path.read_text()
+    assert md.index("## gemm") < md.index("## model")
+    pos = [md.index(f"### {p.stem}\n") for p in (newer, new, old)]
+    assert pos == sorted(pos)
+    assert "NVIDIA H200 (132 SMs), nvidia-smi: sm 1980 MHz; torch 2.11.0; triton 3.6.0; commit abc123" in md
+    assert "**incomplete run**" in md
+    assert "[plot](bench/results/2026-11-30-h200-gemm.png)" in md
+    assert "[JSON](bench/results/2026-11-30-h200-gemm.json)" in md
+    assert md.count("[plot](") == 1  # only files with a PNG get a plot link
+    assert "geomean 0.995, min 0.900 (8192x8192x8192), over 2/4 cases" in md
+    assert "GPU time per forward by kernel class" in md
+    assert "`junk.json`: unreadable" in md
+    assert "do not edit by hand" in md
+
+
+def test_benchmarks_md_empty(tmp_path):
+    md = report.render_markdown(tmp_path / "missing", tmp_path / "BENCHMARKS.md")
+    assert "No results yet." in md
+
+
+def test_plot_png(tmp_path, gemm_rows):
+    path = plot_rows(gemm_rows, tmp_path / "p.png", title="gemm")
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    assert plot_rows([], tmp_path / "none.png") is None

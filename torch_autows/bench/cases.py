@@ -1,0 +1,141 @@
+"""The benchmark cases of shared/BENCH.md: GEMM set, attention grid, model configs; FLOPs; selection by name."""
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GemmCase:
+    op: str  # "mm" | "bmm" | "addmm"
+    M: int
+    N: int
+    K: int
+    batch: int = 1
+    dtype: str = "bf16"
+
+    @property
+    def name(self) -> str:
+        mnk = f"{self.M}x{self.N}x{self.K}"
+        prefix = "" if self.dtype == "bf16" else f"{self.dtype}:"
+        if self.op == "bmm":
+            return f"{prefix}bmm:{self.batch}x{mnk}"
+        if self.op == "addmm":
+            return f"{prefix}addmm:{mnk}"
+        return prefix + mnk
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.batch * self.M * self.N * self.K
+
+    def describe(self) -> str:
+        shape = f"{self.batch} x " if self.op == "bmm" else ""
+        return f"{self.op} {self.dtype} {shape}M={self.M} N={self.N} K={self.K}"
+
+
+@dataclass(frozen=True)
+class AttnCase:
+    batch: int
+    heads: int
+    kv_heads: int
+    seqlen: int
+    head_dim: int
+    causal: bool
+    dtype: str = "bf16"
+
+    @property
+    def gqa(self) -> bool:
+        return self.kv_heads != self.heads
+
+    @property
+    def name(self) -> str:
+        gqa = f"gqa{self.heads}x{self.kv_heads}-" if self.gqa else ""
+        return f"{gqa}s{self.seqlen}-d{self.head_dim}" + ("-causal" if self.causal else "")
+
+    @property
+    def flops(self) -> float:
+        f = 4.0 * self.batch * self.heads * self.seqlen * self.seqlen * self.head_dim
+        return f / 2 if self.causal else f
+
+    def describe(self) -> str:
+        return (f"{self.dtype} B={self.batch} Hq={self.heads} Hkv={self.kv_heads} S={self.seqlen} "
+                f"D={self.head_dim} causal={self.causal}")
+
+
+@dataclass(frozen=True)
+class ModelCase:
+    batch: int
+    seqlen: int
+    layers: int = 4
+
+    @property
+    def name(self) -> str:
+        return f"{self.batch}x{self.seqlen}"
+
+    @property
+    def flops(self) -> float:
+        from .llama import LlamaConfig, forward_flops
+
+        return forward_flops(LlamaConfig(n_layers=self.layers), self.batch, self.seqlen)
+
+    def describe(self) -> str:
+        return (f"Llama-3-8B-style decoder, {self.layers} layers, bf16 prefill, "
+                f"batch {self.batch} x seqlen {self.seqlen}")
+
+
+TOKENS = 16384
+HIDDEN = 2048
+
+_LLM = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 4096, 4096), (8192, 14336, 4096), (8192, 4096, 14336),
+        (16384, 1024, 4096), (4096, 128256, 4096)]
+_FP16_SUBSET = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 14336, 4096)]
+
+
+def gemm_cases() -> list[GemmCase]:
+    cases = [GemmCase("mm", m, n, k) for m, n, k in _LLM]
+    cases.append(GemmCase("bmm", 2048, 2048, 128, batch=32))
+    cases.append(GemmCase("addmm", 8192, 4096, 4096))
+    cases += [GemmCase("mm", m, n, k, dtype="fp16") for m, n, k in _FP16_SUBSET]
+    return cases
+
+
+def attention_cases() -> list[AttnCase]:
+    cases = []
+    for d in (64, 128):
+        for causal in (False, True):
+            for s in (512, 1024, 2048, 4096, 8192, 16384):
+                cases.append(AttnCase(TOKENS // s, HIDDEN // d, HIDDEN // d, s, d, causal))
+    for causal in (False, True):
+        for s in (4096, 8192):
+            cases.append(AttnCase(TOKENS // s, 32, 8, s, 128, causal))
+    return cases
+
+
+def model_cases() -> list[ModelCase]:
+    return [ModelCase(8, 2048), ModelCase(1, 16384)]
+
+
+QUICK = {
+    "gemm": ["4096x4096x4096", "8192x14336x4096", "bmm:32x2048x2048x128", "addmm:8192x4096x4096"],
+    "attention": ["s2048-d128", "s2048-d128-causal", "s4096-d64", "gqa32x8-s4096-d128-causal"],
+    "model": ["8x2048"],
+}
+
+ALL = {"gemm": gemm_cases, "attention": attention_cases, "model": model_cases}
+
+
+def select(work: str, names: list[str] | None = None, quick: bool = False) -> list:
+    """Cases of one work in canonical order; ``names`` are exact names or fnmatch globs ("fp16:*")."""
+    cases = ALL[work]()
+    if quick and not names:
+        names = QUICK[work]
+    if not names:
+        return cases
+    picked = []
+    for pat in names:
+        hits = [c for c in cases if fnmatch.fnmatchcase(c.name, pat)]
+        if not hits:
+            known = ", ".join(c.name for c in cases)
+            raise ValueError(f"no {work} case matches {pat!r}; known: {known}")
+        picked += [c for c in hits if c not in picked]
+    return [c for c in cases if c in picked]
