@@ -11,7 +11,31 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+import os as _os  # noqa: E402
+
 from . import config, ops  # noqa: E402,F401
+
+
+def _register_backend() -> None:
+    """``torch.compile(backend="autows")`` after ``import torch_autows`` even where the package is not
+    pip-installed (no entry point): a thin wrapper, so torch._inductor loads only on first compile.
+    Guarded: registering a name twice is an error in torch's registry."""
+    from torch._dynamo.backends import registry
+
+    if "autows" not in registry._BACKENDS:
+        def autows(gm, example_inputs, **kwargs):
+            from .inductor.backend import autows as impl
+
+            return impl(gm, example_inputs, **kwargs)
+
+        registry.register_backend(autows, name="autows")
+
+
+_register_backend()
+if _os.environ.get("TORCH_AUTOWS", "").strip().lower() not in ("", "0", "false", "no", "off"):
+    from .inductor.api import enable_from_env as _enable_from_env
+
+    _enable_from_env()
 
 
 def __getattr__(name):

@@ -1,0 +1,88 @@
+"""Backward of ``autows::attention`` against eager autograd (CPU: the math backward; fp64 gradcheck)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_autows.inductor.ops  # noqa: F401  (registers torch.ops.autows.*)
+from torch_autows.inductor.attention_grad import flash_backward_ok
+
+attention = torch.ops.autows.attention
+
+
+def _inputs(dtype, hq=4, hkv=4, sq=8, skv=8, d=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    mk = lambda *s: torch.randn(*s, generator=g, dtype=dtype).requires_grad_()  # noqa: E731
+    return mk(2, hq, sq, d), mk(2, hkv, skv, d), mk(2, hkv, skv, d)
+
+
+CASES = [  # (hq, hkv, sq, skv, causal, scale)
+    (4, 4, 8, 8, False, None),
+    (4, 4, 8, 8, True, None),
+    (4, 2, 8, 8, True, 0.3),      # GQA
+    (4, 4, 6, 10, True, None),    # causal, Sq != Skv (top-left, as SDPA)
+    (2, 1, 10, 6, False, 1.0),    # MQA, Sq > Skv
+]
+
+
+@pytest.mark.parametrize("hq,hkv,sq,skv,causal,scale", CASES)
+def test_gradcheck_fp64(hq, hkv, sq, skv, causal, scale):
+    q, k, v = _inputs(torch.float64, hq, hkv, sq, skv, d=4)
+    fn = lambda q, k, v: attention(q, k, v, causal, scale, hq != hkv)[0]  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (q, k, v), atol=1e-6)
+
+
+@pytest.mark.parametrize("hq,hkv,sq,skv,causal,scale", CASES)
+def test_grads_match_sdpa_fp32(hq, hkv, sq, skv, causal, scale):
+    q, k, v = _inputs(torch.float32, hq, hkv, sq, skv)
+    out, lse = attention(q, k, v, causal, scale, hq != hkv)
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=hq != hkv)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    g = torch.randn_like(out)
+    ours = torch.autograd.grad(out, (q, k, v), g)
+    theirs = torch.autograd.grad(ref, (q, k, v), g)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_lse_gradient():
+    """A gradient flowing into lse (not used by the rewrite, but part of the op's contract)."""
+    q, k, v = _inputs(torch.float64, sq=8, skv=8, d=4)
+    scale = 0.5
+
+    def ref(q, k, v):
+        s = (q @ k.transpose(-2, -1)) * scale
+        s = s.masked_fill(~torch.ones(8, 8, dtype=torch.bool).tril(), -math.inf)
+        return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
+
+    out, lse = attention(q, k, v, True, scale, False)
+    r_out, r_lse = ref(q, k, v)
+    torch.testing.assert_close(lse, r_lse.float(), atol=1e-6, rtol=1e-6)
+    go, gl = torch.randn_like(out), torch.randn_like(r_lse)
+    ours = torch.autograd.grad((out, lse), (q, k, v), (go, gl.float()))
+    theirs = torch.autograd.grad((r_out, r_lse), (q, k, v), (go, gl))
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_opcheck():
+    q, k, v = _inputs(torch.float32, 4, 2)
+    torch.library.opcheck(attention.default, (q, k, v, True, None, True))
+    a, b, bias = torch.randn(8, 16, requires_grad=True), torch.randn(16, 4, requires_grad=True), torch.randn(4)
+    torch.library.opcheck(torch.ops.autows.gemm.default, (a, b, bias, None))
+    torch.library.opcheck(torch.ops.autows.bmm.default, (a[None].detach(), b[None].detach(), None))
+
+
+def test_flash_backward_only_where_contract_matches():
+    q = torch.empty(1, 2, 8, 64, dtype=torch.float16)
+    k = torch.empty(1, 2, 16, 64, dtype=torch.float16)
+    assert not flash_backward_ok(q, k, False, None)  # CPU: never
+    if torch.cuda.is_available():
+        qc, kc = q.cuda(), k.cuda()
+        assert flash_backward_ok(qc, kc, False, None)
+        assert not flash_backward_ok(qc, kc, True, None)             # causal, Sq != Skv: alignment differs
+        assert not flash_backward_ok(qc, qc, False, torch.ones(1))   # grad into lse
+        assert not flash_backward_ok(qc.float(), kc.float(), False, None)

@@ -1,0 +1,195 @@
+"""The attention rewrite on CPU-traced Dynamo graphs (``config.pretend_sm90``): SDPA and the explicit forms."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torch_autows.inductor import target
+from torch_autows.inductor.patterns import find_attention_sites, rewrite_attention
+
+OP = torch.ops.autows.attention.default
+
+
+def sdpa_causal(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def sdpa_scale(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, None, 0.0, False, scale=0.3)
+
+
+def sdpa_gqa(q, k, v):
+    return F.scaled_dot_product_attention(q, k[:, :2], v[:, :2], is_causal=True, enable_gqa=True)
+
+
+def hf_llama_eager(q, k, v):  # transformers' eager_attention_forward without a mask
+    w = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(q.size(-1))
+    w = F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+    w = F.dropout(w, p=0.1, training=False)
+    return torch.matmul(w, v)
+
+
+def mul_scale(q, k, v):
+    return (q @ k.transpose(-2, -1) * 0.25).softmax(-1) @ v
+
+
+def scaled_q(q, k, v):
+    return torch.softmax((q / 4.0) @ k.transpose(-1, -2), dim=-1) @ v
+
+
+def permuted_k(q, k, v):
+    return torch.matmul(torch.softmax(0.5 * torch.matmul(q, k.permute(0, 1, 3, 2)), dim=3), v)
+
+
+def gpt2_full(q, k, v):
+    w = torch.matmul(q, k.transpose(-1, -2))
+    w = w / torch.full([], v.size(-1) ** 0.5, dtype=w.dtype, device=w.device)
+    return torch.matmul(torch.softmax(w, -1), v)
+
+
+def no_scale(q, k, v):
+    return torch.matmul(torch.softmax(torch.matmul(q, k.transpose(-2, -1)), -1), v)
+
+
+def k_given_transposed(q, k, v):
+    kt = k.transpose(-2, -1).contiguous()  # the graph only holds K^T
+    return torch.softmax(q @ kt * 0.3, -1) @ v
+
+
+def _run(gm, **named):
+    """Call a Dynamo graph module: its placeholders are ``L_<arg>_`` in an order of Dynamo's choosing."""
+    args = [named[n.target[2:-1]] for n in gm.graph.nodes if n.op == "placeholder"]
+    out = gm(*args)
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def sdpa_bool_causal_mask(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(16, 16, dtype=torch.bool).tril())
+
+
+def hf_additive_causal_mask(q, k, v):  # transformers under torch.compile: a materialised min/0 mask
+    pos = torch.arange(16)
+    mask = torch.where(pos[None, :] <= pos[:, None], 0.0, torch.finfo(q.dtype).min)[None, None].expand(2, 1, 16, 16)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3)
+
+
+def gpt_masked_fill(q, k, v):
+    w = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    w = w.masked_fill(torch.ones(16, 16, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(w, dim=-1) @ v
+
+
+def explicit_additive_mask(q, k, v):
+    mask = torch.full((16, 16), float("-inf")).triu(1)
+    return torch.softmax(torch.matmul(q, k.transpose(2, 3)) * 0.3 + mask, dim=-1) @ v
+
+
+FORMS = [sdpa_causal, sdpa_scale, sdpa_gqa, hf_llama_eager, mul_scale, scaled_q, permuted_k, gpt2_full, no_scale,
+         k_given_transposed, sdpa_bool_causal_mask, hf_additive_causal_mask, gpt_masked_fill, explicit_additive_mask]
+CAUSAL = {sdpa_causal, sdpa_gqa, sdpa_bool_causal_mask, hf_additive_causal_mask, gpt_masked_fill,
+          explicit_additive_mask}
+
+
+def _qkv(dtype=torch.float32, s=16):
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(2, 4, s, 8, generator=g, dtype=dtype) for _ in range(3)]
+
+
+@pytest.mark.parametrize("form", FORMS, ids=lambda f: f.__name__)
+def test_rewrite_recognises_and_matches_eager(form, pretend, capture):
+    q, k, v = _qkv()
+    (gm,) = capture(form, q, k, v)
+    sites = rewrite_attention(gm.graph)
+    gm.recompile()
+    assert [s.reason for s in sites] == [None]
+    assert sites[0].is_causal == (form in CAUSAL)
+    ts = [n.target for n in gm.graph.nodes]
+    assert ts.count(OP) == 1
+    assert F.scaled_dot_product_attention not in ts and not any("softmax" in str(t) for t in ts)
+    out = _run(gm, q=q, k=k, v=v)
+    torch.testing.assert_close(out, form(q, k, v), atol=1e-5, rtol=1e-5)
+    assert target.site_counters["attention.rewritten"] == 1
+
+
+def test_site_flags(pretend, capture):
+    (gm,) = capture(sdpa_gqa, *_qkv())
+    (site,) = find_attention_sites(gm.graph)
+    assert (site.kind, site.is_causal, site.enable_gqa, site.scale) == ("sdpa", True, True, None)
+    (gm,) = capture(hf_llama_eager, *_qkv())
+    (site,) = find_attention_sites(gm.graph)
+    assert site.kind == "explicit" and site.scale == pytest.approx(1 / math.sqrt(8))
+    (gm,) = capture(scaled_q, *_qkv())
+    assert find_attention_sites(gm.graph)[0].scale == pytest.approx(0.25)
+
+
+def _masked_sdpa(q, k, v):  # a sliding window, not causal
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(16, 16, dtype=torch.bool).tril().triu(-4))
+
+
+def _masked_explicit(q, k, v):  # a mask made from an input: nothing is proven
+    return torch.softmax(q @ k.transpose(-2, -1) * 0.3 + (q[0, 0, :, :1] > 0) * -1e9, -1) @ v
+
+
+def _weights_returned(q, k, v):
+    w = torch.softmax(q @ k.transpose(-2, -1), -1)
+    return w @ v, w
+
+
+def _active_dropout(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+
+
+def _active_dropout_explicit(q, k, v):
+    return F.dropout(torch.softmax(q @ k.transpose(-2, -1), -1), p=0.5, training=True) @ v
+
+
+@pytest.mark.parametrize("form,why", [(_masked_sdpa, "attn_mask"), (_masked_explicit, "mask"),
+                                      (_weights_returned, "other users"), (_active_dropout, "dropout"),
+                                      (_active_dropout_explicit, "dropout")])
+def test_not_rewritten_with_reason(form, why, pretend, capture, log_warnings):
+    (gm,) = capture(form, *_qkv())
+    sites = rewrite_attention(gm.graph)
+    assert len(sites) == 1 and why in sites[0].reason
+    assert OP not in [n.target for n in gm.graph.nodes]
+    assert any(why in r.getMessage() and "left to Inductor" in r.getMessage() for r in log_warnings.records)
+
+
+def test_causal_mask_with_dynamic_sizes_is_not_proven(pretend, capture):
+    def f(q, k, v):
+        S = q.shape[2]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(S, S, dtype=torch.bool).tril())
+
+    q, k, v = _qkv()
+    for t in (q, k, v):
+        torch._dynamo.mark_dynamic(t, 2)
+    (gm,) = capture(f, q, k, v)
+    assert "not provably causal" in find_attention_sites(gm.graph)[0].reason
+
+
+def test_unsupported_dtype_and_device(capture, monkeypatch):
+    (gm,) = capture(sdpa_causal, *_qkv())
+    assert "tensors on cpu" in find_attention_sites(gm.graph)[0].reason  # no pretend: CPU is not sm_90
+    from torch_autows import config
+
+    monkeypatch.setattr(config, "pretend_sm90", True)
+    monkeypatch.setattr(target, "attention_support_fn", lambda: True)
+    (gm,) = capture(sdpa_causal, *_qkv(torch.float64))
+    assert "float64" in find_attention_sites(gm.graph)[0].reason
+    monkeypatch.setattr(config, "attention", False)
+    (gm,) = capture(sdpa_causal, *_qkv())
+    assert "disabled" in find_attention_sites(gm.graph)[0].reason
+
+
+def test_missing_runtime_is_a_reason(monkeypatch, capture):
+    from torch_autows import config
+
+    monkeypatch.setattr(config, "pretend_sm90", True)
+    monkeypatch.setattr(target, "attention_support_fn", lambda: None)
+    (gm,) = capture(sdpa_causal, *_qkv())
+    assert "no generated attention kernel" in find_attention_sites(gm.graph)[0].reason
+    monkeypatch.setattr(target, "attention_support_fn", lambda: (lambda q, k, v, c, s: "head_dim 8 too small"))
+    (gm,) = capture(sdpa_causal, *_qkv())
+    assert find_attention_sites(gm.graph)[0].reason == "head_dim 8 too small"

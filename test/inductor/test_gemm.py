@@ -1,0 +1,115 @@
+"""GEMM: the post-grad rewrite (max-autotune off) and the ExternKernelChoice (max-autotune on)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch._inductor.select_algorithm import extern_kernels
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from torch_autows import config
+from torch_autows.inductor import choices, target
+from torch_autows.inductor.gemm_pass import find_gemm_sites, rewrite_gemms
+
+aten = torch.ops.aten
+
+
+def _aten_graph(fn, *inputs):
+    return make_fx(fn, tracing_mode="fake")(*inputs)
+
+
+def _ops(gm):
+    return [n.target for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def test_post_grad_rewrite_fuses_bias_and_keeps_epilogue(pretend):
+    a, b, bias, x = torch.randn(8, 16), torch.randn(16, 4), torch.randn(4), torch.randn(3, 8, 16)
+
+    def f(a, b, bias, x):
+        y = F.gelu(torch.mm(a, b) + bias)        # mm + bias add: bias fused, gelu stays
+        z = torch.addmm(bias, a, b)               # addmm: bias fused
+        w = torch.bmm(x, x.transpose(1, 2))       # bmm
+        return y, z, w
+
+    gm = _aten_graph(f, a, b, bias, x)
+    sites = rewrite_gemms(gm.graph)
+    gm.recompile()
+    assert [s.reason for s in sites] == [None, None, None]
+    ops = _ops(gm)
+    assert ops.count(torch.ops.autows.gemm.default) == 2 and ops.count(torch.ops.autows.bmm.default) == 1
+    assert aten.mm.default not in ops and aten.addmm.default not in ops and aten.add.Tensor not in ops
+    assert aten.gelu.default in ops  # the epilogue stays with Inductor
+    for got, ref in zip(gm(a, b, bias, x), f(a, b, bias, x)):
+        torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    fused = [n for n in gm.graph.nodes if n.target is torch.ops.autows.gemm.default]
+    assert all(n.args[2] is not None for n in fused) and "val" in fused[0].meta
+
+
+def test_post_grad_reasons(pretend, log_warnings):
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+
+    def f(a, b):
+        return torch.addmm(torch.randn(8, 4), a, b, beta=2.0), torch.addmm(torch.ones(8, 4), a, b)
+
+    gm = _aten_graph(f, a, b)
+    reasons = [s.reason for s in find_gemm_sites(gm.graph)]
+    assert any("alpha/beta" in r for r in reasons) and any("not 1-D" in r for r in reasons)
+    rewrite_gemms(gm.graph)
+    assert torch.ops.autows.gemm.default not in _ops(gm)
+    assert any("alpha/beta" in r.getMessage() for r in log_warnings.records)
+
+
+def test_gemm_reason(monkeypatch):
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    assert "tensors on cpu" in target.gemm_reason(a, b)
+    monkeypatch.setattr(config, "pretend_sm90", True)
+    seen = {}
+
+    def support(a, b, bias=None, out_dtype=None, *, check_device=True):
+        seen.update(device=a.device.type, check_device=check_device)
+        return None
+
+    monkeypatch.setattr(target, "gemm_support_fn", lambda: support)
+    assert target.gemm_reason(a, b) is None
+    assert seen == {"device": "cuda", "check_device": False}  # asked as a (fake) sm_90 request
+    assert "float64" in target.gemm_reason(a.double(), b.double())
+    monkeypatch.setattr(target, "gemm_support_fn", lambda: None)
+    assert "not available" in target.gemm_reason(a, b)
+    monkeypatch.setattr(config, "gemm", False)
+    assert "disabled" in target.gemm_reason(a, b)
+
+
+def test_extern_kernels_registered_once():
+    for op in ("mm", "addmm", "bmm"):
+        assert getattr(extern_kernels, f"autows_{op}") is choices._KERNELS[op]
+        assert choices.extern_choice(op) is choices.extern_choice(op)
+
+
+def test_extern_kernels_compute_into_out():
+    a, b, bias = torch.randn(8, 16), torch.randn(16, 4), torch.randn(4)
+    out = torch.empty(8, 4)
+    choices.autows_addmm(bias.expand(8, 4), a, b, out=out)
+    torch.testing.assert_close(out, torch.addmm(bias, a, b))
+    full = torch.randn(8, 4)
+    choices.autows_addmm(full, a, b, alpha=1, beta=1, out=out)  # a 2-D bias: plain torch.addmm
+    torch.testing.assert_close(out, torch.addmm(full, a, b))
+    x, y, out3 = torch.randn(2, 4, 16), torch.randn(2, 16, 4), torch.empty(2, 4, 4)
+    choices.autows_bmm(x, y, out=out3)
+    torch.testing.assert_close(out3, torch.bmm(x, y))
+
+
+def test_max_autotune_offers_our_choice(pretend, monkeypatch):
+    seen = []
+    base = choices.AutoWSChoices.get_template_configs
+
+    def spy(self, kernel_inputs, templates, op_name, kwarg_overrides=None):
+        out = base(self, kernel_inputs, templates, op_name, kwarg_overrides)
+        seen.extend((op_name, getattr(c, "name", "")) for c in out)
+        return out
+
+    monkeypatch.setattr(choices.AutoWSChoices, "get_template_configs", spy)
+    a, b = torch.randn(64, 32), torch.randn(32, 48)
+    f = torch.compile(lambda a, b: torch.relu(a @ b), backend="autows",
+                      options={"max_autotune": True, "max_autotune_gemm_backends": "ATEN"})
+    torch.testing.assert_close(f(a, b), torch.relu(a @ b))
+    assert ("mm", "autows_mm") in seen and ("mm", "mm") in seen
+    assert target.site_counters["gemm.choice"] == 1 and target.site_counters["gemm.rewritten"] == 0

@@ -1,0 +1,82 @@
+"""The Inductor integration on an sm_90 GPU: skipped on machines without one (the default CI is CPU only)."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torch_autows.inductor import target
+from torch_autows.runtime import fallback
+
+sm90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+pytestmark = pytest.mark.skipif(not sm90, reason="needs a CUDA sm_90 GPU (H100/H200)")
+
+
+def _qkv(dtype=torch.bfloat16, b=2, h=8, hkv=8, s=256, d=128):
+    mk = lambda hh: torch.randn(b, hh, s, d, device="cuda", dtype=dtype, requires_grad=True)  # noqa: E731
+    return mk(h), mk(hkv), mk(hkv)
+
+
+@pytest.mark.parametrize("causal,hkv", [(False, 8), (True, 8), (True, 2)])
+def test_flash_backward_matches_sdpa(causal, hkv):
+    import torch_autows.inductor.ops  # noqa: F401
+
+    q, k, v = _qkv(hkv=hkv)
+    out, lse = torch.ops.autows.attention(q, k, v, causal, None, hkv != 8)
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal, enable_gqa=hkv != 8)
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+    g = torch.randn_like(out)
+    ours = torch.autograd.grad(out, (q, k, v), g)
+    theirs = torch.autograd.grad(ref, (q, k, v), g.float())
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a.float(), b.float(), atol=5e-2, rtol=5e-2)
+
+
+class Block(torch.nn.Module):
+    def __init__(self, dim=1024, heads=8):
+        super().__init__()
+        self.h = heads
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.o = torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        B, S, D = x.shape
+        q, k, v = self.qkv(x).view(B, S, 3, self.h, D // self.h).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o(F.gelu(y.transpose(1, 2).reshape(B, S, D)))
+
+
+@pytest.mark.parametrize("mode", [None, pytest.param("reduce-overhead", marks=pytest.mark.xfail(
+    reason="H200 run 2026-11-30: cudagraph trees report a tensor in the pool not tracked as an output of our "
+           "custom op (open in issue 6)", strict=False)), "max-autotune-no-cudagraphs"])
+def test_block_training(mode):
+    torch._dynamo.reset()
+    fallback.reset()
+    target.reset()
+    torch.manual_seed(0)
+    model = Block().cuda().to(torch.bfloat16)
+    ref_model = Block().cuda()
+    ref_model.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
+    compiled = torch.compile(model, backend="autows", mode=mode)
+    for _ in range(3):  # cudagraph trees record on a later call
+        x = torch.randn(4, 256, 1024, device="cuda", dtype=torch.bfloat16)
+        out = compiled(x)
+        out.float().square().mean().backward()
+    ref = ref_model(x.float())
+    torch.testing.assert_close(out.float(), ref, atol=5e-2, rtol=5e-2)
+    assert fallback.counters["gemm.autows"] + fallback.counters["bmm.autows"] >= 1  # GEMM sites served
+    if importlib.util.find_spec("torch_autows.runtime.attention") is not None:  # attention kernel exists
+        assert target.site_counters["attention.rewritten"] >= 1
+
+
+def test_dynamic_sequence_length():
+    torch._dynamo.reset()
+    model = Block().cuda().to(torch.bfloat16).eval()
+    compiled = torch.compile(model, backend="autows")
+    with torch.no_grad():
+        for s in (128, 256, 384):
+            x = torch.randn(2, s, 1024, device="cuda", dtype=torch.bfloat16)
+            torch._dynamo.mark_dynamic(x, 1)
+            torch.testing.assert_close(compiled(x).float(), model(x).float(), atol=5e-2, rtol=5e-2)

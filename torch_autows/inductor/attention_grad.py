@@ -1,0 +1,107 @@
+"""Backward of ``autows::attention``: gradients of ``(out, lse) = attention(q, k, v)`` from the saved out and lse.
+
+Two implementations, chosen per call from static facts (device, dtype, shapes: nothing that needs a
+host sync, so both are CUDA-graph safe and trace with symbolic sizes):
+
+* ``aten._scaled_dot_product_flash_attention_backward`` on CUDA fp16/bf16 when its contract matches
+  ours: same natural-log lse of the scaled scores, top-left causal mask (it only agrees with ours when
+  Sq == Skv), head_dim % 8 == 0 and <= 256, and no gradient flowing into lse.
+* otherwise the math of the reference (``torch_autows.ops.torch_attention``) differentiated by hand, in
+  fp32 (fp64 for fp64 inputs):
+      P  = softmax(S)                   S = scale * Q K^T (causal: -inf above the diagonal)
+      dV = P^T dO          dP = dO V^T          delta = rowsum(dO * O)
+      dS = P * (dP - delta + dlse)      dQ = scale * dS K      dK = scale * dS^T Q
+  Written out rather than via ``torch.autograd.grad``: it is traced into AOTAutograd's backward graph,
+  where nested autograd is not available.
+
+Grouped-query attention: k/v are expanded to the q heads (head h reads kv head h // group, as SDPA's
+``enable_gqa``) and the expanded gradients are summed back over each group.
+"""
+from __future__ import annotations
+
+import torch
+
+_FLASH_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _expand_kv(t: torch.Tensor, group: int) -> torch.Tensor:
+    return t if group == 1 else t.repeat_interleave(group, dim=1)
+
+
+def _reduce_kv(g: torch.Tensor, group: int) -> torch.Tensor:
+    if group == 1:
+        return g
+    B, H, S, D = g.shape
+    return g.view(B, H // group, group, S, D).sum(dim=2)
+
+
+def flash_backward_ok(q: torch.Tensor, k: torch.Tensor, is_causal: bool, grad_lse) -> bool:
+    """Whether torch's flash-attention backward computes exactly our gradients for this call."""
+    D = q.shape[-1]
+    return (q.is_cuda and torch.version.hip is None and q.dtype in _FLASH_DTYPES and grad_lse is None
+            and isinstance(D, int) and D % 8 == 0 and D <= 256
+            and (not is_causal or q.shape[2] == k.shape[2]))
+
+
+def _flash_backward(grad_out, q, k, v, out, lse, is_causal: bool, scale: float):
+    dev = q.device
+    seed = torch.empty(2, dtype=torch.uint64, device=dev)  # unused: dropout_p == 0
+    offset = torch.empty((), dtype=torch.uint64, device=dev)
+    dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
+        grad_out.contiguous(), q.contiguous(), k, v, out.contiguous(), lse.contiguous(), None, None,
+        q.shape[2], k.shape[2], 0.0, is_causal, seed, offset, scale=scale)
+    return dq, dk, dv
+
+
+def _scores(q, k, is_causal: bool, scale: float):
+    """Scaled scores in the accumulation dtype (fp32, or fp64 for fp64 inputs), -inf where causally masked."""
+    acc = torch.promote_types(q.dtype, torch.float32)
+    s = torch.matmul(q.to(acc), k.to(acc).transpose(-2, -1)) * scale
+    if is_causal:
+        Sq, Skv = q.shape[2], k.shape[2]
+        keep = torch.ones(Sq, Skv, dtype=torch.bool, device=q.device).tril(diagonal=0)
+        s = s.masked_fill(~keep, float("-inf"))
+    return s
+
+
+def reference_attention(q, k, v, is_causal: bool, scale: float):
+    """(out, lse fp32) like ``torch_autows.ops.torch_attention`` but for any float dtype (fp64: tests)."""
+    group = q.shape[1] // k.shape[1]
+    s = _scores(q, _expand_kv(k, group), is_causal, scale)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse.unsqueeze(-1)).nan_to_num(0.0)
+    out = torch.matmul(p, _expand_kv(v, group).to(s.dtype)).to(q.dtype)
+    return out, lse.float()
+
+
+def _math_backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: float):
+    s = _scores(q, k, is_causal, scale)
+    acc = s.dtype
+    qf, kf, vf = q.to(acc), k.to(acc), v.to(acc)
+    # The softmax is recomputed rather than rebuilt from the saved lse: one more row reduction buys
+    # gradients exact to the accumulation dtype whatever the forward kernel's lse rounding was.
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # fully masked rows: 0, as the reference
+    ds = torch.zeros_like(p)
+    dv = torch.zeros_like(vf)
+    if grad_out is not None:
+        go = grad_out.to(acc)
+        dv = torch.matmul(p.transpose(-2, -1), go)
+        dp = torch.matmul(go, vf.transpose(-2, -1))
+        delta = (go * out.to(acc)).sum(dim=-1, keepdim=True)
+        ds = p * (dp - delta)
+    if grad_lse is not None:
+        ds = ds + p * grad_lse.to(acc).unsqueeze(-1)
+    dq = torch.matmul(ds, kf) * scale
+    dk = torch.matmul(ds.transpose(-2, -1), qf) * scale
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def attention_backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: float):
+    """(dq, dk, dv) for ``attention(q, k, v, is_causal, scale)``; k/v may have fewer heads than q (GQA)."""
+    group = q.shape[1] // k.shape[1]
+    ke, ve = _expand_kv(k, group), _expand_kv(v, group)
+    if grad_out is not None and flash_backward_ok(q, k, is_causal, grad_lse):
+        dq, dk, dv = _flash_backward(grad_out, q, ke.contiguous(), ve.contiguous(), out, lse, is_causal, scale)
+    else:
+        dq, dk, dv = _math_backward(grad_out, grad_lse, q, ke, ve, out, lse, is_causal, scale)
+    return dq, _reduce_kv(dk, group), _reduce_kv(dv, group)

@@ -1,0 +1,168 @@
+"""``explain(model, *inputs)``: every attention and GEMM site Dynamo captures, and what autows does with it.
+
+The model runs once under Dynamo with a capturing backend (each call gets a fresh code object, so the
+user's compiled caches are untouched and no recompile budget is used up). The report uses the matchers
+and support checks the compile uses (patterns.py, target.py) on the same torch-level graphs, so "autows"
+in the report means the compile will rewrite that site. GEMM sites are the torch-level linear / matmul /
+mm / bmm / addmm calls, described as the 2-D (or batched) GEMM they lower to. With max-autotune a served
+GEMM is a candidate that must still win Inductor's benchmark.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import operator
+import types
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+from . import target
+from .patterns import find_attention_sites, val
+
+_LINEAR = (F.linear, torch._C._nn.linear)
+_MATMUL = (torch.matmul, operator.matmul, torch.mm, torch.bmm, torch.addmm)
+_MATMUL_METHODS = ("matmul", "__matmul__", "mm", "bmm", "addmm")
+_counter = itertools.count()
+
+
+@dataclasses.dataclass
+class Site:
+    graph: int
+    kind: str       # "attention" | "gemm"
+    form: str       # sdpa / explicit / linear / matmul / mm / bmm / addmm
+    node: str
+    shape: str
+    kernel: str     # "autows" | "fallback"
+    why: str
+    where: str = ""
+
+    def line(self) -> str:
+        where = f"  [{self.where}]" if self.where else ""
+        return f"  {self.kind:<9} {self.form:<8} {self.node:<16} {self.shape:<34} -> {self.kernel}: {self.why}{where}"
+
+
+@dataclasses.dataclass
+class ExplainReport:
+    sites: list[Site]
+    graphs: int
+    mode: str | None = None
+
+    def count(self, kind: str, kernel: str | None = None) -> int:
+        return sum(s.kind == kind and (kernel is None or s.kernel == kernel) for s in self.sites)
+
+    def __str__(self) -> str:
+        head = (f"autows explain: {self.graphs} graph(s); attention {self.count('attention', 'autows')}/"
+                f"{self.count('attention')} sites served, GEMM {self.count('gemm', 'autows')}/"
+                f"{self.count('gemm')} sites served (mode={self.mode or 'default'})")
+        return "\n".join([head, *(s.line() for s in self.sites)])
+
+
+def _where(n: fx.Node) -> str:
+    tb = (n.meta.get("stack_trace") or "").strip().splitlines()
+    for line in reversed(tb):
+        line = line.strip()
+        if line.startswith("File "):
+            parts = line.split(",")
+            return f"{parts[0][5:].strip(chr(34)).rsplit('/', 1)[-1]}:{parts[1].strip()[5:]}" if len(parts) > 1 else ""
+    return ""
+
+
+def _shape(t) -> str:
+    return "x".join(str(s) for s in t.shape) if isinstance(t, torch.Tensor) else "?"
+
+
+def _gemm_request(n: fx.Node):
+    """(form, a, b, bias) as the GEMM this torch-level call lowers to, on fake tensors; None if not a GEMM."""
+    if n.op == "call_function" and n.target in _LINEAR:
+        form, (x, w), bias = "linear", n.args[:2], (n.args[2] if len(n.args) > 2 else n.kwargs.get("bias"))
+        a, b, bias = val(x), val(w), val(bias)
+        if a is None or b is None:
+            return None
+        mode = getattr(a, "fake_mode", None)
+        with mode if mode is not None else contextlib.nullcontext():
+            return form, a.reshape(-1, a.shape[-1]), b.t(), bias
+    is_fn = n.op == "call_function" and n.target in _MATMUL
+    if not (is_fn or (n.op == "call_method" and n.target in _MATMUL_METHODS)):
+        return None
+    name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "matmul")
+    form = {"__matmul__": "matmul", "addmm": "addmm"}.get(name, name)
+    args = [val(x) for x in n.args[:3]]
+    bias = None
+    if form == "addmm":
+        bias, args = args[0], args[1:]
+    a, b = args[0], args[1] if len(args) > 1 else None
+    if a is None or b is None:
+        return None
+    mode = getattr(a, "fake_mode", None)
+    with mode if mode is not None else contextlib.nullcontext():
+        if a.dim() == 2 and b.dim() == 2:
+            return form, a, b, bias
+        if a.dim() >= 3 and b.dim() == 2:
+            return form, a.reshape(-1, a.shape[-1]), b, bias
+        if a.dim() >= 3 and b.dim() == a.dim():
+            return form, a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]), None
+    return None
+
+
+def _sites_of(gm: fx.GraphModule, index: int, max_autotune: bool) -> list[Site]:
+    out, in_attention = [], set()
+    for s in find_attention_sites(gm.graph):
+        if s.reason is None:
+            in_attention.update(n for n in (s.node, *s.chain) if n.op != "placeholder")
+        served = s.reason is None
+        out.append(Site(index, "attention", s.kind, s.node.name, s.summary(),
+                        "autows" if served else "fallback",
+                        "autows::attention (generated kernel; backward via attention_grad)" if served else s.reason,
+                        _where(s.node)))
+    for n in gm.graph.nodes:
+        if n in in_attention:
+            continue
+        req = _gemm_request(n)
+        if req is None:
+            continue
+        form, a, b, bias = req
+        reason = target.gemm_reason(a, b, bias if isinstance(bias, torch.Tensor) and bias.dim() == 1 else None)
+        shape = f"[{_shape(a)}]@[{_shape(b)}]" + ("+bias" if bias is not None else "")
+        if reason is None:
+            why = ("ExternKernelChoice in Inductor's autotuning (used where it wins the benchmark)" if max_autotune
+                   else "post-grad rewrite to autows::gemm/bmm (bias fused; other epilogues stay with Inductor)")
+        out.append(Site(index, "gemm", form, n.name, shape, "autows" if reason is None else "fallback",
+                        why if reason is None else reason, _where(n)))
+    return out
+
+
+def explain(model, *inputs, mode: str | None = None, print_report: bool = True, **kwargs) -> ExplainReport:
+    """Run ``model(*inputs, **kwargs)`` once under Dynamo; report each attention/GEMM site: autows or fallback, and why.
+
+    ``mode`` is the torch.compile mode you intend to use ("max-autotune" changes how GEMMs are served).
+    """
+    from torch._inductor import list_mode_options
+
+    from . import ops  # noqa: F401
+
+    graphs: list[fx.GraphModule] = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def run(*a, **kw):
+        return model(*a, **kw)
+
+    # A fresh code object per call: Dynamo's cache for it dies with it; nothing of the user's is reset.
+    fresh = types.FunctionType(run.__code__.replace(co_name=f"_autows_explain_{next(_counter)}"),
+                               run.__globals__, closure=run.__closure__)
+    torch.compile(fresh, backend=capture)(*inputs, **kwargs)
+    opts = list_mode_options(mode or "default")
+    from torch._inductor import config as ic
+
+    max_autotune = bool(opts.get("max_autotune", ic.max_autotune)
+                        or opts.get("max_autotune_gemm", ic.max_autotune_gemm))
+    sites = [s for i, gm in enumerate(graphs) for s in _sites_of(gm, i, max_autotune)]
+    report = ExplainReport(sites, len(graphs), mode)
+    if print_report:
+        print(report)
+    return report

@@ -1,0 +1,183 @@
+"""Can autows serve this site? The checks shared by the FX rewrites, the GEMM choice and ``explain()``.
+
+Every check returns ``None`` (autows can serve it) or a reason a user can act on. Sites autows does not
+take are left to Inductor's default path and the reason is logged once per distinct reason
+(``note_site``), so a model with 48 identical layers logs one line, not 48.
+
+The checks see fake tensors (Dynamo's ``example_value``, AOT's ``val``) or Inductor IR nodes, never
+real data. Symbolic sizes are replaced by their hints: a generated kernel is specialised per shape at
+run time, and a shape it cannot serve there still falls back inside the op, so deciding on the hint
+is safe. ``config.pretend_sm90`` (tests only) makes CPU-traced graphs count as sm_90 targets; the
+ops then still check the real device at run time and fall back.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import inspect
+import logging
+from collections.abc import Callable
+
+import torch
+
+from .. import config
+
+log = logging.getLogger("torch_autows")
+
+#: Compile-time site counts: "<op>.rewritten", "<op>.left" (left to Inductor), "gemm.choice" (offered to autotune).
+site_counters: collections.Counter[str] = collections.Counter()
+_logged: set[tuple[str, str]] = set()
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def note_site(op: str, reason: str) -> None:
+    """A site of ``op`` stays on Inductor's default path; log ``reason`` the first time it is seen."""
+    site_counters[f"{op}.left"] += 1
+    if (op, reason) not in _logged:
+        _logged.add((op, reason))
+        log.warning("autows %s: left to Inductor's default path: %s", op, reason)
+
+
+def reset() -> None:
+    """Forget site counts and which reasons were logged (tests, examples)."""
+    site_counters.clear()
+    _logged.clear()
+
+
+@functools.cache
+def _capability(index: int | None) -> tuple[int, int] | None:
+    try:
+        return torch.cuda.get_device_capability(index if index is not None else torch.cuda.current_device())
+    except Exception:  # no CUDA in this process (fake CUDA tensors while tracing on a CPU machine)
+        return None
+
+
+def device_reason(device: torch.device) -> str | None:
+    """None when ``device`` is a CUDA sm_90 GPU (or ``config.pretend_sm90`` is set)."""
+    device = torch.device(device)
+    if device.type == "cuda" and torch.version.hip is None:
+        cap = _capability(device.index)
+        if cap == (9, 0) or config.pretend_sm90:
+            return None
+        if cap is None:
+            return "CUDA is not available in this process; autows kernels need a CUDA sm_90 GPU"
+        return (f"{device} is sm_{cap[0]}{cap[1]}; autows generates kernels for sm_90 (Hopper) only")
+    if config.pretend_sm90:
+        return None
+    return f"tensors on {device.type}; autows kernels need a CUDA sm_90 GPU (Hopper)"
+
+
+def same_size(a, b) -> bool:
+    """``a == b`` for sizes that may be symbolic, without adding a guard (unknown: False)."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return a is b or statically_known_true(a == b)
+
+
+# --- runtime support hooks (import-guarded: the runtime is written in parallel; tests monkeypatch these) ---
+
+def gemm_support_fn() -> Callable | None:
+    """``torch_autows.runtime.gemm.support_reason`` or None when the runtime has no GEMM yet."""
+    try:
+        from ..runtime import gemm as rt
+    except ImportError:
+        return None
+    return getattr(rt, "support_reason", None)
+
+
+def attention_support_fn() -> Callable | None | bool:
+    """``runtime.attention.support_reason(q, k, v, is_causal, scale)`` if the runtime has one; True when the
+    runtime exists without a compile-time check (the op then decides at run time); None when it is missing."""
+    try:
+        from ..runtime import attention as rt
+    except ImportError:
+        return None
+    return getattr(rt, "support_reason", True)
+
+
+# --- fake tensors the runtime's support checks can read ---
+
+def _hint(s, fallback: int = 4096) -> int:
+    if isinstance(s, int):
+        return s
+    node = getattr(s, "node", None)
+    h = getattr(node, "hint", None) if node is not None else None
+    return int(h) if h is not None else fallback
+
+
+_fake_mode = None
+
+
+def _fake(size, stride, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    global _fake_mode
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    if _fake_mode is None:
+        _fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with _fake_mode:
+        return torch.empty_strided(tuple(size), tuple(stride), dtype=dtype, device=device)
+
+
+def concrete(t: torch.Tensor | None) -> torch.Tensor | None:
+    """``t`` with symbolic sizes replaced by hints, and on a (fake) CUDA device when pretending sm_90."""
+    if t is None:
+        return None
+    symbolic = any(not isinstance(s, int) for s in (*t.shape, *t.stride()))
+    pretend = t.device.type != "cuda" and config.pretend_sm90
+    if not symbolic and not pretend:
+        return t
+    device = torch.device("cuda", 0) if pretend else t.device
+    return _fake([_hint(s) for s in t.shape], [_hint(s, 1) for s in t.stride()], t.dtype, device)
+
+
+def _ask(fn: Callable, *args) -> str | None:
+    kwargs = {}
+    if config.pretend_sm90:  # the runtime's own device check would see a CPU or non-sm_90 machine
+        try:
+            if "check_device" in inspect.signature(fn).parameters:
+                kwargs["check_device"] = False
+        except (TypeError, ValueError):
+            pass
+    try:
+        r = fn(*args, **kwargs)
+    except Exception as e:  # a support check must never break compilation
+        return f"runtime support check raised {type(e).__name__}: {e}"
+    return None if r is None else str(r)
+
+
+def gemm_reason(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
+                out_dtype: torch.dtype | None = None) -> str | None:
+    """Why autows cannot serve ``a @ b (+ bias)`` (2-D) or ``bmm(a, b)`` (3-D); None when it can."""
+    if not config.gemm:
+        return "disabled by torch_autows.config.gemm = False (TORCH_AUTOWS_GEMM=0)"
+    r = device_reason(a.device)
+    if r:
+        return r
+    for name, t in (("a", a), ("b", b), ("bias", bias)):
+        if t is not None and t.dtype not in _FLOATS:
+            return f"{name} has dtype {t.dtype}; autows GEMM serves float16, bfloat16 and float32"
+    if bias is not None and (bias.dim() != 1 or bias.dtype != a.dtype):
+        return f"bias of shape {tuple(bias.shape)} / {bias.dtype}: only a 1-D [N] bias of the inputs' dtype is fused"
+    fn = gemm_support_fn()
+    if fn is None:
+        return "torch_autows.runtime.gemm is not available in this build"
+    return _ask(fn, concrete(a), concrete(b), concrete(bias), out_dtype)
+
+
+def attention_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
+                     scale: float | None) -> str | None:
+    """Why autows cannot serve this attention; None when it can (shape validity is checked by patterns.py)."""
+    if not config.attention:
+        return "disabled by torch_autows.config.attention = False (TORCH_AUTOWS_ATTENTION=0)"
+    r = device_reason(q.device)
+    if r:
+        return r
+    fn = attention_support_fn()
+    if fn is None:
+        return "no generated attention kernel in this build (torch_autows.runtime.attention is missing)"
+    if fn is True:
+        return None
+    return _ask(fn, concrete(q), concrete(k), concrete(v), is_causal, scale)
