@@ -107,4 +107,6 @@ def test_config_patches_for_modes_and_user_passes():
 def test_backend_registered_in_process():
     from torch._dynamo.backends.registry import lookup_backend
 
-    assert lookup_backend("autows") is backend.autows
+    fn = lookup_backend("autows")
+    # either the entry point itself or the thin wrapper `import torch_autows` registers, which delegates to it
+    assert fn is backend.autows or (fn.__module__ == "torch_autows" and fn.__name__ == "autows")
