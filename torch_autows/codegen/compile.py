@@ -71,7 +71,7 @@ def signature(program: Program) -> dict[str, str]:
         elif a.kind == "ptr":
             sig[f"{a.name}_ptr"] = "*" + {"bf16": "bf16", "fp16": "fp16", "f32": "fp32"}[a.dtype]
         else:
-            sig[a.name] = a.dtype
+            sig[a.name] = {"f32": "fp32"}.get(a.dtype, a.dtype)
     return sig
 
 

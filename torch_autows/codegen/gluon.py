@@ -68,31 +68,69 @@ class Ctx:
                                   f"instr_shape=[16, {min(n, 256)}, 16])")
         return name
 
+    def _slice(self, axis: int, parent: str) -> str:
+        name = f"{parent}_S{axis}"
+        self.layout_defs[name] = f"gl.SliceLayout({axis}, {parent})"
+        return name
+
     def _assign_layouts(self):
+        """Register layouts: 2-D mma results and fresh tiles take the wgmma accumulator layout of their
+        width; reductions and expands move between a 2-D layout and its row/column slices; elementwise
+        results follow their full-shaped operand; unknowns are filled from their users. Iterated to a
+        fixpoint (loop-carried values tie inits, iter_args and results together)."""
         ops = list(walk(self.part.body))
+        types = {r.name: r.type for o in ops for r in o.results}
         for o in ops:
-            for r in o.results:
-                if r.type.space == "reg" and len(r.type.shape) == 2:
-                    self.layouts[r.name] = self._mma_layout(r.type.shape[1])
             if o.kind == "loop":
                 for n, r in zip(o.attr("iter_args"), o.results):
-                    if len(r.type.shape) == 2:
-                        self.layouts[n] = self._mma_layout(r.type.shape[1])
-        for o in ops:  # 1-D values take the slice of the 2-D layout they are expanded into / reduced from
-            if o.kind == "expand":
-                parent = self.layouts[o.results[0].name]
-                name = f"{parent}_S{o.attr('axis')}"
-                self.layout_defs[name] = f"gl.SliceLayout({o.attr('axis')}, {parent})"
-                self.layouts[o.operands[0]] = name
-            if o.kind in ("reduce_max", "reduce_sum"):
-                parent = self.layouts[o.operands[0]]
-                name = f"{parent}_S{o.attr('axis')}"
-                self.layout_defs[name] = f"gl.SliceLayout({o.attr('axis')}, {parent})"
-                self.layouts[o.results[0].name] = name
-        for o in ops:  # elementwise ops on 1-D values follow their operands
-            for r in o.results:
-                if r.name not in self.layouts and o.operands and o.operands[0] in self.layouts:
-                    self.layouts[r.name] = self.layouts[o.operands[0]]
+                    types[n] = r.type
+        L = self.layouts
+
+        def forward():
+            for o in ops:
+                rs = [r for r in o.results if r.type.space == "reg"]
+                if o.kind in ("mma", "zeros") or (o.kind == "full" and len(rs[0].type.shape) == 2):
+                    L[rs[0].name] = self._mma_layout(rs[0].type.shape[1])
+                elif o.kind in ("reduce_max", "reduce_sum") and o.operands[0] in L:
+                    L.setdefault(rs[0].name, self._slice(o.attr("axis"), L[o.operands[0]]))
+                elif o.kind == "expand" and o.operands[0] in L:
+                    L.setdefault(rs[0].name, L[o.operands[0]].rsplit("_S", 1)[0])
+                elif o.kind == "loop":
+                    for n, init, r in zip(o.attr("iter_args"), o.operands, o.results):
+                        known = [L[x] for x in (init, n, r.name) if x in L]
+                        for x in (init, n, r.name):
+                            if known:
+                                L.setdefault(x, known[0])
+                    for n, y in zip(o.attr("iter_args"), o.body[-1].operands):
+                        if y in L:
+                            L.setdefault(n, L[y])
+                elif rs and o.operands:  # elementwise: follow a same-shaped register operand
+                    r = rs[0]
+                    src = next((L[x] for x in o.operands if x in L and types.get(x) is not None and
+                                types[x].shape == r.type.shape and types[x].space == "reg"), None)
+                    if src is not None:
+                        L.setdefault(r.name, src)
+
+        def backward():  # values no def fixes (1-D fills, bias vectors): take the layout their user needs
+            for o in ops:
+                rs = [r for r in o.results if r.type.space == "reg"]
+                if not rs or rs[0].name not in L:
+                    continue
+                if o.kind == "expand":
+                    L.setdefault(o.operands[0], self._slice(o.attr("axis"), L[rs[0].name]))
+                elif o.kind not in ("mma", "reduce_max", "reduce_sum", "loop"):
+                    for x in o.operands:
+                        t = types.get(x)
+                        if t is not None and t.space == "reg" and len(t.shape) == len(rs[0].type.shape):
+                            L.setdefault(x, L[rs[0].name])
+
+        for _ in range(16):
+            before = dict(L)
+            forward()
+            if L == before:
+                backward()
+            if L == before:
+                break
 
     def slot(self, g: str) -> str:
         return f"{g}_s"
@@ -116,6 +154,92 @@ def _emit_ops(ctx: Ctx, ops, indent: int) -> list[str]:
 def _zeros(ctx, o, indent):
     r = o.results[0]
     return [f"{v(r.name)} = gl.zeros({list(r.type.shape)}, {GL_DTYPE[r.type.dtype]}, {ctx.layouts[r.name]})"]
+
+
+def _float(x) -> str:
+    return f'float("{x}")' if isinstance(x, str) else repr(float(x))
+
+
+@emitter("full")
+def _full(ctx, o, indent):
+    r = o.results[0]
+    return [f"{v(r.name)} = gl.full({list(r.type.shape)}, {_float(o.attr('value'))}, {GL_DTYPE[r.type.dtype]}, "
+            f"{ctx.layouts[r.name]})"]
+
+
+def _as(ctx, x: str, layout: str) -> str:
+    """Operand ``x`` in ``layout`` (a register shuffle through SMEM only where they differ)."""
+    return v(x) if ctx.layouts.get(x) == layout else f"gl.convert_layout({v(x)}, {layout})"
+
+
+@emitter("mask")
+def _mask(ctx, o, indent):
+    r = o.results[0]
+    L = ctx.layouts[r.name]
+    bm, bn = r.type.shape
+    rows, cols = f"{v(r.name)}_rows", f"{v(r.name)}_cols"
+    keep = f"{cols}[None, :] < {expr(o.attr('kv_len'))}"
+    out = [f"{cols} = {expr(o.attr('col'))} + gl.arange(0, {bn}, layout={ctx._slice(0, L)})"]
+    if o.attr("causal"):
+        out.append(f"{rows} = {expr(o.attr('row'))} + gl.arange(0, {bm}, layout={ctx._slice(1, L)})")
+        keep = f"({keep}) & ({cols}[None, :] <= {rows}[:, None])"
+    out.append(f"{v(r.name)} = gl.where({keep}, {v(o.operands[0])}, float(\"-inf\"))")
+    return out
+
+
+@emitter("mulc")
+def _mulc(ctx, o, indent):
+    return [f"{v(o.results[0].name)} = {v(o.operands[0])} * {expr(o.attr('c'))}"]
+
+
+@emitter("reduce_max", "reduce_sum")
+def _reduce(ctx, o, indent):
+    fn = "gl.max" if o.kind == "reduce_max" else "gl.sum"
+    return [f"{v(o.results[0].name)} = {fn}({v(o.operands[0])}, axis={o.attr('axis')})"]
+
+
+@emitter("fin0")
+def _fin0(ctx, o, indent):
+    x = v(o.operands[0])
+    return [f"{v(o.results[0].name)} = gl.where({x} == float(\"-inf\"), 0.0, {x})  # fully masked row: no -inf - -inf"]
+
+
+@emitter("div0")
+def _div0(ctx, o, indent):
+    r = o.results[0]
+    a, b = (_as(ctx, x, ctx.layouts[r.name]) for x in o.operands)
+    return [f"{v(r.name)} = gl.where({b} == 0.0, 0.0, {a} / gl.where({b} == 0.0, 1.0, {b}))"]
+
+
+@emitter("lse")
+def _lse(ctx, o, indent):
+    m, l_ = (v(x) for x in o.operands)
+    return [f"{v(o.results[0].name)} = gl.where({l_} == 0.0, float(\"-inf\"), "
+            f"({m} + gl.log2(gl.where({l_} == 0.0, 1.0, {l_}))) * 0.6931471805599453)"]
+
+
+@emitter("store_ptr")
+def _store_ptr(ctx, o, indent):
+    x = o.operands[0]
+    L = ctx.layouts[x]
+    t = next(r.type for op_ in walk(ctx.part.body) for r in op_.results if r.name == x)
+    bm, bn = t.shape
+    n = v(x)
+    return [f"{n}_r = gl.arange(0, {bm}, layout={ctx._slice(1, L)})",
+            f"{n}_c = gl.arange(0, {bn}, layout={ctx._slice(0, L)})",
+            f"{n}_p = {o.attr('arg')}_ptr + (({expr(o.attr('row'))} + {n}_r).to(gl.int64) * {expr(o.attr('ld'))})"
+            f"[:, None] + {n}_c[None, :]",
+            f"gl.store({n}_p, {n}, mask=({n}_r < {expr(o.attr('rows_valid'))})[:, None])"]
+
+
+@emitter("store_vec")
+def _store_vec(ctx, o, indent):
+    x = o.operands[0]
+    n = v(x)
+    t = next(r.type for op_ in walk(ctx.part.body) for r in op_.results if r.name == x)
+    return [f"{n}_i = gl.arange(0, {t.shape[0]}, layout={ctx.layouts[x]})",
+            f"gl.store({o.attr('arg')}_ptr + {expr(o.attr('offset'))} + {n}_i, {n}, "
+            f"mask={n}_i < {expr(o.attr('valid'))})"]
 
 
 @emitter("acquire")
@@ -183,10 +307,19 @@ def _trans(ctx, o, indent):
 
 @emitter("mma")
 def _mma(ctx, o, indent):
-    a, b, acc = (v(x) for x in o.operands)
-    r = v(o.results[0].name)
-    return [f"{r} = warpgroup_mma({a}, {b}, {acc}, is_async=True)",
-            f"{r} = warpgroup_mma_wait(num_outstanding={o.attr('pending', 0)}, deps=({r},))"]
+    res = o.results[0]
+    L = ctx.layouts[res.name]
+    a, b = o.operands[:2]
+    a_src = v(a)
+    if a in ctx.layouts:  # A from registers: wgmma takes it in the dot-operand layout of the accumulator
+        a_src = f"gl.convert_layout({v(a)}, gl.DotOperandLayout(operand_index=0, parent={L}, k_width=2))"
+    r = v(res.name)
+    if len(o.operands) == 3:
+        call = f"warpgroup_mma({a_src}, {v(b)}, {_as(ctx, o.operands[2], L)}, is_async=True)"
+    else:
+        call = (f"warpgroup_mma({a_src}, {v(b)}, gl.zeros({list(res.type.shape)}, gl.float32, {L}), "
+                f"use_acc=False, is_async=True)")
+    return [f"{r} = {call}", f"{r} = warpgroup_mma_wait(num_outstanding={o.attr('pending', 0)}, deps=({r},))"]
 
 
 @emitter("mma_wait")
@@ -215,7 +348,12 @@ _BINARY = {"add": "{} + {}", "sub": "{} - {}", "mul": "{} * {}", "max": "gl.maxi
 
 @emitter(*_BINARY)
 def _binary(ctx, o, indent):
-    return [f"{v(o.results[0].name)} = " + _BINARY[o.kind].format(*(v(x) for x in o.operands))]
+    r = o.results[0].name
+    L = ctx.layouts.get(r)
+    # a broadcast operand ([BM, 1] / [1, BN]) from another accumulator layout is moved into ours
+    args = [_as(ctx, x, L) if L and ctx.layouts.get(x, L).rsplit("_S", 1)[0] != L.rsplit("_S", 1)[0] else v(x)
+            for x in o.operands]
+    return [f"{v(r)} = " + _BINARY[o.kind].format(*args)]
 
 
 @emitter("exp2")
@@ -303,21 +441,21 @@ def _partition_fn(program: Program, part) -> list[str]:
     params = _params(program) + _shared_params(program)
     groups = sorted({o.attr("group") for o in walk(part.body) if o.attr("group")})
     has_store = any(o.kind == "store" for o in walk(part.body))
-    lines = ["@gluon.jit", f"def {part.name}({', '.join(params)}):",
-             f"    # partition {part.name}: {part.warps} warps, {part.regs} registers"]
-    for name, d in sorted(ctx.layout_defs.items()):
-        lines.append(f"    {name}: gl.constexpr = {d}")
-    lines += [f"    {g}_n = 0" for g in groups]
+    body = [f"    {g}_n = 0" for g in groups]
     pre, tile = _tile_lines(program)
-    lines += ["    " + ln for ln in pre]
+    body += ["    " + ln for ln in pre]
     if program.grid.persistent:
-        lines.append("    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):")
+        body.append("    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):")
         ind = 2
     else:
-        lines.append("    tile = gl.program_id(0)")
+        body.append("    tile = gl.program_id(0)")
         ind = 1
-    lines += ["    " * ind + ln for ln in tile]
-    lines += _emit_ops(ctx, part.body, ind)
+    body += ["    " * ind + ln for ln in tile]
+    body += _emit_ops(ctx, part.body, ind)  # emitters may add layouts: declare them after emitting
+    lines = ["@gluon.jit", f"def {part.name}({', '.join(params)}):",
+             f"    # partition {part.name}: {part.warps} warps, {part.regs} registers"]
+    lines += [f"    {name}: gl.constexpr = {d}" for name, d in sorted(ctx.layout_defs.items())]
+    lines += body
     if has_store:
         lines.append("    tma.store_wait(0)")
     return lines

@@ -56,12 +56,21 @@ def _groups(program: Program):
     return groups, [chans[c.name] for c in program.channels]
 
 
+def _reads(o: Op) -> tuple[str, ...]:
+    """Values an op reads; for a loop, every value its body reads that the body does not define."""
+    if o.kind != "loop":
+        return o.operands
+    defined = set(o.attr("iter_args", ())) | {r.name for b in walk(o.body) for r in b.results}
+    return tuple(dict.fromkeys(x for b in walk(o.body) for x in b.operands if x not in defined))
+
+
 def _partition_body(program: Program, part: str, chans, dmap) -> tuple[Op, ...]:
     by_value = {c.value: c for c in chans}
     views: dict[str, str] = {}  # smem value -> group whose slot it reads (gets and their trans views)
 
     def lower(ops: tuple[Op, ...]) -> list[Op]:
         out: list[Op] = []
+        here = {r.name for o in ops for r in o.results}  # channels are waited and released where defined
         mine = [o for o in ops if o.kind != "yield" and (o.kind == "loop" or o.partition == part)]
         # producer side: acquire before the first load of a group, advance after its last
         puts: dict[str, list[int]] = {}
@@ -72,9 +81,9 @@ def _partition_body(program: Program, part: str, chans, dmap) -> tuple[Op, ...]:
         # consumer side: gets for channel values this body reads, releases after their last reader
         gets: dict[str, list[tuple[int, Op]]] = {}
         for i, o in enumerate(mine):
-            for x in o.operands:
+            for x in _reads(o):
                 c = by_value.get(x)
-                if c is not None and part in c.dsts and o.kind != "loop":
+                if c is not None and part in c.dsts and x in here:
                     gets.setdefault(c.group, []).append((i, o))
         first_get = {g: min(i for i, _ in v) for g, v in gets.items()}
         for i, o in enumerate(mine):
@@ -102,10 +111,9 @@ def _partition_body(program: Program, part: str, chans, dmap) -> tuple[Op, ...]:
                 if i == idx[-1]:
                     out.append(op("advance", group=g))
             for g in first_get:
-                readers = [j for j, u in enumerate(mine) if u.kind != "loop" and
-                           any(views.get(x) == g for x in u.operands)]
+                readers = [j for j, u in enumerate(mine) if any(views.get(x) == g for x in _reads(u))]
                 if readers and i == max(readers):
-                    lag = max(mine[j].attr("pending", 0) for j in readers)
+                    lag = max([mine[j].attr("pending", 0) for j in readers if mine[j].kind != "loop"] or [0])
                     out.append(op("release", group=g, lag=lag))
                     out.append(op("advance", group=g))
         return out

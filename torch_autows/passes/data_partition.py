@@ -19,7 +19,9 @@ from dataclasses import replace
 from ..ir import Op, Program, TileType, Value, add_offset, defs, walk
 from . import PassError
 
-_ELEMENTWISE = {"add", "sub", "mul", "max", "cast", "exp2", "where", "zeros", "neg"}
+_ELEMENTWISE = {"add", "sub", "mul", "max", "cast", "exp2", "where", "zeros", "neg", "full", "mask", "mulc", "fin0",
+                "div0", "lse"}
+_STORES = {"store": 0, "store_ptr": 0, "store_vec": 0}  # output ops and the axis their operand splits on
 
 
 def _operand_axes(o: Op, axis: int, types: dict[str, TileType]) -> dict[str, int | None]:
@@ -27,9 +29,11 @@ def _operand_axes(o: Op, axis: int, types: dict[str, TileType]) -> dict[str, int
     k = o.kind
     if k in _ELEMENTWISE:
         return {x: (axis if types[x].shape[axis] != 1 else None) for x in o.operands}
-    if k == "mma":
-        a, b, acc = o.operands
-        return {a: 0, b: None, acc: 0} if axis == 0 else {a: None, b: 1, acc: 1}
+    if k == "mma":  # acc is optional (use_acc=False without it)
+        a, b, *acc = o.operands
+        out = {a: 0, b: None} if axis == 0 else {a: None, b: 1}
+        out.update({x: axis for x in acc})
+        return out
     if k == "trans":
         return {o.operands[0]: 1 - axis}
     if k == "expand":
@@ -58,7 +62,7 @@ def _split_axes(body: tuple[Op, ...]) -> dict[str, int]:
     types = _types(body)
     dmap = defs(body)
     split: dict[str, int] = {}
-    work = [(o.operands[0], 0) for o in walk(body) if o.kind == "store"]
+    work = [(o.operands[0], _STORES[o.kind]) for o in walk(body) if o.kind in _STORES]
     while work:
         v, axis = work.pop()
         if split.get(v) == axis:
@@ -130,6 +134,14 @@ def run(program: Program, options=None) -> Program:
             step = types[o.operands[0]].shape[ax] // f
             coords = tuple(add_offset(c, i * step) if j == ax else c for j, c in enumerate(o.attr("coords")))
             new = new.with_attrs(coords=coords)
+        rows = o.results[0].type.shape[0] if o.results else types[o.operands[0]].shape[0]
+        step = i * (rows // f)
+        if o.kind in ("mask", "store_ptr") and step:  # row-indexed attrs follow the chain's rows
+            new = new.with_attrs(row=add_offset(o.attr("row"), step))
+        if o.kind == "store_ptr" and step:
+            new = new.with_attrs(rows_valid=f"{o.attr('rows_valid')}-{step}")
+        if o.kind == "store_vec" and step:
+            new = new.with_attrs(offset=add_offset(o.attr("offset"), step), valid=f"{o.attr('valid')}-{step}")
         return new
 
     def rebuild(ops: tuple[Op, ...]) -> tuple[Op, ...]:
@@ -155,7 +167,7 @@ def run(program: Program, options=None) -> Program:
                 for x in o.operands:
                     ops_ += [rename(x, i) for i in range(f)] if (x in split or x in needed) else [x]
                 out.append(replace(o, operands=tuple(ops_)))
-            elif o.kind == "store" or any(r.name in split or r.name in needed for r in o.results):
+            elif o.kind in _STORES or any(r.name in split or r.name in needed for r in o.results):
                 out += [clone(o, i) for i in range(f)]
             else:
                 out.append(o)

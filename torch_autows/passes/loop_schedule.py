@@ -4,8 +4,10 @@ Assumes: data_partition ran (ops carry chains); loop bodies end in ``yield``.
 Guarantees: every non-yield op in a loop has ``stage`` and ``order``; a use is at a stage >= its
 def's stage plus the def's latency; ``order`` is a topological order of the body, earlier stages
 first (so the next step's asynchronous work is issued before this step's dependent work); an
-``mma`` whose result only feeds the loop-carried accumulator gets ``pending`` = how many async
-wgmma groups may stay in flight (``options.mma_pending``, at most 1), the others ``pending=0``.
+``mma`` whose result only feeds the loop-carried accumulator, read next step only as the same mma's
+accumulator, gets ``pending`` = how many async wgmma groups may stay in flight
+(``options.mma_pending``, at most 1); every other mma (e.g. attention's P V, whose accumulator is
+rescaled by softmax first) gets ``pending=0``.
 
 Algorithm: ASAP list scheduling over the body's def-use DAG (loop-carried edges excluded) with
 latencies in stages: a TMA load's data is consumed one stage later (its copy overlaps the step
@@ -50,9 +52,16 @@ def _schedule(loop: Op, opts) -> Op:
             o = _schedule(o, opts)
         new = replace(o, stage=stage[i], order=order[i])
         if o.kind == "mma":
+            # async only if the result is just carried to the next step, where it is nothing but the
+            # accumulator of this mma again (wgmma on one accumulator is ordered; any other reader
+            # would see registers the tensor core is still writing)
             r = o.results[0].name
             only_carried = r in carried and all(u.kind == "yield" for u in users.get(r, []))
-            new = new.with_attrs(pending=min(opts.mma_pending, 1) if only_carried else 0)
+            its = dict(zip(loop.body[-1].operands, loop.attr("iter_args")))
+            it = its.get(r)
+            acc_only = it is not None and len(o.operands) == 3 and o.operands[2] == it and \
+                all(u is o or (u.kind == "mma" and u.operands[2:] == (it,)) for u in users.get(it, []))
+            new = new.with_attrs(pending=min(opts.mma_pending, 1) if only_carried and acc_only else 0)
         out.append(new)
     return replace(loop, body=tuple(out))
 

@@ -1,0 +1,91 @@
+"""Attention runtime: support check, compiled-kernel cache and launch of the generated flash forward.
+
+``support_reason(q, k, v, is_causal, scale)`` says why a call cannot run the generated kernel (None:
+it can; works on fake tensors). ``attention`` raises ``Unsupported`` with that reason, else runs
+templates.attention -> passes.pipeline -> codegen.gluon and returns (out, lse).
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from ..ir import Options
+from ..templates.attention import AttentionRequest, build
+from .fallback import Unsupported
+from .gemm import DTYPES, _capability, _num_sms, _real
+
+LOG2E = 1.4426950408889634
+
+#: Every config the runtime can pick. Two consumer warpgroups own 64 query rows each; a producer warp
+#: streams K and V through an SMEM ring (memory_plan picks the depth that fits: 2 at d=128, 4 at d=64).
+CONFIGS: dict[str, Options] = {
+    "ws_p_128x128": Options(block_m=128, block_n=128, stages=4, data_partition=2, persistent=True),
+}
+
+
+def choose_config(d: int, causal: bool) -> str:
+    return "ws_p_128x128"
+
+
+def support_reason(q, k, v, is_causal=False, scale=None, *, check_device: bool = True) -> str | None:
+    if q.device.type != "cuda":
+        return f"tensors on {q.device.type}; the generated kernels run on CUDA sm_90 GPUs"
+    if check_device:
+        idx = q.device.index if q.device.index is not None else torch.cuda.current_device()
+        cap = _capability(idx)
+        if cap != (9, 0):
+            return f"GPU capability sm_{cap[0]}{cap[1]}; the generated kernels need sm_90 (Hopper, wgmma)"
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        return f"dtype {q.dtype}; generated attention takes bfloat16 or float16"
+    D = q.shape[-1]
+    if D not in (64, 128):
+        return f"head_dim {D} not served by autows attention (64 and 128 are); falling back to torch SDPA"
+    if q.shape[-2] < 1 or k.shape[-2] < 1:
+        return "an empty sequence"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if _real(t) and t.data_ptr() % 16:
+            return f"{name} is not 16-byte aligned (TMA needs 16)"
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def _plan(req: AttentionRequest, config: str):
+    from ..codegen.compile import desc_layout, load_module, num_warps
+    from ..codegen.gluon import block_shapes, generate
+    from ..passes import pipeline
+
+    program = pipeline.run(build(req, CONFIGS[config]))
+    kernel = load_module(generate(program)).kernel
+    blocks = block_shapes(program)
+    descs = {n: (list(blocks[n][0]), desc_layout(blocks[n][0], blocks[n][1])) for n in ("q", "k", "v")}
+    return program, kernel, descs, num_warps(program)
+
+
+def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
+              out: torch.Tensor | None = None, lse: torch.Tensor | None = None):
+    why = support_reason(q, k, v, is_causal, scale)
+    if why:
+        raise Unsupported(why)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    B, Hq, Sq, D = q.shape
+    Hkv, Skv = k.shape[1], k.shape[2]
+    # heads are flattened into rows: [B, H, S, D] must be contiguous (e.g. a [B, S, H, D] view is copied)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    out = out if out is not None else torch.empty_like(q)
+    lse = lse if lse is not None else torch.empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
+    config = config or choose_config(D, is_causal)
+    program, kernel, descs, warps = _plan(AttentionRequest(D, DTYPES[q.dtype], bool(is_causal)), config)
+    args = []
+    for name, t, rows in (("q", q, B * Hq * Sq), ("k", k, B * Hkv * Skv), ("v", v, B * Hkv * Skv)):
+        block, layout = descs[name]
+        args.append(TensorDescriptor(t, [rows, D], [D, 1], block, layout))
+    BH = B * Hq
+    args += [out, lse, Sq, Skv, Hq, Hkv, Hq // Hkv, float(scale) * LOG2E, BH]
+    tiles = BH * math.ceil(Sq / program.options.block_m)
+    idx = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    grid = (min(tiles, _num_sms(idx)),) if program.grid.persistent else (tiles,)
+    kernel[grid](*args, num_warps=warps)
+    return out, lse

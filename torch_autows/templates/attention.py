@@ -1,0 +1,95 @@
+"""Attention forward template: softmax(scale * Q K^T [causal]) V and the row log-sum-exp, torch SDPA semantics.
+
+One output tile is BM query rows of one (batch, q-head). Tensors are 2-D views with heads flattened
+into rows (q/o: [B*Hq*Sq, D], k/v: [B*Hkv*Skv, D]); GQA maps q-head h to kv-head h // (Hq // Hkv).
+A KV tile that runs past Skv reads the next head's rows (or TMA zeros): the ``mask`` op sets those
+scores to -inf, so their probabilities are exactly 0. Query rows past Sq are computed but never
+stored (``store_ptr``/``store_vec`` mask rows). Causal masking is top-left aligned (col <= row), as
+``F.scaled_dot_product_attention(is_causal=True)``; the KV loop stops after the diagonal block.
+
+Online softmax in base 2 (``qk_scale`` = scale * log2 e): per KV block, m' = max(m, rowmax(s)),
+p = exp2(s - m'), l' = l * exp2(m - m') + rowsum(p), acc' = acc * exp2(m - m') + p V. A row with
+every score masked keeps m = -inf; ``fin0`` turns that -inf into 0 inside the exponentials so no
+NaN appears, and the epilogue writes 0 for such rows (lse = -inf), with no 0/0.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir import Arg, Grid, Options, Program, TileType, Value, op
+
+
+@dataclass(frozen=True)
+class AttentionRequest:
+    d: int
+    dtype: str = "bf16"
+    causal: bool = False
+
+    def __post_init__(self):
+        if self.dtype not in ("bf16", "fp16"):
+            raise ValueError(f"attention template: dtype {self.dtype!r} not served; use bf16 or fp16")
+        if self.d not in (64, 128):
+            raise ValueError(f"attention template: head dim {self.d} not served; use 64 or 128")
+
+
+def build(req: AttentionRequest, opts: Options) -> Program:
+    BM, BN, D, dt = opts.block_m, opts.block_n, req.d, req.dtype
+    T = TileType
+    args = (Arg("q", "tensor", dt, ("BHSq", "D")), Arg("k", "tensor", dt, ("BHSkv", "D")),
+            Arg("v", "tensor", dt, ("BHSkv", "D")), Arg("o", "ptr", dt, ("BHSq", "D"), out=True),
+            Arg("lse", "ptr", "f32", ("BHSq",), out=True),
+            Arg("Sq", "scalar", "i32"), Arg("Skv", "scalar", "i32"), Arg("Hq", "scalar", "i32"),
+            Arg("Hkv", "scalar", "i32"), Arg("G", "scalar", "i32"), Arg("qk_scale", "scalar", "f32"))
+    # Causal tiles differ in length (the KV loop stops at the diagonal): walk them longest first, all
+    # heads' last query tiles before any head's first, so a persistent grid ends with short tiles.
+    mi = "(cdiv(Sq,%d)-1-pid_m)" % BM if req.causal else "pid_m"
+    row0 = "%s*%d" % (mi, BM)  # first query row of this tile inside its head
+    q_row = "pid_bh*Sq+%s*%d" % (mi, BM)
+    kv_row = "((pid_bh//Hq)*Hkv+(pid_bh%%Hq)//G)*Skv+j*%d" % BN
+    ub = "cdiv(Skv,%d)" % BN
+    if req.causal:  # blocks strictly right of the diagonal are fully masked: skip them
+        ub = "min(cdiv(Skv,%d),cdiv(%s*%d+%d,%d))" % (BN, mi, BM, BM, BN)
+    s_t, row_t, acc_t = T("f32", (BM, BN)), T("f32", (BM,)), T("f32", (BM, D))
+    loop_body = (
+        op("load", [Value("k", T(dt, (BN, D), "smem"))], arg="k", coords=(kv_row, 0)),
+        op("load", [Value("v", T(dt, (BN, D), "smem"))], arg="v", coords=(kv_row, 0)),
+        op("trans", [Value("kt", T(dt, (D, BN), "smem"))], ["k"]),
+        op("mma", [Value("s", s_t)], ["q", "kt"]),
+        op("mask", [Value("s_m", s_t)], ["s"], row=row0, col="j*%d" % BN, kv_len="Skv", causal=req.causal),
+        op("mulc", [Value("s2", s_t)], ["s_m"], c="qk_scale"),
+        op("reduce_max", [Value("mx", row_t)], ["s2"], axis=1),
+        op("max", [Value("m_new", row_t)], ["m", "mx"]),
+        op("fin0", [Value("m_use", row_t)], ["m_new"]),
+        op("sub", [Value("dm", row_t)], ["m", "m_use"]),
+        op("exp2", [Value("alpha", row_t)], ["dm"]),
+        op("expand", [Value("m_col", T("f32", (BM, 1)))], ["m_use"], axis=1),
+        op("sub", [Value("sd", s_t)], ["s2", "m_col"]),
+        op("exp2", [Value("p", s_t)], ["sd"]),
+        op("reduce_sum", [Value("ps", row_t)], ["p"], axis=1),
+        op("mul", [Value("la", row_t)], ["l", "alpha"]),
+        op("add", [Value("l_new", row_t)], ["la", "ps"]),
+        op("expand", [Value("a_col", T("f32", (BM, 1)))], ["alpha"], axis=1),
+        op("mul", [Value("acc_s", acc_t)], ["acc", "a_col"]),
+        op("cast", [Value("p16", T(dt, (BM, BN)))], ["p"]),
+        op("mma", [Value("acc_new", acc_t)], ["p16", "v", "acc_s"]),
+        op("yield", [], ["m_new", "l_new", "acc_new"]),
+    )
+    body = (
+        op("load", [Value("q", T(dt, (BM, D), "smem"))], arg="q", coords=(q_row, 0)),
+        op("full", [Value("m0", row_t)], value="-inf"),  # a string: the IR text stays literal_eval-able
+        op("full", [Value("l0", row_t)], value=0.0),
+        op("zeros", [Value("acc0", acc_t)]),
+        op("loop", [Value("m_f", row_t), Value("l_f", row_t), Value("acc_f", acc_t)], ["m0", "l0", "acc0"],
+           loop_body, var="j", lb=0, ub=ub, iter_args=("m", "l", "acc")),
+        # epilogue: out = acc / l (0 where l == 0), lse = (m + log2 l) * ln 2
+        op("expand", [Value("l_col", T("f32", (BM, 1)))], ["l_f"], axis=1),
+        op("div0", [Value("out_f", acc_t)], ["acc_f", "l_col"]),
+        op("cast", [Value("out", T(dt, (BM, D)))], ["out_f"]),
+        op("store_ptr", [], ["out"], arg="o", row=q_row, rows_valid="Sq-%s*%d" % (mi, BM), ld=D),
+        op("lse", [Value("lse_v", row_t)], ["m_f", "l_f"]),
+        op("store_vec", [], ["lse_v"], arg="lse", offset=q_row, valid="Sq-%s*%d" % (mi, BM)),
+    )
+    name = f"attn_fwd_{dt}_d{D}_{BM}x{BN}" + ("_causal" if req.causal else "")
+    tiles = (("pid_bh", "BH"), ("pid_m", "cdiv(Sq,%d)" % BM))
+    grid = Grid(tiles[::-1] if req.causal else tiles, opts.persistent, 1)
+    return Program(name, args + (Arg("BH", "scalar", "i32"),), grid, opts, body)
