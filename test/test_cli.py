@@ -24,10 +24,19 @@ def test_explain_gemm_compile_prints_every_pass_gluon_and_summary(capsys):
     assert summary["smem_bytes"] <= 232448
 
 
-def test_explain_attention_says_not_available():
-    r = subprocess.run([sys.executable, "-m", "torch_autows", "explain", "attention", "--s", "4096"],
+def test_explain_attention_compile(capsys):
+    argv = ["explain", "attention", "--b", "4", "--h", "16", "--s", "4096", "--d", "128", "--causal", "--compile"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "# ---- IR after code_partition ----" in out and "def producer(" in out
+    summary = json.loads(out.strip().splitlines()[-1][len("summary: "):])
+    assert len(summary["partitions"]) == 3 and summary["smem_bytes"] <= 232448
+
+
+def test_explain_attention_unsupported_head_dim():
+    r = subprocess.run([sys.executable, "-m", "torch_autows", "explain", "attention", "--d", "96"],
                        capture_output=True, text=True)
-    assert r.returncode == 2 and "not generated" in r.stderr
+    assert r.returncode == 2 and "head dim 96 not served" in r.stderr
 
 
 def test_explain_unknown_config():

@@ -68,3 +68,27 @@ def test_attention_invalid_and_fallback(caplog):
 def test_support_reasons_on_meta_like_inputs():
     a = torch.empty(64, 64, dtype=torch.bfloat16)
     assert "cpu" in support_reason(a, a)
+
+
+def _fake_cuda(*shape):
+    """A fake CUDA tensor (no CUDA needed): what Inductor hands support checks while tracing."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    meta = torch.empty(*shape, dtype=torch.bfloat16, device="meta")
+    return FakeTensor(FakeTensorMode(), meta, torch.device("cuda", 0))
+
+
+def test_bmm_support_reason_reports_tiling_and_strides():
+    b = _fake_cuda(4, 64, 128)
+    assert "M must be a multiple of 128" in support_reason(_fake_cuda(4, 100, 64), b, check_device=False)
+    a = _fake_cuda(4, 128, 64)
+    assert support_reason(a, b, check_device=False) is None
+    interleaved = _fake_cuda(128, 4, 64).transpose(0, 1)  # [B, M, K] with batches not contiguous
+    assert "batches contiguous" in support_reason(interleaved, b, check_device=False)
+
+
+def test_gemm_support_reasons_on_fake_cuda_tensors():
+    a = _fake_cuda(64, 13)
+    assert "TMA needs" in support_reason(a, _fake_cuda(13, 64), check_device=False)
+    assert "multiple of 16 bytes" in support_reason(_fake_cuda(64, 64), _fake_cuda(64, 12), check_device=False)
+    assert support_reason(_fake_cuda(64, 64), _fake_cuda(64, 64).t(), check_device=False) is None  # B^T view

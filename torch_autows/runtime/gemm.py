@@ -76,17 +76,33 @@ def support_reason(a, b, bias=None, out_dtype=None, *, check_device: bool = True
             _, why = _tma_view(t, r, c)
             if why:
                 return f"operand {name}: {why}"
+    else:
+        return _bmm_reason(a, b)
     if bias is not None and (bias.dim() != 1 or bias.stride(0) != 1):
         return "bias must be a contiguous vector [N]"
     return None
 
 
+def _bmm_reason(a, b) -> str | None:
+    """bmm flattens batches into rows: tiles must not straddle batches and rows must be TMA-legal."""
+    B, M, K = a.shape
+    o = CONFIGS[choose_config(B * M, b.shape[2], K)]
+    if M % o.block_m or K % o.block_k:
+        return (f"bmm with M={M}, K={K}: batches are flattened into rows, so M must be a multiple of "
+                f"{o.block_m} and K of {o.block_k}")
+    if a.stride(2) != 1 or b.stride(2) != 1 or a.stride(0) != M * a.stride(1) or b.stride(0) != K * b.stride(1):
+        return (f"bmm operands with strides {tuple(a.stride())}, {tuple(b.stride())}: each must be row-major "
+                f"with batches contiguous; make them .contiguous()")
+    if (a.stride(1) * a.element_size()) % 16 or (b.stride(1) * b.element_size()) % 16:
+        return "bmm row strides must be multiples of 16 bytes"
+    return None
+
+
 def _real(t) -> bool:
-    try:
-        t.data_ptr()
-        return not isinstance(t, torch._subclasses.FakeTensor)
-    except Exception:
-        return False
+    """A tensor with real storage (not a fake/meta one that Inductor traces with)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return not isinstance(t, FakeTensor) and t.device.type != "meta"
 
 
 @functools.lru_cache(maxsize=128)
@@ -182,14 +198,8 @@ def bmm(a, b, out_dtype, config: str | None = None, out: torch.Tensor | None = N
     N = b.shape[2]
     cfg = config or choose_config(B * M, N, K)
     o = CONFIGS[cfg]
-    if M % o.block_m or K % o.block_k:
-        raise Unsupported(f"bmm with M={M}, K={K}: batches are flattened into rows, so M must be a multiple of "
-                          f"{o.block_m} and K of {o.block_k}")
-    if a.stride(2) != 1 or b.stride(2) != 1 or a.stride(0) != M * a.stride(1) or b.stride(0) != K * b.stride(1):
-        raise Unsupported(f"bmm operands with strides {tuple(a.stride())}, {tuple(b.stride())}: each must be "
-                          f"row-major with batches contiguous; make them .contiguous()")
-    if (a.stride(1) * a.element_size()) % 16 or (b.stride(1) * b.element_size()) % 16:
-        raise Unsupported("bmm row strides must be multiples of 16 bytes")
+    if M % o.block_m or K % o.block_k:  # an explicit config may have other tiles than the heuristic's
+        raise Unsupported(f"bmm with M={M}, K={K} does not tile by {o.block_m}x{o.block_k} ({cfg})")
     a2 = a.reshape(B * M, K)
     b2 = b.reshape(B * K, N)
     c = out if out is not None else torch.empty((B, M, N), device=a.device, dtype=out_dtype)

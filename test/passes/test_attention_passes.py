@@ -1,0 +1,267 @@
+"""The attention program through the same six passes: before/after IR (d=64, causal, two chains)."""
+from __future__ import annotations
+
+import expecttest
+
+from torch_autows.ir import format_program, parse_program, walk
+from torch_autows.passes import pipeline
+from torch_autows.runtime.attention import CONFIGS
+from torch_autows.templates.attention import AttentionRequest, build
+
+
+def _trace(causal=True, d=64):
+    trace = []
+    pipeline.run(build(AttentionRequest(d, "bf16", causal), CONFIGS["ws_p_128x128"]), trace=trace)
+    return dict(trace)
+
+
+def _body(p):
+    text = format_program(p)
+    return text[text.index("  body {"):text.index("\n  }\n") + 4]
+
+
+def _lines(p, *prefixes):
+    return "\n".join(ln for ln in format_program(p).splitlines() if ln.strip().startswith(prefixes)) + "\n"
+
+
+class TestAttentionPasses(expecttest.TestCase):
+    def test_template(self):
+        self.assertExpectedInline(_body(_trace()["template"]), """\
+  body {
+    %q:bf16[128,64]@smem = load() {arg='q', coords=('pid_bh*Sq+(cdiv(Sq,128)-1-pid_m)*128', 0)}
+    %m0:f32[128] = full() {value='-inf'}
+    %l0:f32[128] = full() {value=0.0}
+    %acc0:f32[128,64] = zeros()
+    %m_f:f32[128], %l_f:f32[128], %acc_f:f32[128,64] = loop(%m0, %l0, %acc0) {iter_args=('m', 'l', 'acc'), lb=0, ub='min(cdiv(Skv,128),cdiv((cdiv(Sq,128)-1-pid_m)*128+128,128))', var='j'} {
+      %k:bf16[128,64]@smem = load() {arg='k', coords=('((pid_bh//Hq)*Hkv+(pid_bh%Hq)//G)*Skv+j*128', 0)}
+      %v:bf16[128,64]@smem = load() {arg='v', coords=('((pid_bh//Hq)*Hkv+(pid_bh%Hq)//G)*Skv+j*128', 0)}
+      %kt:bf16[64,128]@smem = trans(%k)
+      %s:f32[128,128] = mma(%q, %kt)
+      %s_m:f32[128,128] = mask(%s) {causal=True, col='j*128', kv_len='Skv', row='(cdiv(Sq,128)-1-pid_m)*128'}
+      %s2:f32[128,128] = mulc(%s_m) {c='qk_scale'}
+      %mx:f32[128] = reduce_max(%s2) {axis=1}
+      %m_new:f32[128] = max(%m, %mx)
+      %m_use:f32[128] = fin0(%m_new)
+      %dm:f32[128] = sub(%m, %m_use)
+      %alpha:f32[128] = exp2(%dm)
+      %m_col:f32[128,1] = expand(%m_use) {axis=1}
+      %sd:f32[128,128] = sub(%s2, %m_col)
+      %p:f32[128,128] = exp2(%sd)
+      %ps:f32[128] = reduce_sum(%p) {axis=1}
+      %la:f32[128] = mul(%l, %alpha)
+      %l_new:f32[128] = add(%la, %ps)
+      %a_col:f32[128,1] = expand(%alpha) {axis=1}
+      %acc_s:f32[128,64] = mul(%acc, %a_col)
+      %p16:bf16[128,128] = cast(%p)
+      %acc_new:f32[128,64] = mma(%p16, %v, %acc_s)
+      yield(%m_new, %l_new, %acc_new)
+    }
+    %l_col:f32[128,1] = expand(%l_f) {axis=1}
+    %out_f:f32[128,64] = div0(%acc_f, %l_col)
+    %out:bf16[128,64] = cast(%out_f)
+    store_ptr(%out) {arg='o', ld=64, row='pid_bh*Sq+(cdiv(Sq,128)-1-pid_m)*128', rows_valid='Sq-(cdiv(Sq,128)-1-pid_m)*128'}
+    %lse_v:f32[128] = lse(%m_f, %l_f)
+    store_vec(%lse_v) {arg='lse', offset='pid_bh*Sq+(cdiv(Sq,128)-1-pid_m)*128', valid='Sq-(cdiv(Sq,128)-1-pid_m)*128'}
+  }""")
+
+    def test_data_partition_splits_q_rows_and_shares_k_v(self):
+        self.assertExpectedInline(_body(_trace()["data_partition"]), """\
+  body {
+    %q_c0:bf16[64,64]@smem = load() {arg='q', coords=('pid_bh*Sq+(cdiv(Sq,128)-1-pid_m)*128', 0)} [chain=0]
+    %q_c1:bf16[64,64]@smem = load() {arg='q', coords=('pid_bh*Sq+(cdiv(Sq,128)-1-pid_m)*128+64', 0)} [chain=1]
+    %m0_c0:f32[64] = full() {value='-inf'} [chain=0]
+    %m0_c1:f32[64] = full() {value='-inf'} [chain=1]
+    %l0_c0:f32[64] = full() {value=0.0} [chain=0]
+    %l0_c1:f32[64] = full() {value=0.0} [chain=1]
+    %acc0_c0:f32[64,64] = zeros() [chain=0]
+    %acc0_c1:f32[64,64] = zeros() [chain=1]
+    %m_f_c0:f32[64], %m_f_c1:f32[64], %l_f_c0:f32[64], %l_f_c1:f32[64], %acc_f_c0:f32[64,64], %acc_f_c1:f32[64,64] = loop(%m0_c0, %m0_c1, %l0_c0, %l0_c1, %acc0_c0, %acc0_c1) {iter_args=('m_c0', 'm_c1', 'l_c0', 'l_c1', 'acc_c0', 'acc_c1'), lb=0, ub='min(cdiv(Skv,128),cdiv((cdiv(Sq,128)-1-pid_m)*128+128,128))', var='j'} {
+      %k:bf16[128,64]@smem = load() {arg='k', coords=('((pid_bh//Hq)*Hkv+(pid_bh%Hq)//G)*Skv+j*128', 0)}
+      %v:bf16[128,64]@smem = load() {arg='v', coords=('((pid_bh//Hq)*Hkv+(pid_bh%Hq)//G)*Skv+j*128', 0)}
+      %kt_c0:bf16[64,128]@smem = trans(%k) [chain=0]
+      %kt_c1:bf16[64,128]@smem = trans(%k) [chain=1]
+      %s_c0:f32[64,128] = mma(%q_c0, %kt_c0) [chain=0]
+      %s_c1:f32[64,128] = mma(%q_c1, %kt_c1) [chain=1]
+      %s_m_c0:f32[64,128] = mask(%s_c0) {causal=True, col='j*128', kv_len='Skv', row='(cdiv(Sq,128)-1-pid_m)*128'} [chain=0]
+      %s_m_c1:f32[64,128] = mask(%s_c1) {causal=True, col='j*128', kv_len='Skv', row='(cdiv(Sq,128)-1-pid_m)*128+64'} [chain=1]
+      %s2_c0:f32[64,128] = mulc(%s_m_c0) {c='qk_scale'} [chain=0]
+      %s2_c1:f32[64,128] = mulc(%s_m_c1) {c='qk_scale'} [chain=1]
+      %mx_c0:f32[64] = reduce_max(%s2_c0) {axis=1} [chain=0]
+      %mx_c1:f32[64] = reduce_max(%s2_c1) {axis=1} [chain=1]
+      %m_new_c0:f32[64] = max(%m_c0, %mx_c0) [chain=0]
+      %m_new_c1:f32[64] = max(%m_c1, %mx_c1) [chain=1]
+      %m_use_c0:f32[64] = fin0(%m_new_c0) [chain=0]
+      %m_use_c1:f32[64] = fin0(%m_new_c1) [chain=1]
+      %dm_c0:f32[64] = sub(%m_c0, %m_use_c0) [chain=0]
+      %dm_c1:f32[64] = sub(%m_c1, %m_use_c1) [chain=1]
+      %alpha_c0:f32[64] = exp2(%dm_c0) [chain=0]
+      %alpha_c1:f32[64] = exp2(%dm_c1) [chain=1]
+      %m_col_c0:f32[64,1] = expand(%m_use_c0) {axis=1} [chain=0]
+      %m_col_c1:f32[64,1] = expand(%m_use_c1) {axis=1} [chain=1]
+      %sd_c0:f32[64,128] = sub(%s2_c0, %m_col_c0) [chain=0]
+      %sd_c1:f32[64,128] = sub(%s2_c1, %m_col_c1) [chain=1]
+      %p_c0:f32[64,128] = exp2(%sd_c0) [chain=0]
+      %p_c1:f32[64,128] = exp2(%sd_c1) [chain=1]
+      %ps_c0:f32[64] = reduce_sum(%p_c0) {axis=1} [chain=0]
+      %ps_c1:f32[64] = reduce_sum(%p_c1) {axis=1} [chain=1]
+      %la_c0:f32[64] = mul(%l_c0, %alpha_c0) [chain=0]
+      %la_c1:f32[64] = mul(%l_c1, %alpha_c1) [chain=1]
+      %l_new_c0:f32[64] = add(%la_c0, %ps_c0) [chain=0]
+      %l_new_c1:f32[64] = add(%la_c1, %ps_c1) [chain=1]
+      %a_col_c0:f32[64,1] = expand(%alpha_c0) {axis=1} [chain=0]
+      %a_col_c1:f32[64,1] = expand(%alpha_c1) {axis=1} [chain=1]
+      %acc_s_c0:f32[64,64] = mul(%acc_c0, %a_col_c0) [chain=0]
+      %acc_s_c1:f32[64,64] = mul(%acc_c1, %a_col_c1) [chain=1]
+      %p16_c0:bf16[64,128] = cast(%p_c0) [chain=0]
+      %p16_c1:bf16[64,128] = cast(%p_c1) [chain=1]
+      %acc_new_c0:f32[64,64] = mma(%p16_c0, %v, %acc_s_c0) [chain=0]
+      %acc_new_c1:f32[64,64] = mma(%p16_c1, %v, %acc_s_c1) [chain=1]
+      yield(%m_new_c0, %m_new_c1, %l_new_c0, %l_new_c1, %acc_new_c0, %acc_new_c1)
+    }
+    %l_col_c0:f32[64,1] = expand(%l_f_c0) {axis=1} [chain=0]
+    %l_col_c1:f32[64,1] = expand(%l_f_c1) {axis=1} [chain=1]
+    %out_f_c0:f32[64,64] = div0(%acc_f_c0, %l_col_c0) [chain=0]
+    %out_f_c1:f32[64,64] = div0(%acc_f_c1, %l_col_c1) [chain=1]
+    %out_c0:bf16[64,64] = cast(%out_f_c0) [chain=0]
+    %out_c1:bf16[64,64] = cast(%out_f_c1) [chain=1]
+    store_ptr(%out_c0) {arg='o', ld=64, row='pid_bh*Sq+(cdiv(Sq,128)-1-pid_m)*128', rows_valid='Sq-(cdiv(Sq,128)-1-pid_m)*128'} [chain=0]
+    store_ptr(%out_c1) {arg='o', ld=64, row='pid_bh*Sq+(cdiv(Sq,128)-1-pid_m)*128+64', rows_valid='Sq-(cdiv(Sq,128)-1-pid_m)*128-64'} [chain=1]
+    %lse_v_c0:f32[64] = lse(%m_f_c0, %l_f_c0) [chain=0]
+    %lse_v_c1:f32[64] = lse(%m_f_c1, %l_f_c1) [chain=1]
+    store_vec(%lse_v_c0) {arg='lse', offset='pid_bh*Sq+(cdiv(Sq,128)-1-pid_m)*128', valid='Sq-(cdiv(Sq,128)-1-pid_m)*128'} [chain=0]
+    store_vec(%lse_v_c1) {arg='lse', offset='pid_bh*Sq+(cdiv(Sq,128)-1-pid_m)*128+64', valid='Sq-(cdiv(Sq,128)-1-pid_m)*128-64'} [chain=1]
+  }""")
+
+    def test_loop_schedule_keeps_pv_synchronous(self):
+        p = _trace()["loop_schedule"]
+        mmas = [(o.results[0].name, o.attr("pending"), o.stage) for o in walk(p.body) if o.kind == "mma"]
+        self.assertExpectedInline(repr(mmas), """[('s_c0', 0, 1), ('s_c1', 0, 1), ('acc_new_c0', 0, 1), ('acc_new_c1', 0, 1)]""")
+
+    def test_partitions_buffers_memory_plan(self):
+        p = _trace(causal=False, d=128)["code_partition"]
+        self.assertExpectedInline(_lines(p, "partition", "buffer", "channel", "barriers", "smem", "note"), """\
+  partition consumer0 warps=4 regs=232
+  partition consumer1 warps=4 regs=232
+  partition producer warps=1 regs=40
+  buffer q_c0_smem: bf16[64,128]@smem value=%q_c0 count=1 offset=196608
+  buffer q_c1_smem: bf16[64,128]@smem value=%q_c1 count=1 offset=212992
+  buffer k_smem: bf16[128,128]@smem value=%k count=3 offset=0
+  buffer v_smem: bf16[128,128]@smem value=%v count=3 offset=98304
+  channel ch_k: %k producer -> consumer0,consumer1 buffer=k_smem group=g0
+  channel ch_q_c0: %q_c0 producer -> consumer0 buffer=q_c0_smem group=g1
+  channel ch_q_c1: %q_c1 producer -> consumer1 buffer=q_c1_smem group=g1
+  channel ch_v: %v producer -> consumer0,consumer1 buffer=v_smem group=g0
+  barriers g0: count=3 arrivals=2 bytes=65536 channels=ch_k,ch_v
+  barriers g1: count=1 arrivals=2 bytes=32768 channels=ch_q_c0,ch_q_c1
+  smem 229488
+  note 'memory_plan: ring depth 4 -> 3 to fit 232448 B of SMEM'
+""")
+
+    def test_code_partition_waits_q_once_per_tile(self):
+        p = _trace()["code_partition"]
+        text = format_program(p)
+        self.assertExpectedInline(text[text.index("  code consumer0"):], """\
+  code consumer0 {
+    %m0_c0:f32[64] = full() {value='-inf'} [chain=0 partition=consumer0]
+    %l0_c0:f32[64] = full() {value=0.0} [chain=0 partition=consumer0]
+    %acc0_c0:f32[64,64] = zeros() [chain=0 partition=consumer0]
+    wait_ready() {group='g1'}
+    %q_c0:bf16[64,64]@smem = get() {buffer='q_c0_smem', group='g1'}
+    %m_f_c0:f32[64], %l_f_c0:f32[64], %acc_f_c0:f32[64,64] = loop(%m0_c0, %l0_c0, %acc0_c0) {iter_args=('m_c0', 'l_c0', 'acc_c0'), lb=0, ub='min(cdiv(Skv,128),cdiv((cdiv(Sq,128)-1-pid_m)*128+128,128))', var='j'} {
+      wait_ready() {group='g0'}
+      %k:bf16[128,64]@smem = get() {buffer='k_smem', group='g0'}
+      %v:bf16[128,64]@smem = get() {buffer='v_smem', group='g0'}
+      %kt_c0:bf16[64,128]@smem = trans(%k) [chain=0 partition=consumer0 stage=1 order=2]
+      %s_c0:f32[64,128] = mma(%q_c0, %kt_c0) {pending=0} [chain=0 partition=consumer0 stage=1 order=4]
+      %s_m_c0:f32[64,128] = mask(%s_c0) {causal=True, col='j*128', kv_len='Skv', row='(cdiv(Sq,128)-1-pid_m)*128'} [chain=0 partition=consumer0 stage=1 order=6]
+      %s2_c0:f32[64,128] = mulc(%s_m_c0) {c='qk_scale'} [chain=0 partition=consumer0 stage=1 order=8]
+      %mx_c0:f32[64] = reduce_max(%s2_c0) {axis=1} [chain=0 partition=consumer0 stage=1 order=10]
+      %m_new_c0:f32[64] = max(%m_c0, %mx_c0) [chain=0 partition=consumer0 stage=1 order=12]
+      %m_use_c0:f32[64] = fin0(%m_new_c0) [chain=0 partition=consumer0 stage=1 order=14]
+      %dm_c0:f32[64] = sub(%m_c0, %m_use_c0) [chain=0 partition=consumer0 stage=1 order=16]
+      %alpha_c0:f32[64] = exp2(%dm_c0) [chain=0 partition=consumer0 stage=1 order=18]
+      %m_col_c0:f32[64,1] = expand(%m_use_c0) {axis=1} [chain=0 partition=consumer0 stage=1 order=20]
+      %sd_c0:f32[64,128] = sub(%s2_c0, %m_col_c0) [chain=0 partition=consumer0 stage=1 order=22]
+      %p_c0:f32[64,128] = exp2(%sd_c0) [chain=0 partition=consumer0 stage=1 order=24]
+      %ps_c0:f32[64] = reduce_sum(%p_c0) {axis=1} [chain=0 partition=consumer0 stage=1 order=26]
+      %la_c0:f32[64] = mul(%l_c0, %alpha_c0) [chain=0 partition=consumer0 stage=1 order=28]
+      %l_new_c0:f32[64] = add(%la_c0, %ps_c0) [chain=0 partition=consumer0 stage=1 order=30]
+      %a_col_c0:f32[64,1] = expand(%alpha_c0) {axis=1} [chain=0 partition=consumer0 stage=1 order=32]
+      %acc_s_c0:f32[64,64] = mul(%acc_c0, %a_col_c0) [chain=0 partition=consumer0 stage=1 order=34]
+      %p16_c0:bf16[64,128] = cast(%p_c0) [chain=0 partition=consumer0 stage=1 order=36]
+      %acc_new_c0:f32[64,64] = mma(%p16_c0, %v, %acc_s_c0) {pending=0} [chain=0 partition=consumer0 stage=1 order=38]
+      release() {group='g0', lag=0}
+      advance() {group='g0'}
+      yield(%m_new_c0, %l_new_c0, %acc_new_c0)
+    }
+    release() {group='g1', lag=0}
+    advance() {group='g1'}
+    %l_col_c0:f32[64,1] = expand(%l_f_c0) {axis=1} [chain=0 partition=consumer0]
+    %out_f_c0:f32[64,64] = div0(%acc_f_c0, %l_col_c0) [chain=0 partition=consumer0]
+    %out_c0:bf16[64,64] = cast(%out_f_c0) [chain=0 partition=consumer0]
+    store_ptr(%out_c0) {arg='o', ld=64, row='pid_bh*Sq+(cdiv(Sq,128)-1-pid_m)*128', rows_valid='Sq-(cdiv(Sq,128)-1-pid_m)*128'} [chain=0 partition=consumer0]
+    %lse_v_c0:f32[64] = lse(%m_f_c0, %l_f_c0) [chain=0 partition=consumer0]
+    store_vec(%lse_v_c0) {arg='lse', offset='pid_bh*Sq+(cdiv(Sq,128)-1-pid_m)*128', valid='Sq-(cdiv(Sq,128)-1-pid_m)*128'} [chain=0 partition=consumer0]
+  }
+  code consumer1 {
+    %m0_c1:f32[64] = full() {value='-inf'} [chain=1 partition=consumer1]
+    %l0_c1:f32[64] = full() {value=0.0} [chain=1 partition=consumer1]
+    %acc0_c1:f32[64,64] = zeros() [chain=1 partition=consumer1]
+    wait_ready() {group='g1'}
+    %q_c1:bf16[64,64]@smem = get() {buffer='q_c1_smem', group='g1'}
+    %m_f_c1:f32[64], %l_f_c1:f32[64], %acc_f_c1:f32[64,64] = loop(%m0_c1, %l0_c1, %acc0_c1) {iter_args=('m_c1', 'l_c1', 'acc_c1'), lb=0, ub='min(cdiv(Skv,128),cdiv((cdiv(Sq,128)-1-pid_m)*128+128,128))', var='j'} {
+      wait_ready() {group='g0'}
+      %k:bf16[128,64]@smem = get() {buffer='k_smem', group='g0'}
+      %v:bf16[128,64]@smem = get() {buffer='v_smem', group='g0'}
+      %kt_c1:bf16[64,128]@smem = trans(%k) [chain=1 partition=consumer1 stage=1 order=3]
+      %s_c1:f32[64,128] = mma(%q_c1, %kt_c1) {pending=0} [chain=1 partition=consumer1 stage=1 order=5]
+      %s_m_c1:f32[64,128] = mask(%s_c1) {causal=True, col='j*128', kv_len='Skv', row='(cdiv(Sq,128)-1-pid_m)*128+64'} [chain=1 partition=consumer1 stage=1 order=7]
+      %s2_c1:f32[64,128] = mulc(%s_m_c1) {c='qk_scale'} [chain=1 partition=consumer1 stage=1 order=9]
+      %mx_c1:f32[64] = reduce_max(%s2_c1) {axis=1} [chain=1 partition=consumer1 stage=1 order=11]
+      %m_new_c1:f32[64] = max(%m_c1, %mx_c1) [chain=1 partition=consumer1 stage=1 order=13]
+      %m_use_c1:f32[64] = fin0(%m_new_c1) [chain=1 partition=consumer1 stage=1 order=15]
+      %dm_c1:f32[64] = sub(%m_c1, %m_use_c1) [chain=1 partition=consumer1 stage=1 order=17]
+      %alpha_c1:f32[64] = exp2(%dm_c1) [chain=1 partition=consumer1 stage=1 order=19]
+      %m_col_c1:f32[64,1] = expand(%m_use_c1) {axis=1} [chain=1 partition=consumer1 stage=1 order=21]
+      %sd_c1:f32[64,128] = sub(%s2_c1, %m_col_c1) [chain=1 partition=consumer1 stage=1 order=23]
+      %p_c1:f32[64,128] = exp2(%sd_c1) [chain=1 partition=consumer1 stage=1 order=25]
+      %ps_c1:f32[64] = reduce_sum(%p_c1) {axis=1} [chain=1 partition=consumer1 stage=1 order=27]
+      %la_c1:f32[64] = mul(%l_c1, %alpha_c1) [chain=1 partition=consumer1 stage=1 order=29]
+      %l_new_c1:f32[64] = add(%la_c1, %ps_c1) [chain=1 partition=consumer1 stage=1 order=31]
+      %a_col_c1:f32[64,1] = expand(%alpha_c1) {axis=1} [chain=1 partition=consumer1 stage=1 order=33]
+      %acc_s_c1:f32[64,64] = mul(%acc_c1, %a_col_c1) [chain=1 partition=consumer1 stage=1 order=35]
+      %p16_c1:bf16[64,128] = cast(%p_c1) [chain=1 partition=consumer1 stage=1 order=37]
+      %acc_new_c1:f32[64,64] = mma(%p16_c1, %v, %acc_s_c1) {pending=0} [chain=1 partition=consumer1 stage=1 order=39]
+      release() {group='g0', lag=0}
+      advance() {group='g0'}
+      yield(%m_new_c1, %l_new_c1, %acc_new_c1)
+    }
+    release() {group='g1', lag=0}
+    advance() {group='g1'}
+    %l_col_c1:f32[64,1] = expand(%l_f_c1) {axis=1} [chain=1 partition=consumer1]
+    %out_f_c1:f32[64,64] = div0(%acc_f_c1, %l_col_c1) [chain=1 partition=consumer1]
+    %out_c1:bf16[64,64] = cast(%out_f_c1) [chain=1 partition=consumer1]
+    store_ptr(%out_c1) {arg='o', ld=64, row='pid_bh*Sq+(cdiv(Sq,128)-1-pid_m)*128+64', rows_valid='Sq-(cdiv(Sq,128)-1-pid_m)*128-64'} [chain=1 partition=consumer1]
+    %lse_v_c1:f32[64] = lse(%m_f_c1, %l_f_c1) [chain=1 partition=consumer1]
+    store_vec(%lse_v_c1) {arg='lse', offset='pid_bh*Sq+(cdiv(Sq,128)-1-pid_m)*128+64', valid='Sq-(cdiv(Sq,128)-1-pid_m)*128-64'} [chain=1 partition=consumer1]
+  }
+  code producer {
+    acquire() {group='g1'}
+    %q_c0:bf16[64,64]@smem = load() {arg='q', buffer='q_c0_smem', coords=('pid_bh*Sq+(cdiv(Sq,128)-1-pid_m)*128', 0), group='g1'} [chain=0 partition=producer]
+    %q_c1:bf16[64,64]@smem = load() {arg='q', buffer='q_c1_smem', coords=('pid_bh*Sq+(cdiv(Sq,128)-1-pid_m)*128+64', 0), group='g1'} [chain=1 partition=producer]
+    advance() {group='g1'}
+    loop() {iter_args=(), lb=0, ub='min(cdiv(Skv,128),cdiv((cdiv(Sq,128)-1-pid_m)*128+128,128))', var='j'} {
+      acquire() {group='g0'}
+      %k:bf16[128,64]@smem = load() {arg='k', buffer='k_smem', coords=('((pid_bh//Hq)*Hkv+(pid_bh%Hq)//G)*Skv+j*128', 0), group='g0'} [partition=producer stage=0 order=0]
+      %v:bf16[128,64]@smem = load() {arg='v', buffer='v_smem', coords=('((pid_bh//Hq)*Hkv+(pid_bh%Hq)//G)*Skv+j*128', 0), group='g0'} [partition=producer stage=0 order=1]
+      advance() {group='g0'}
+      yield()
+    }
+  }
+""")
+
+
+def test_round_trip_every_step():
+    for causal in (False, True):
+        for name, p in _trace(causal).items():
+            assert parse_program(format_program(p)) == p, name
