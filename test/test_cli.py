@@ -41,3 +41,10 @@ def test_explain_attention_unsupported_head_dim():
 
 def test_explain_unknown_config():
     assert main(["explain", "gemm", "--m", "8", "--n", "8", "--k", "8", "--config", "nope"]) == 2
+
+
+def test_explain_interpret_runs_both_semantics(capsys):
+    assert main(["explain", "attention", "--d", "64", "--causal", "--interpret", "--seeds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "sequential (before partitioning)" in out and "partitioned adversarial" in out
+    assert "no schedule violation" in out

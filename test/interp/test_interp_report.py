@@ -1,0 +1,61 @@
+"""``interpret_report``: the API behind ``python -m torch_autows explain gemm ... --interpret --seeds N``."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from programs import small_gemm
+
+from torch_autows.interp import interpret_report
+from torch_autows.ir import format_program, parse_program
+from torch_autows.passes import pipeline
+
+
+def _pair(**kw):
+    trace: list = []
+    after = pipeline.run(small_gemm(**kw), trace=trace)
+    return trace[0][1], after
+
+
+def test_report_ok():
+    before, after = _pair(bias=True)
+    ok, report = interpret_report(before, after, seeds=3, policies=("round_robin", "adversarial"))
+    assert ok, report
+    lines = report.splitlines()
+    assert lines[0].startswith("interpret gemm_bf16_nn_128x64x32_bias: 3 seeds x 2 policies")
+    assert "2 persistent CTAs; partitions consumer0, consumer1, producer; rings g0: 3 slots" in report
+    assert any(ln.strip().startswith("sequential (before partitioning)   3/3 ok") for ln in lines)
+    assert any(ln.strip().startswith("partitioned adversarial") and "3/3 ok" in ln for ln in lines)
+    assert lines[-1] == "result: OK: every run matches torch, no schedule violation"
+
+
+def test_report_shows_the_violation_trace():
+    before, after = _pair()
+    g = after.groups[0]
+    broken = replace(after, groups=(replace(g, count=1),))  # the ring says 1 slot; buffers keep 3
+    ok, report = interpret_report(before, broken, seeds=2)
+    assert not ok
+    assert "0/2 ok" in report and "FIRST FAILURE of partitioned round_robin" in report
+    assert "violation [" in report and "last 40 events:" in report and report.endswith("result: FAILED")
+
+
+def test_report_sequential_only_and_fixed_shape():
+    before, _ = _pair(trans_b=True)
+    ok, report = interpret_report(before, None, seeds=1, shape=(130, 72, 40))
+    assert ok and "M=130 N=72 K=40" in report and "partitioned" not in report
+
+
+def test_report_on_a_program_without_instance_maker():
+    before, after = _pair()
+    text = format_program(after).replace("arg K: i32", "arg L: i32")  # not a GEMM signature any more
+    ok, report = interpret_report(None, parse_program(text), seeds=1)
+    assert not ok and "no instance maker" in report
+
+
+def test_report_for_attention():
+    from torch_autows.runtime.attention import CONFIGS
+    from torch_autows.templates.attention import AttentionRequest, build
+
+    before = build(AttentionRequest(64, causal=True), CONFIGS["ws_p_128x128"])
+    ok, report = interpret_report(before, pipeline.run(before), seeds=2)
+    assert ok, report
+    assert "attn_fwd_bf16_d64_128x128_causal" in report and "causal" in report.splitlines()[2]

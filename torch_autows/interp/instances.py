@@ -1,0 +1,154 @@
+"""Random small instances with torch references, for ``interpret_report`` and the tests.
+
+``make_instance(program, seed)`` picks a small problem for a Program from its tile sizes and builds
+its inputs (as they lie in memory), poisoned outputs (NaN, so a tile never stored shows up) and the
+torch reference. GEMM: a few output tiles (at least three, so a persistent CTA walks two), ragged tails
+in M, N and K, at least one more K step than the ring has slots (the ring wraps); values are multiples
+of 1/4 in [-1, 1], exact in bf16/fp16 with exact fp32 products and sums, so every correct schedule is
+bit-identical to torch. Attention: random heads (GQA groups 1 or 2), ragged Sq and Skv, causal or
+not, normal values, compared with an fp32 softmax reference within bf16/fp16 tolerances.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from ..ir import Program, walk
+from .ops import TORCH_DTYPE, InterpError
+
+TOL = {"bf16": 1e-2, "fp16": 1e-3, "f32": 1e-5, "fp32": 1e-5}
+
+
+@dataclass
+class Instance:
+    desc: str
+    tensors: dict  # inputs as they lie in memory; out tensors poisoned with NaN
+    scalars: dict
+    reference: dict  # out arg -> expected tensor
+    tol: dict  # out arg -> rtol = atol for ``matches``
+
+    def inputs(self) -> dict:
+        """A fresh copy (out tensors re-poisoned): every run writes its own outputs."""
+        return {**{k: v.clone() for k, v in self.tensors.items()}, **self.scalars}
+
+    def error(self, outputs: dict) -> float:
+        """Largest |output - reference| over all outputs (inf where a NaN is left; equal infinities match)."""
+        worst = 0.0
+        for name, ref in self.reference.items():
+            out, ref = outputs[name].float(), ref.float()
+            same = (out == ref) | (torch.isnan(out) & torch.isnan(ref))
+            d = torch.where(same, torch.zeros_like(out), (out - ref).abs()).nan_to_num(float("inf"))
+            worst = max(worst, float(d.max()) if d.numel() else 0.0)
+        return worst
+
+    def matches(self, outputs: dict) -> bool:
+        for name, ref in self.reference.items():
+            tol = self.tol[name]
+            if not torch.allclose(outputs[name].float(), ref.float(), rtol=tol, atol=tol, equal_nan=True):
+                return False
+        return True
+
+
+def _gemm_layout(p: Program):
+    names = {a.name: a for a in p.args}
+    if not {"a", "b", "c", "M", "N", "K"} <= set(names):
+        return None
+    batch = 1
+    for n, e in p.grid.tiles:
+        if n == "pid_b":
+            batch = int(e)
+    return names["a"].dims == ("K", "M"), names["b"].dims == ("N", "K"), "bias" in names, batch
+
+
+def _values(shape, dtype, gen) -> torch.Tensor:
+    return (torch.randint(-4, 5, shape, generator=gen).float() / 4).to(dtype)
+
+
+def make_instance(program: Program, seed: int = 0, *, shape: tuple[int, ...] | None = None) -> Instance:
+    """A random small problem for ``program`` and its torch reference. ``shape``: GEMM (M, N, K);
+    attention (batch, q heads, kv heads, Sq, Skv)."""
+    names = {a.name for a in program.args}
+    if {"q", "k", "v", "o", "lse"} <= names:
+        return _attention(program, seed, shape)
+    lay = _gemm_layout(program)
+    if lay is None:
+        raise InterpError(f"interp: no instance maker for program {program.name}; interpret_report knows GEMM "
+                          f"(args a, b, c, M, N, K) and attention (q, k, v, o, lse) Programs; call "
+                          f"run_sequential/run_partitioned with your own inputs")
+    return _gemm(program, seed, shape, *lay)
+
+
+def _gemm(program: Program, seed: int, shape, trans_a: bool, trans_b: bool, bias: bool, B: int) -> Instance:
+    o = program.options
+    BM, BN, BK = o.block_m, o.block_n, o.block_k
+    rng = random.Random(seed)
+    count = max([g.count for g in program.groups] or [o.stages])
+
+    def tail(b):
+        return 8 * rng.randrange(0, max(b // 8, 1))
+
+    if shape is not None:
+        M, N, K = shape
+    else:
+        ksteps = count + 1 + rng.randrange(2)
+        mt = rng.choice((2, 3))
+        nt = rng.choice((1, 2)) if mt == 3 else 2
+        N = nt * BN - tail(BN)
+        if B > 1:  # batches are flattened into rows: M and K must be whole tiles (the runtime checks it)
+            M, K = BM * rng.choice((1, 2)), ksteps * BK
+        else:
+            M, K = mt * BM - tail(BM), ksteps * BK - tail(BK)
+    dt = TORCH_DTYPE[program.arg("a").dtype]
+    odt_name = program.arg("c").dtype
+    gen = torch.Generator().manual_seed(seed)
+    a = _values((B * K, M) if trans_a else (B * M, K), dt, gen)
+    b = _values((B * N, K) if trans_b else (B * K, N), dt, gen)
+    tensors = {"a": a, "b": b, "c": torch.full((B * M, N), float("nan"), dtype=TORCH_DTYPE[odt_name])}
+    if bias:
+        tensors["bias"] = _values((N,), TORCH_DTYPE[program.arg("bias").dtype], gen)
+    refs = []
+    for i in range(B):
+        A = a[i * K:(i + 1) * K].t() if trans_a else a[i * M:(i + 1) * M]
+        Bm = b[i * N:(i + 1) * N].t() if trans_b else b[i * K:(i + 1) * K]
+        r = A.float() @ Bm.float()
+        if bias:
+            r = r + tensors["bias"].float()
+        refs.append(r.to(TORCH_DTYPE[odt_name]))
+    tiles = B * -(-M // BM) * -(-N // BN)
+    desc = f"M={M} N={N} K={K}" + (f" batch={B}" if B > 1 else "") + f" ({tiles} tiles, {-(-K // BK)} K steps)"
+    return Instance(desc, tensors, {"M": M, "N": N, "K": K}, {"c": torch.cat(refs)}, {"c": TOL[odt_name]})
+
+
+def _attention(program: Program, seed: int, shape) -> Instance:
+    o = program.options
+    rng = random.Random(seed)
+    D = next(x.results[0].type.shape[-1] for x in walk(program.body) if x.kind == "load" and x.attr("arg") == "q")
+    causal = any(x.attr("causal") for x in walk(program.body) if x.kind == "mask")
+    if shape is not None:
+        B, Hq, Hkv, Sq, Skv = shape
+    else:
+        B, Hkv, G = rng.choice((1, 2)), rng.choice((1, 2)), rng.choice((1, 2))
+        Hq = Hkv * G
+        Sq, Skv = rng.randrange(1, 2 * o.block_m + 1), rng.randrange(1, 3 * o.block_n + 1)
+    dt = TORCH_DTYPE[program.arg("q").dtype]
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn((B * h * s, D), generator=gen).to(dt) for h, s in ((Hq, Sq), (Hkv, Skv), (Hkv, Skv)))
+    scale = D ** -0.5
+    s4 = q.view(B, Hq, Sq, D).float() @ k.view(B, Hkv, Skv, D).float().repeat_interleave(Hq // Hkv, 1).transpose(2, 3)
+    s4 = s4 * scale
+    if causal:  # top-left aligned, like F.scaled_dot_product_attention(is_causal=True)
+        s4 = s4.masked_fill(torch.ones(Sq, Skv, dtype=torch.bool).tril().logical_not(), float("-inf"))
+    lse = torch.logsumexp(s4, -1)
+    p = torch.exp(s4 - lse[..., None]).nan_to_num(0.0)
+    out = p @ v.view(B, Hkv, Skv, D).float().repeat_interleave(Hq // Hkv, 1)
+    tensors = {"q": q, "k": k, "v": v, "o": torch.full_like(q, float("nan")),
+               "lse": torch.full((B * Hq * Sq,), float("nan"))}
+    scalars = {"Sq": Sq, "Skv": Skv, "Hq": Hq, "Hkv": Hkv, "G": Hq // Hkv, "qk_scale": scale * 1.4426950408889634,
+               "BH": B * Hq}
+    desc = f"batch={B} Hq={Hq} Hkv={Hkv} Sq={Sq} Skv={Skv} D={D}" + (" causal" if causal else "")
+    ref = {"o": out.reshape(-1, D).to(dt), "lse": lse.reshape(-1)}
+    return Instance(desc, tensors, scalars, ref, {"o": 2 * TOL[program.arg("q").dtype], "lse": 1e-4})
+
+

@@ -1,0 +1,236 @@
+"""Op semantics shared by both interpreters: a registry keyed by op kind, one function per kind.
+
+A semantics function is ``fn(ctx, op, args) -> tensor | tuple[tensor, ...] | None``: ``args`` are the
+operand values as torch CPU tensors (already read out of SMEM where the partitioned interpreter
+holds them as slot references), ``ctx`` gives index expressions (``ctx.eval``) and the kernel's
+tensors (``ctx.tensor``). Results are converted to the dtype of the op's result type and their shape
+is checked against it. Register a new kind with ``@semantics("kind")``; an op kind nobody registered
+raises ``InterpError`` naming it.
+
+Global memory follows the hardware: a TMA ``load`` of a box reads the tensor at the coordinates and
+fills whatever lies outside the tensor with zeros; a TMA ``store`` writes only the part of the box
+inside the tensor; ``load_vec`` is a masked pointer load (``offset + i < size``, else 0).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch
+
+from ..ir import Op, check_expr, format_op
+
+TORCH_DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16, "f32": torch.float32, "fp32": torch.float32,
+               "i32": torch.int32, "i64": torch.int64, "i1": torch.bool, "fp8e4": torch.float8_e4m3fn}
+
+SEMANTICS: dict = {}
+
+
+class InterpError(RuntimeError):
+    """The interpreter cannot run this Program (unknown op kind, bad inputs): not a schedule bug."""
+
+
+def semantics(*kinds: str):
+    """Register ``fn(ctx, op, args)`` as the meaning of each op kind in ``kinds``."""
+    def deco(fn):
+        for k in kinds:
+            SEMANTICS[k] = fn
+        return fn
+    return deco
+
+
+def lookup(o: Op):
+    fn = SEMANTICS.get(o.kind)
+    if fn is None:
+        raise InterpError(f"interp: no semantics for op kind {o.kind!r} (in `{format_op(o)[0].strip()}`); "
+                          f"register one with @semantics({o.kind!r}) in torch_autows/interp/ops.py")
+    return fn
+
+
+def apply(ctx, o: Op, args: list) -> list:
+    """Run the registered semantics of ``o`` and coerce its results to the declared result types."""
+    out = lookup(o)(ctx, o, args)
+    if out is None:
+        out = ()
+    elif isinstance(out, torch.Tensor):
+        out = (out,)
+    if len(out) != len(o.results):
+        raise InterpError(f"interp: {o.kind} produced {len(out)} values for {len(o.results)} results")
+    res = []
+    for r, t in zip(o.results, out):
+        if tuple(t.shape) != tuple(r.type.shape):
+            raise InterpError(f"interp: `{format_op(o)[0].strip()}` computed shape {tuple(t.shape)}, but %{r.name} "
+                              f"is declared {r.type}")
+        res.append(t.to(TORCH_DTYPE[r.type.dtype]))
+    return res
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Run torch single-threaded: the interpreter's tiles are tiny, and intra-op threads waking for
+    each one made runs 20-50x slower and erratic on a 2-core machine. The setting is restored after."""
+    n = torch.get_num_threads()
+    if n != 1:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if n != 1:
+            torch.set_num_threads(n)
+
+
+# ------------------------------------------------------------------------------------------ expressions
+
+
+@functools.lru_cache(maxsize=4096)
+def _code(expr: str):
+    check_expr(expr)
+    return compile(expr, "<ir expr>", "eval")
+
+
+_FUNCS = {"__builtins__": {}, "cdiv": lambda a, b: -(-a // b), "min": min, "max": max}
+
+
+def eval_index(expr, env: dict):
+    """``ir.eval_expr`` with the parsed expression cached (the interpreters evaluate the same few often)."""
+    if isinstance(expr, (int, float)):
+        return expr
+    return eval(_code(str(expr)), _FUNCS, env)
+
+
+# ------------------------------------------------------------------------------------------ global memory
+
+
+def tma_load(t: torch.Tensor, coords: tuple[int, ...], shape: tuple[int, ...]) -> torch.Tensor:
+    """The box ``shape`` at ``coords`` of ``t``; elements outside ``t`` read as zero (TMA OOB fill)."""
+    if t.dim() != len(shape):
+        raise InterpError(f"interp: a {len(shape)}-D box loaded from a {t.dim()}-D tensor")
+    out = torch.zeros(shape, dtype=t.dtype)
+    src, dst = [], []
+    for c, n, size in zip(coords, shape, t.shape):
+        lo, hi = max(c, 0), min(c + n, size)
+        if hi <= lo:
+            return out
+        src.append(slice(lo, hi))
+        dst.append(slice(lo - c, hi - c))
+    out[tuple(dst)] = t[tuple(src)]
+    return out
+
+
+def tma_store(t: torch.Tensor, coords: tuple[int, ...], tile: torch.Tensor) -> None:
+    """Write ``tile`` at ``coords`` of ``t``, clipped at the tensor's bounds (TMA store)."""
+    if t.dim() != tile.dim():
+        raise InterpError(f"interp: a {tile.dim()}-D tile stored to a {t.dim()}-D tensor")
+    src, dst = [], []
+    for c, n, size in zip(coords, tile.shape, t.shape):
+        lo, hi = max(c, 0), min(c + n, size)
+        if hi <= lo:
+            return
+        dst.append(slice(lo, hi))
+        src.append(slice(lo - c, hi - c))
+    t[tuple(dst)] = tile[tuple(src)].to(t.dtype)
+
+
+def coords_of(ctx, o: Op) -> tuple[int, ...]:
+    return tuple(int(ctx.eval(c)) for c in o.attr("coords"))
+
+
+# ------------------------------------------------------------------------------------------ op kinds
+
+
+@semantics("load")
+def _load(ctx, o, args):
+    r = o.results[0]
+    t = ctx.tensor(o.attr("arg"))
+    if t.dtype != TORCH_DTYPE[r.type.dtype]:
+        raise InterpError(f"interp: tensor {o.attr('arg')} is {t.dtype}, the IR loads {r.type.dtype}")
+    return tma_load(t, coords_of(ctx, o), r.type.shape)
+
+
+@semantics("store")
+def _store(ctx, o, args):
+    tma_store(ctx.tensor(o.attr("arg")), coords_of(ctx, o), args[0])
+
+
+@semantics("load_vec")
+def _load_vec(ctx, o, args):
+    n = o.results[0].type.shape[0]
+    t = ctx.tensor(o.attr("arg")).reshape(-1)
+    offs = int(ctx.eval(o.attr("offset"))) + torch.arange(n)
+    mask = offs < int(ctx.eval(o.attr("size")))
+    if mask.any() and (offs[mask].min() < 0 or offs[mask].max() >= t.numel()):
+        raise InterpError(f"interp: `{format_op(o)[0].strip()}` reads outside {o.attr('arg')} "
+                          f"({t.numel()} elements): its mask lets offsets {offs[mask].min()}..{offs[mask].max()} in")
+    out = torch.zeros(n, dtype=t.dtype)
+    out[mask] = t[offs[mask]]
+    return out
+
+
+@semantics("zeros")
+def _zeros(ctx, o, args):
+    r = o.results[0].type
+    return torch.zeros(r.shape, dtype=TORCH_DTYPE[r.dtype])
+
+
+@semantics("cast")
+def _cast(ctx, o, args):
+    return args[0].to(TORCH_DTYPE[o.results[0].type.dtype])  # rounds to nearest even, like .to() in Gluon
+
+
+@semantics("trans")
+def _trans(ctx, o, args):
+    return args[0].transpose(0, 1)
+
+
+@semantics("mma")
+def _mma(ctx, o, args):
+    """acc + a @ b in fp32 (bf16/fp16 products are exact in fp32); no acc operand: use_acc=False."""
+    prod = args[0].float() @ args[1].float()
+    return prod + args[2].float() if len(args) > 2 else prod
+
+
+@semantics("mma_wait")
+def _mma_wait(ctx, o, args):
+    return args[0]
+
+
+@semantics("expand")
+def _expand(ctx, o, args):
+    return args[0].unsqueeze(o.attr("axis"))
+
+
+_BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "max": torch.maximum}
+
+
+@semantics(*_BINARY)
+def _binary(ctx, o, args):
+    a, b = args
+    if a.dtype != b.dtype:
+        b = b.to(a.dtype)
+    return _BINARY[o.kind](a, b)
+
+
+@semantics("exp2")
+def _exp2(ctx, o, args):
+    return torch.exp2(args[0].float())
+
+
+@semantics("neg")
+def _neg(ctx, o, args):
+    return -args[0]
+
+
+@semantics("where")
+def _where(ctx, o, args):
+    c, a, b = args
+    return torch.where(c.bool(), a, b.to(a.dtype))
+
+
+@semantics("reduce_max")
+def _reduce_max(ctx, o, args):
+    return torch.amax(args[0], dim=o.attr("axis"))
+
+
+@semantics("reduce_sum")
+def _reduce_sum(ctx, o, args):
+    return torch.sum(args[0].float(), dim=o.attr("axis"))

@@ -1,0 +1,373 @@
+"""Partitioned semantics: each Partition.body as a coroutine, exactly as codegen.gluon emits it.
+
+One ``PartRun`` per (CTA, partition) walks the CTA's tiles (persistent: ``pid, pid + nprog, ...``)
+and runs the partition's body, yielding to the scheduler before every op and whenever an mbarrier
+wait cannot pass yet. Mirrored from the generated code:
+    acquire      g_s = n % count; wait empty[g_s] with phase ((n // count) & 1) ^ 1; expect ready bytes
+    load         async TMA copy into buffer[g_s] (lands later, completing ready[g_s]'s bytes)
+    wait_ready   g_s = n % count; wait ready[g_s] with phase (n // count) & 1
+    get          the value is buffer[g_s]: a slot reference read at each use
+    release{L}   L=0: arrive empty[g_s]; else arrive empty[(n + count - L) % count] if (var - lb) >= L
+    release_tail for j in 1..L: arrive empty[(n + count - j) % count] if _trip >= j
+    advance      n += 1
+    mma          async wgmma (operand slots recorded as being read), then wait until ``pending`` remain
+    mma_wait     wait until ``pending`` remain; the accumulator is retired
+    store        store_wait(0); registers -> staging slot; fence; async TMA store (read at store_wait)
+Counters ``n`` are per partition and group and run on across loops and tiles.
+"""
+from __future__ import annotations
+
+import collections
+
+import torch
+
+from ..ir import Op, walk
+from .cta import CTA, SlotRef, TmaCopy
+from .ops import InterpError, apply, eval_index, tma_store
+from .sequential import tile_indices
+
+
+class Wait:
+    __slots__ = ("bar", "parity", "op", "group", "slot", "lap")
+
+    def __init__(self, bar, parity, op, group, slot, lap):
+        self.bar, self.parity, self.op, self.group, self.slot, self.lap = bar, parity, op, group, slot, lap
+
+    def ready(self) -> bool:
+        return self.bar.passes(self.parity)
+
+
+class Wgmma:
+    """An async wgmma group: operands are read (from SMEM) when it retires at a wgmma wait."""
+
+    def __init__(self, owner, op, step, args, refs):
+        self.owner, self.op, self.step, self.args, self.refs = owner, op, step, args, refs
+        self.value = None
+
+    def describe(self) -> str:
+        return f"async wgmma `{self.op.results[0].name} = mma(...)` issued by {self.owner.name} at #{self.step}"
+
+
+class StoreRead:
+    """An async TMA store reading its staging slot until the partition's next store_wait."""
+
+    def __init__(self, owner, op, step, key, tag, coords):
+        self.owner, self.op, self.step, self.key, self.tag, self.coords = owner, op, step, key, tag, coords
+        self.value = None
+
+    def describe(self) -> str:
+        return f"TMA store from {self.key[0]} issued by {self.owner.name} at #{self.step}"
+
+
+class PartRun:
+    def __init__(self, cta: CTA, part):
+        self.cta, self.part, self.name = cta, part, part.name
+        self.run = cta.run
+        self.env: dict = {}
+        self.scalars = dict(self.run.scalars)
+        self.counters: dict[str, int] = collections.defaultdict(int)
+        for o in walk(part.body):
+            if o.attr("group") is not None:
+                self.counters[o.attr("group")] += 0  # codegen: `{g}_n = 0` for every group the body names
+        self.slotvar: dict[str, tuple[int, int]] = {}
+        self.loops: list[tuple[str, int]] = []
+        self.wgmma: collections.deque = collections.deque()
+        self.stores: list[StoreRead] = []
+        self.has_store = any(o.kind == "store" for o in walk(part.body))
+        self.produces = any(o.kind in ("acquire", "load") for o in walk(part.body))
+        self.waiting = None
+        self.done = False
+        self.op: Op | None = None
+        self.gen = self._main()
+
+    # ------------------------------------------------------------------ scheduler interface
+
+    def runnable(self) -> bool:
+        return not self.done and (self.waiting is None or self.waiting.ready())
+
+    def step(self) -> None:
+        try:
+            self.waiting = next(self.gen)
+        except StopIteration:
+            self.done, self.waiting = True, None
+
+    # ------------------------------------------------------------------ semantics context
+
+    def eval(self, e):
+        return eval_index(e, self.scalars)
+
+    def tensor(self, name: str) -> torch.Tensor:
+        return self.run.tensors[name]
+
+    def fail(self, kind, msg, o=None, **kw):
+        self.cta.fail(kind, msg, self.name, o if o is not None else self.op, **kw)
+
+    def log(self, o, detail=""):
+        self.run.events.add(self.run.step, self.cta.index, self.name, o, detail)
+
+    # ------------------------------------------------------------------ values
+
+    def raw(self, name: str, o: Op):
+        try:
+            return self.env[name]
+        except KeyError:
+            pass
+        p = self.run.program
+        defs = [(pt.name, x.kind) for pt in p.partitions for x in walk(pt.body) for r in x.results if r.name == name]
+        owners = sorted({pn for pn, k in defs if k != "get"})
+        receivers = sorted({pn for pn, k in defs if k == "get"})
+        chans = [c for c in p.channels if c.value == name]
+        if chans and any(self.name in c.dsts for c in chans):
+            why = f"channel {chans[0].name} lists {self.name}, but this body has no `get` for it before the use"
+        elif owners:
+            why = f"it is defined in {', '.join(owners)}" + (f" (and received by {', '.join(receivers)})"
+                                                              if receivers else "") + \
+                f"; no channel delivers it to {self.name}"
+        else:
+            why = "no partition defines it"
+        self.fail("no-channel", f"{self.name} reads %{name}: {why}", o)
+
+    def value(self, x, o: Op) -> torch.Tensor:
+        if isinstance(x, SlotRef):
+            return self.cta.read_slot(x, self.name, o)
+        if isinstance(x, Wgmma):
+            if x.value is None:
+                self.fail("async-use", f"{self.name} uses the result of {x.describe()} before a wgmma wait "
+                          f"retired it", o)
+            return x.value
+        return x
+
+    # ------------------------------------------------------------------ interpretation
+
+    def _main(self):
+        p = self.run.program
+        for tile in self.cta.tiles:
+            self.scalars.update(tile_indices(p, self.run.scalars, tile))
+            yield from self.run_ops(self.part.body)
+        yield None
+        self.op = None
+        if self.wgmma:
+            self.fail("unbalanced", f"{self.name} ends with {len(self.wgmma)} async wgmma groups never retired "
+                      f"({self.wgmma[0].describe()})")
+        if self.has_store:
+            self.store_wait()
+
+    def run_ops(self, ops):
+        for o in ops:
+            if o.kind == "yield":
+                return [self.raw(x, o) for x in o.operands]
+            yield None
+            self.op = o
+            self.log(o)
+            if o.kind == "loop":
+                yield from self.run_loop(o)
+                continue
+            h = HANDLERS.get(o.kind)
+            if h is None:
+                args = [self.value(self.raw(x, o), o) for x in o.operands]
+                for r, v in zip(o.results, apply(self, o, args)):
+                    self.env[r.name] = v
+            else:
+                g = h(self, o)
+                if g is not None:
+                    yield from g
+        return None
+
+    def run_loop(self, o: Op):
+        its = o.attr("iter_args", ())
+        for name, init in zip(its, o.operands):
+            self.env[name] = self.raw(init, o)
+        lb, ub = int(self.eval(o.attr("lb"))), int(self.eval(o.attr("ub")))
+        var = o.attr("var")
+        self.loops.append((var, lb))
+        for i in range(lb, ub):
+            self.scalars[var] = i
+            nxt = yield from self.run_ops(o.body)
+            for name, v in zip(its, nxt or ()):
+                self.env[name] = v
+        self.loops.pop()
+        for name, r in zip(its, o.results):
+            self.env[r.name] = self.env[name]
+        self.scalars["_trip"] = ub - lb
+
+    def wait(self, bar, parity, o, g, s, lap):
+        while not bar.passes(parity):
+            yield Wait(bar, parity, o, g, s, lap)
+
+    def retire_until(self, pending: int, o: Op) -> None:
+        while len(self.wgmma) > pending:
+            grp = self.wgmma.popleft()
+            args = [self.value(x, o) for x in grp.args]
+            grp.value = apply(self, grp.op, args)[0]
+            for ref in grp.refs:
+                self.cta.smem.slots[(ref.buf, ref.slot)].reads.remove(grp)
+            self.log(o, f"retired {grp.describe()}")
+
+    def store_wait(self) -> None:
+        for rec in self.stores:
+            st = self.cta.smem.slots[rec.key]
+            if st.tag != rec.tag:
+                self.fail("overwrite", f"{rec.key[0]} was overwritten before {rec.describe()} finished reading it")
+            tma_store(self.tensor(rec.op.attr("arg")), rec.coords, st.view.clone())
+            st.reads.remove(rec)
+        self.stores = []
+
+
+# ---------------------------------------------------------------------------------------- sync and memory ops
+
+
+def _group(pr: PartRun, o: Op):
+    g = o.attr("group")
+    if g not in pr.cta.groups:
+        raise InterpError(f"interp: `{o.kind}` names unknown barrier group {g!r}")
+    return g, pr.cta.groups[g]
+
+
+def _acquire(pr: PartRun, o: Op):
+    g, G = _group(pr, o)
+    n = pr.counters[g]
+    s, lap = n % G.count, n // G.count
+    pr.slotvar[g] = (s, n)
+    bar = pr.cta.empty[g][s]
+    yield from pr.wait(bar, (lap & 1) ^ 1, o, g, s, lap)
+    pr.log(o, f"{bar.name} passed, phase {bar.completed}; slot {s}, fill n={n}")
+    if bar.completed != lap:
+        pr.fail("wrong-phase", f"{pr.name} waited for {bar.name} to have completed {lap} phases (fill n={n}) but "
+                f"it passed with {bar.completed}: the parity matched a different phase", o, group=g, slot=s,
+                phase=f"lap {lap}, parity {(lap & 1) ^ 1}")
+    err = pr.cta.ready[g][s].expect(G.nbytes, pr.name)
+    if err:
+        pr.fail("over-arrive", err, o, group=g, slot=s)
+
+
+def _wait_ready(pr: PartRun, o: Op):
+    g, G = _group(pr, o)
+    n = pr.counters[g]
+    s, lap = n % G.count, n // G.count
+    pr.slotvar[g] = (s, n)
+    bar = pr.cta.ready[g][s]
+    yield from pr.wait(bar, lap & 1, o, g, s, lap)
+    pr.log(o, f"{bar.name} passed, phase {bar.completed}; slot {s}, fill n={n}")
+    if bar.completed != lap + 1:
+        pr.fail("wrong-phase", f"{pr.name} waited for fill n={n} of slot {s} ({bar.name} phase {lap}) but the "
+                f"wait passed with {bar.completed} completed phases: the parity matched a different phase",
+                o, group=g, slot=s, phase=f"lap {lap}, parity {lap & 1}")
+
+
+def _slotvar(pr: PartRun, o: Op, g: str):
+    if g not in pr.slotvar:
+        pr.fail("no-wait", f"{pr.name} uses the slot of group {g} before any acquire/wait_ready set it", o, group=g)
+    return pr.slotvar[g]
+
+
+def _get(pr: PartRun, o: Op):
+    g, _ = _group(pr, o)
+    s, n = _slotvar(pr, o, g)
+    pr.env[o.results[0].name] = SlotRef(o.attr("buffer"), s, n, g)
+
+
+def _load(pr: PartRun, o: Op):
+    g = o.attr("group")
+    if g is None:
+        raise InterpError(f"interp: load %{o.results[0].name} has no barrier group; run code_partition first")
+    g, G = _group(pr, o)
+    s, n = _slotvar(pr, o, g)
+    key = (o.attr("buffer"), s)
+    if key not in pr.cta.smem.slots:
+        raise InterpError(f"interp: load into unknown buffer slot {key}")
+    pr.cta.begin_fill(g, s, n, pr.name, o)
+    copy = TmaCopy(key, n, apply(pr, o, [])[0], pr.cta.ready[g][s], o.results[0].type.nbytes, pr.name, o,
+                   pr.run.step)
+    pr.cta.check_write(key, copy.describe(), pr.name, o)
+    pr.cta.smem.slots[key].inflight = copy
+    pr.cta.copies.append(copy)
+
+
+def _release(pr: PartRun, o: Op):
+    g, G = _group(pr, o)
+    lag = o.attr("lag", 0)
+    n = pr.counters[g]
+    if lag == 0:
+        s, m = _slotvar(pr, o, g)
+    else:
+        if not pr.loops:
+            raise InterpError("interp: release with a lag outside a loop (codegen needs the loop variable)")
+        var, lb = pr.loops[-1]
+        if pr.scalars[var] - lb < lag:
+            pr.log(o, f"pred false: trip {pr.scalars[var] - lb} < lag {lag}")
+            return
+        s, m = (n + G.count - lag) % G.count, n - lag
+    pr.log(o, f"arrive {g}.empty[{s}] (fill n={m})")
+    pr.cta.arrive_empty(g, s, m, pr, o)
+
+
+def _release_tail(pr: PartRun, o: Op):
+    g, G = _group(pr, o)
+    if "_trip" not in pr.scalars:
+        raise InterpError("interp: release_tail before any loop (codegen reads `_trip`)")
+    n = pr.counters[g]
+    for j in range(1, o.attr("lag") + 1):
+        if pr.scalars["_trip"] >= j:
+            s = (n + G.count - j) % G.count
+            pr.log(o, f"arrive {g}.empty[{s}] (fill n={n - j})")
+            pr.cta.arrive_empty(g, s, n - j, pr, o)
+
+
+def _advance(pr: PartRun, o: Op):
+    g, _ = _group(pr, o)
+    pr.counters[g] += 1
+
+
+def _trans(pr: PartRun, o: Op):
+    x = pr.raw(o.operands[0], o)
+    if isinstance(x, SlotRef):  # a free view of the slot: still read at the use
+        pr.env[o.results[0].name] = SlotRef(x.buf, x.slot, x.tag, x.group, not x.trans)
+    else:
+        pr.env[o.results[0].name] = apply(pr, o, [pr.value(x, o)])[0]
+
+
+def _mma(pr: PartRun, o: Op):
+    vals = [pr.raw(x, o) for x in o.operands]
+    refs = []
+    for i, x in enumerate(vals):
+        if isinstance(x, SlotRef):
+            pr.cta.read_slot(x, pr.name, o)  # checked at issue and again at retire
+            refs.append(x)
+        elif isinstance(x, Wgmma) and not (i == 2 and x.owner is pr):
+            vals[i] = pr.value(x, o)  # only the accumulator may be a wgmma still in flight
+    grp = Wgmma(pr, o, pr.run.step, vals, refs)
+    for ref in refs:
+        pr.cta.smem.slots[(ref.buf, ref.slot)].reads.append(grp)
+    pr.wgmma.append(grp)
+    pr.env[o.results[0].name] = grp
+    pr.retire_until(o.attr("pending", 0), o)
+
+
+def _mma_wait(pr: PartRun, o: Op):
+    pr.retire_until(o.attr("pending", 0), o)
+    pr.env[o.results[0].name] = pr.value(pr.raw(o.operands[0], o), o)
+
+
+def _store(pr: PartRun, o: Op):
+    x = o.operands[0]
+    buf = next((b for b in pr.run.program.buffers if b.value == x and b.name.endswith("_stage")), None)
+    if buf is None:
+        raise InterpError(f"interp: store of %{x} has no staging buffer; run buffers/memory_plan first")
+    pr.store_wait()  # tma.store_wait(0): the previous store out of the staging tile has read it
+    data = pr.value(pr.raw(x, o), o)
+    key = (buf.name, 0)
+    who = f"{pr.name}'s register store into {buf.name}"
+    pr.cta.check_write(key, who, pr.name, o)
+    tag = ("stage", pr.name, pr.run.step)
+    pr.cta.store_slot(key, data, tag)
+    yield None  # fence_async_shared(); then the TMA store is issued
+    if pr.cta.smem.slots[key].tag != tag:
+        pr.fail("overwrite", f"{buf.name} was overwritten between {pr.name}'s register store and its TMA store")
+    rec = StoreRead(pr, o, pr.run.step, key, tag, tuple(int(pr.eval(c)) for c in o.attr("coords")))
+    pr.cta.smem.slots[key].reads.append(rec)
+    pr.stores.append(rec)
+
+
+HANDLERS = {"acquire": _acquire, "wait_ready": _wait_ready, "get": _get, "load": _load, "release": _release,
+            "release_tail": _release_tail, "advance": _advance, "trans": _trans, "mma": _mma,
+            "mma_wait": _mma_wait, "store": _store}
