@@ -153,7 +153,7 @@ class TestAttentionPasses(expecttest.TestCase):
   channel ch_v: %v producer -> consumer0,consumer1 buffer=v_smem group=g0
   barriers g0: count=3 arrivals=2 bytes=65536 channels=ch_k,ch_v
   barriers g1: count=1 arrivals=2 bytes=32768 channels=ch_q_c0,ch_q_c1
-  smem 229488
+  smem 229440
   note 'memory_plan: ring depth 4 -> 3 to fit 232448 B of SMEM'
 """)
 

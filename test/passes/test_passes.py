@@ -152,7 +152,7 @@ program gemm_bf16_nn_128x64x32_bias
   buffer b_smem: bf16[32,64]@smem value=%b count=3 offset=24576
   buffer out_c0_stage: bf16[64,64]@smem value=%out_c0 count=1 offset=36864
   buffer out_c1_stage: bf16[64,64]@smem value=%out_c1 count=1 offset=45056
-  smem 53376
+  smem 53296
 """)
 
     def test_memory_plan_reuses_ring_for_epilogue_when_not_persistent(self):
@@ -163,7 +163,7 @@ program gemm_bf16_nn_128x64x32_bias
   buffer a_smem: bf16[128,32]@smem value=%a count=3 offset=0
   buffer b_smem: bf16[32,64]@smem value=%b count=3 offset=24576
   buffer out_stage: bf16[128,64]@smem value=%out count=1 offset=0
-  smem 36960
+  smem 36912
 """)
 
     def test_code_partition(self):

@@ -29,6 +29,25 @@ def value_partition(name: str, dmap: dict[str, Op]) -> set[str]:
     return out
 
 
+def channel_groups(program: Program) -> list[list[Channel]]:
+    """Channels that share one mbarrier ring: those filled in the same loop (or at top level) by the same
+    partition, in channel order. memory_plan sizes their barriers, code_partition lowers them."""
+    loop_of: dict[str, int | None] = {}
+
+    def visit(ops, loop):
+        for o in ops:
+            for r in o.results:
+                loop_of.setdefault(r.name, loop)
+            if o.kind == "loop":
+                visit(o.body, id(o))
+
+    visit(program.body, None)
+    keyed: dict[tuple, list[Channel]] = {}
+    for c in program.channels:
+        keyed.setdefault((loop_of[c.value], c.src), []).append(c)
+    return list(keyed.values())
+
+
 def run(program: Program, options=None) -> Program:
     dmap = defs(program.body)
     users: dict[str, set[str]] = {}

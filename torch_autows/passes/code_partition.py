@@ -23,26 +23,13 @@ from dataclasses import replace
 
 from ..ir import BarrierGroup, Op, Program, Value, op, walk
 from . import PassError
-from .buffers import value_partition
+from .buffers import channel_groups, value_partition
 
 
 def _groups(program: Program):
-    """Channels grouped by the loop whose body defines them (None: top level) and their producer."""
-    loop_of: dict[str, int | None] = {}
-
-    def visit(ops, loop):
-        for o in ops:
-            if o.kind == "loop":
-                visit(o.body, id(o))
-            for r in o.results:
-                loop_of.setdefault(r.name, loop)
-
-    visit(program.body, None)
-    keyed: dict[tuple, list] = {}
-    for c in program.channels:
-        keyed.setdefault((loop_of[c.value], c.src), []).append(c)
+    """One BarrierGroup per ring of channels (buffers.channel_groups); channels learn their group."""
     groups, chans = [], {}
-    for i, (_, cs) in enumerate(keyed.items()):
+    for i, cs in enumerate(channel_groups(program)):
         name = f"g{i}"
         bufs = [program.buffer(c.buffer) for c in cs]
         counts = {b.count for b in bufs}

@@ -23,6 +23,7 @@ from dataclasses import replace
 
 from ..ir import Op, Program, walk
 from . import PassError
+from .buffers import channel_groups
 
 ALIGN = 1024  # 128-byte-swizzled NVMMA tiles need 1024-byte alignment
 
@@ -31,44 +32,29 @@ def _align(x: int) -> int:
     return (x + ALIGN - 1) // ALIGN * ALIGN
 
 
-def _positions(body: tuple[Op, ...]):
-    """Program-order interval of each value's def and uses; ops in a loop count as the whole loop."""
-    pos: dict[str, list[int]] = {}
+def _intervals(body: tuple[Op, ...]):
+    """Live interval of each value in top-level program order (a value touched anywhere inside a loop is
+    live for that whole loop), and the loop that defines it (None: top level)."""
+    iv: dict[str, tuple[int, int]] = {}
     loop_of: dict[str, Op | None] = {}
-    counter = [0]
 
-    # a value touched inside a loop is live for the whole loop: pass the loop's span down
-    def spans(ops, span, loop):
+    def touch(name: str, i: int) -> None:
+        lo, hi = iv.get(name, (i, i))
+        iv[name] = (min(lo, i), max(hi, i))
+
+    def visit(ops, i: int, loop: Op | None) -> None:
         for o in ops:
-            if o.kind == "loop":
-                start = counter[0]
-                n = sum(1 for _ in walk(o.body)) + 2
-                counter[0] += n
-                _visit_loop(o, (start, start + n - 1) if span is None else span)
-                continue
-            here = counter[0]
-            counter[0] += 1
-            s = span or (here, here)
             for r in o.results:
-                pos.setdefault(r.name, []).extend(s)
                 loop_of[r.name] = loop
+                touch(r.name, i)
             for x in o.operands:
-                pos.setdefault(x, []).extend(s)
+                touch(x, i)
+            if o.body:
+                visit(o.body, i, o)
 
-    def _visit_loop(o, span):
-        for x in o.operands:
-            pos.setdefault(x, []).extend(span)
-        for r in o.results:
-            pos.setdefault(r.name, []).extend(span)
-        for inner in walk(o.body):
-            for r in inner.results:
-                pos.setdefault(r.name, []).extend(span)
-                loop_of[r.name] = o
-            for x in inner.operands:
-                pos.setdefault(x, []).extend(span)
-
-    spans(body, None, None)
-    return {k: (min(v), max(v)) for k, v in pos.items()}, loop_of
+    for i, o in enumerate(body):
+        visit((o,), i, None)
+    return iv, loop_of
 
 
 def _accessors(program: Program) -> dict[str, tuple[set[str], set[str]]]:
@@ -100,38 +86,31 @@ def _compatible(x, y, program, iv, acc, loop_of) -> bool:
 
 
 def plan(program: Program, depth: int):
+    """Buffers with counts and offsets for a ring depth, and the SMEM they need with their mbarriers."""
     pending = max([o.attr("pending", 0) for o in walk(program.body) if o.kind == "mma"] or [0])
-    iv, loop_of = _positions(program.body)
+    iv, loop_of = _intervals(program.body)
     acc = _accessors(program)
-    bufs = []
-    rings = set()
-    for b in program.buffers:
-        in_loop = loop_of.get(b.value) is not None and b.type.space == "smem" and \
-            any(c.buffer == b.name for c in program.channels)
-        count = max(depth, pending + 1) if in_loop else 1
-        if in_loop:
-            rings.add(id(loop_of[b.value]))
-        bufs.append(replace(b, count=count))
-    placed = []
+    rings = {c.buffer for c in program.channels if loop_of.get(c.value) is not None}
+    bufs = [replace(b, count=max(depth, pending + 1) if b.name in rings else 1) for b in program.buffers]
+    roots: list = []  # buffers that start a region; later ones may reinterpret a root's bytes
+    placed: list = []
     top = 0
     for b in sorted(bufs, key=lambda b: (-b.nbytes, b.name)):
         off = None
-        for root in placed:
-            if root.offset in {p.offset for p in placed if p is not root and p.offset == root.offset and
-                               p.name < root.name}:
-                continue
+        for root in roots:
             sharers = [p for p in placed if p.offset == root.offset]
             if b.nbytes <= root.nbytes and all(_compatible(p, b, program, iv, acc, loop_of) for p in sharers):
                 off = root.offset
                 break
         if off is None:
-            off = top
-            top = _align(top + b.nbytes)
+            off, top = top, _align(top + b.nbytes)
+            roots.append(replace(b, offset=off))
         placed.append(replace(b, offset=off))
     by_name = {b.name: b for b in placed}
     bufs = [by_name[b.name] for b in program.buffers]
-    ring_counts = {b.count for b in bufs if b.count and b.count > 1}
-    barriers = 16 * sum(ring_counts) * max(len(rings), 1) + 16 * len(bufs)
+    # a ready and an empty mbarrier (8 B each) per slot of every ring (see buffers.channel_groups)
+    counts = {b.name: b.count for b in bufs}
+    barriers = sum(16 * counts[cs[0].buffer] for cs in channel_groups(program))
     return bufs, top + barriers
 
 
