@@ -1,0 +1,283 @@
+"""Per-op Gluon emitters: ``EMITTERS[kind](ctx, op, indent) -> lines``, registered with ``@emitter``.
+
+Each emitted block is preceded by a comment holding the IR op and its partition (``emit_ops``), so a
+reader of the generated Gluon finds where every line came from.
+"""
+from __future__ import annotations
+
+from ..ir import format_op, walk
+from .context import GL_DTYPE, Ctx, expr, v
+
+EMITTERS = {}
+
+
+def emitter(*kinds):
+    def deco(fn):
+        for k in kinds:
+            EMITTERS[k] = fn
+        return fn
+    return deco
+
+
+def emit_ops(ctx: Ctx, ops, indent: int) -> list[str]:
+    lines = []
+    pad = "    " * indent
+    for o in ops:
+        fn = EMITTERS.get(o.kind)
+        if fn is None:
+            raise NotImplementedError(f"codegen: no Gluon emitter for op kind {o.kind!r}")
+        head = format_op(o)[0].strip()
+        if o.kind not in ("yield",):
+            lines.append(f"{pad}# {head}  <{ctx.part.name}>")
+        lines += [pad + ln if ln else ln for ln in fn(ctx, o, indent)]
+    return lines
+
+
+@emitter("zeros")
+def _zeros(ctx, o, indent):
+    r = o.results[0]
+    return [f"{v(r.name)} = gl.zeros({list(r.type.shape)}, {GL_DTYPE[r.type.dtype]}, {ctx.layouts[r.name]})"]
+
+
+def _float(x) -> str:
+    return f'float("{x}")' if isinstance(x, str) else repr(float(x))
+
+
+@emitter("full")
+def _full(ctx, o, indent):
+    r = o.results[0]
+    return [f"{v(r.name)} = gl.full({list(r.type.shape)}, {_float(o.attr('value'))}, {GL_DTYPE[r.type.dtype]}, "
+            f"{ctx.layouts[r.name]})"]
+
+
+def _as(ctx, x: str, layout: str) -> str:
+    """Operand ``x`` in ``layout`` (a register shuffle through SMEM only where they differ)."""
+    return v(x) if ctx.layouts.get(x) == layout else f"gl.convert_layout({v(x)}, {layout})"
+
+
+@emitter("mask")
+def _mask(ctx, o, indent):
+    r = o.results[0]
+    L = ctx.layouts[r.name]
+    bm, bn = r.type.shape
+    rows, cols = f"{v(r.name)}_rows", f"{v(r.name)}_cols"
+    keep = f"{cols}[None, :] < {expr(o.attr('kv_len'))}"
+    out = [f"{cols} = {expr(o.attr('col'))} + gl.arange(0, {bn}, layout={ctx._slice(0, L)})"]
+    if o.attr("causal"):
+        out.append(f"{rows} = {expr(o.attr('row'))} + gl.arange(0, {bm}, layout={ctx._slice(1, L)})")
+        keep = f"({keep}) & ({cols}[None, :] <= {rows}[:, None])"
+    out.append(f"{v(r.name)} = gl.where({keep}, {v(o.operands[0])}, float(\"-inf\"))")
+    return out
+
+
+@emitter("mulc")
+def _mulc(ctx, o, indent):
+    return [f"{v(o.results[0].name)} = {v(o.operands[0])} * {expr(o.attr('c'))}"]
+
+
+@emitter("reduce_max", "reduce_sum")
+def _reduce(ctx, o, indent):
+    fn = "gl.max" if o.kind == "reduce_max" else "gl.sum"
+    return [f"{v(o.results[0].name)} = {fn}({v(o.operands[0])}, axis={o.attr('axis')})"]
+
+
+@emitter("fin0")
+def _fin0(ctx, o, indent):
+    x = v(o.operands[0])
+    return [f"{v(o.results[0].name)} = gl.where({x} == float(\"-inf\"), 0.0, {x})  # fully masked row: no -inf - -inf"]
+
+
+@emitter("div0")
+def _div0(ctx, o, indent):
+    r = o.results[0]
+    a, b = (_as(ctx, x, ctx.layouts[r.name]) for x in o.operands)
+    return [f"{v(r.name)} = gl.where({b} == 0.0, 0.0, {a} / gl.where({b} == 0.0, 1.0, {b}))"]
+
+
+@emitter("lse")
+def _lse(ctx, o, indent):
+    m, l_ = (v(x) for x in o.operands)
+    return [f"{v(o.results[0].name)} = gl.where({l_} == 0.0, float(\"-inf\"), "
+            f"({m} + gl.log2(gl.where({l_} == 0.0, 1.0, {l_}))) * 0.6931471805599453)"]
+
+
+@emitter("store_ptr")
+def _store_ptr(ctx, o, indent):
+    x = o.operands[0]
+    L = ctx.layouts[x]
+    t = next(r.type for op_ in walk(ctx.part.body) for r in op_.results if r.name == x)
+    bm, bn = t.shape
+    n = v(x)
+    return [f"{n}_r = gl.arange(0, {bm}, layout={ctx._slice(1, L)})",
+            f"{n}_c = gl.arange(0, {bn}, layout={ctx._slice(0, L)})",
+            f"{n}_p = {o.attr('arg')}_ptr + (({expr(o.attr('row'))} + {n}_r).to(gl.int64) * {expr(o.attr('ld'))})"
+            f"[:, None] + {n}_c[None, :]",
+            f"gl.store({n}_p, {n}, mask=({n}_r < {expr(o.attr('rows_valid'))})[:, None])"]
+
+
+@emitter("store_vec")
+def _store_vec(ctx, o, indent):
+    x = o.operands[0]
+    n = v(x)
+    t = next(r.type for op_ in walk(ctx.part.body) for r in op_.results if r.name == x)
+    return [f"{n}_i = gl.arange(0, {t.shape[0]}, layout={ctx.layouts[x]})",
+            f"gl.store({o.attr('arg')}_ptr + {expr(o.attr('offset'))} + {n}_i, {n}, "
+            f"mask={n}_i < {expr(o.attr('valid'))})"]
+
+
+@emitter("acquire")
+def _acquire(ctx, o, indent):
+    g = ctx.groups[o.attr("group")]
+    return [f"{g.name}_s = {g.name}_n % {g.count}",
+            f"mbarrier.wait({g.name}_empty.index({g.name}_s), (({g.name}_n // {g.count}) & 1) ^ 1)",
+            f"mbarrier.expect({g.name}_ready.index({g.name}_s), {g.nbytes})"]
+
+
+@emitter("load")
+def _load(ctx, o, indent):
+    g = o.attr("group")
+    coords = ", ".join(expr(c) for c in o.attr("coords"))
+    return [f"tma.async_copy_global_to_shared({o.attr('arg')}_desc, [{coords}], {g}_ready.index({g}_s), "
+            f"{o.attr('buffer')}.index({g}_s))"]
+
+
+@emitter("advance")
+def _advance(ctx, o, indent):
+    return [f"{o.attr('group')}_n += 1"]
+
+
+@emitter("wait_ready")
+def _wait_ready(ctx, o, indent):
+    g = ctx.groups[o.attr("group")]
+    return [f"{g.name}_s = {g.name}_n % {g.count}",
+            f"mbarrier.wait({g.name}_ready.index({g.name}_s), ({g.name}_n // {g.count}) & 1)"]
+
+
+@emitter("get")
+def _get(ctx, o, indent):
+    return [f"{v(o.results[0].name)} = {o.attr('buffer')}.index({o.attr('group')}_s)"]
+
+
+def _trip_from_start(ctx) -> str:
+    loop = ctx.loop_stack[-1]
+    return f"({loop.attr('var')} - {expr(loop.attr('lb'))})"
+
+
+@emitter("release")
+def _release(ctx, o, indent):
+    g = ctx.groups[o.attr("group")]
+    lag = o.attr("lag", 0)
+    if lag == 0:
+        return [f"mbarrier.arrive({g.name}_empty.index({g.name}_s))"]
+    return [f"mbarrier.arrive({g.name}_empty.index(({g.name}_n + {g.count - lag}) % {g.count}), "
+            f"pred={_trip_from_start(ctx)} >= {lag})"]
+
+
+@emitter("release_tail")
+def _release_tail(ctx, o, indent):
+    g = ctx.groups[o.attr("group")]
+    out = []
+    for j in range(1, o.attr("lag") + 1):
+        out.append(f"mbarrier.arrive({g.name}_empty.index(({g.name}_n + {g.count - j}) % {g.count}), "
+                   f"pred=_trip >= {j})")
+    return out
+
+
+@emitter("trans")
+def _trans(ctx, o, indent):
+    return [f"{v(o.results[0].name)} = {v(o.operands[0])}.permute((1, 0))"]
+
+
+@emitter("mma")
+def _mma(ctx, o, indent):
+    res = o.results[0]
+    L = ctx.layouts[res.name]
+    a, b = o.operands[:2]
+    a_src = v(a)
+    if a in ctx.layouts:  # A from registers: wgmma takes it in the dot-operand layout of the accumulator
+        a_src = f"gl.convert_layout({v(a)}, gl.DotOperandLayout(operand_index=0, parent={L}, k_width=2))"
+    r = v(res.name)
+    if len(o.operands) == 3:
+        call = f"warpgroup_mma({a_src}, {v(b)}, {_as(ctx, o.operands[2], L)}, is_async=True)"
+    else:
+        call = (f"warpgroup_mma({a_src}, {v(b)}, gl.zeros({list(res.type.shape)}, gl.float32, {L}), "
+                f"use_acc=False, is_async=True)")
+    return [f"{r} = {call}", f"{r} = warpgroup_mma_wait(num_outstanding={o.attr('pending', 0)}, deps=({r},))"]
+
+
+@emitter("mma_wait")
+def _mma_wait(ctx, o, indent):
+    return [f"{v(o.results[0].name)} = warpgroup_mma_wait(num_outstanding={o.attr('pending', 0)}, "
+            f"deps=({v(o.operands[0])},))"]
+
+
+@emitter("load_vec")
+def _load_vec(ctx, o, indent):
+    r = o.results[0]
+    n = r.type.shape[0]
+    offs = f"{v(r.name)}_offs"
+    return [f"{offs} = {expr(o.attr('offset'))} + gl.arange(0, {n}, layout={ctx.layouts[r.name]})",
+            f"{v(r.name)} = gl.load({o.attr('arg')}_ptr + {offs}, mask={offs} < {expr(o.attr('size'))}, "
+            f"other=0.0).to({GL_DTYPE[r.type.dtype]})"]
+
+
+@emitter("expand")
+def _expand(ctx, o, indent):
+    return [f"{v(o.results[0].name)} = gl.expand_dims({v(o.operands[0])}, {o.attr('axis')})"]
+
+
+_BINARY = {"add": "{} + {}", "sub": "{} - {}", "mul": "{} * {}", "max": "gl.maximum({}, {})"}
+
+
+@emitter(*_BINARY)
+def _binary(ctx, o, indent):
+    r = o.results[0].name
+    L = ctx.layouts.get(r)
+    # a broadcast operand ([BM, 1] / [1, BN]) from another accumulator layout is moved into ours
+    args = [_as(ctx, x, L) if L and ctx.layouts.get(x, L).rsplit("_S", 1)[0] != L.rsplit("_S", 1)[0] else v(x)
+            for x in o.operands]
+    return [f"{v(r)} = " + _BINARY[o.kind].format(*args)]
+
+
+@emitter("exp2")
+def _exp2(ctx, o, indent):
+    return [f"{v(o.results[0].name)} = gl.exp2({v(o.operands[0])})"]
+
+
+@emitter("cast")
+def _cast(ctx, o, indent):
+    return [f"{v(o.results[0].name)} = {v(o.operands[0])}.to({GL_DTYPE[o.results[0].type.dtype]})"]
+
+
+@emitter("store")
+def _store(ctx, o, indent):
+    buf = ctx.stage_buf[o.operands[0]].name
+    coords = ", ".join(expr(c) for c in o.attr("coords"))
+    return ["tma.store_wait(0)  # the previous TMA store out of this staging tile has finished reading it",
+            f"{buf}.store({v(o.operands[0])})",
+            "fence_async_shared()",
+            f"tma.async_copy_shared_to_global({o.attr('arg')}_desc, [{coords}], {buf})"]
+
+
+@emitter("loop")
+def _loop(ctx, o, indent):
+    its = o.attr("iter_args")
+    out = [f"{v(n)} = {v(x)}" for n, x in zip(its, o.operands)]
+    lb, ub = expr(o.attr("lb")), expr(o.attr("ub"))
+    out.append(f"for {o.attr('var')} in range({lb}, {ub}):")
+    ctx.loop_stack.append(o)
+    body = emit_ops(ctx, o.body, 1)
+    ctx.loop_stack.pop()
+    out += [ln[0:] for ln in body] or ["    pass"]
+    out += [f"{v(r.name)} = {v(n)}" for n, r in zip(its, o.results)]
+    out.append(f"_trip = {ub} - {lb}")
+    return out
+
+
+@emitter("yield")
+def _yield(ctx, o, indent):
+    loop = ctx.loop_stack[-1]
+    its = loop.attr("iter_args")
+    if not its:
+        return []
+    return [f"{', '.join(v(n) for n in its)} = {', '.join(v(x) for x in o.operands)}"]
