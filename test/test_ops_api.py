@@ -92,3 +92,14 @@ def test_gemm_support_reasons_on_fake_cuda_tensors():
     assert "TMA needs" in support_reason(a, _fake_cuda(13, 64), check_device=False)
     assert "multiple of 16 bytes" in support_reason(_fake_cuda(64, 64), _fake_cuda(64, 12), check_device=False)
     assert support_reason(_fake_cuda(64, 64), _fake_cuda(64, 64).t(), check_device=False) is None  # B^T view
+
+
+def test_attention_support_reasons_on_fake_cuda_tensors():
+    from torch_autows.runtime.attention import support_reason as attn_reason
+
+    q = _fake_cuda(1, 2, 64, 96)
+    assert "head_dim 96 not served" in attn_reason(q, q, q, check_device=False)
+    q = _fake_cuda(1, 2, 64, 128)
+    assert attn_reason(q, q, q, check_device=False) is None
+    assert "float32" in attn_reason(q.float(), q.float(), q.float(), check_device=False)
+    assert "cpu" in attn_reason(torch.randn(1, 2, 4, 64), torch.randn(1, 2, 4, 64), torch.randn(1, 2, 4, 64))

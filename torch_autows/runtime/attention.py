@@ -13,8 +13,9 @@ import torch
 
 from ..ir import Options
 from ..templates.attention import AttentionRequest, build
+from . import device as dev
 from .fallback import Unsupported
-from .gemm import DTYPES, _capability, _num_sms, _real
+from .gemm import DTYPES
 
 LOG2E = 1.4426950408889634
 
@@ -33,8 +34,7 @@ def support_reason(q, k, v, is_causal=False, scale=None, *, check_device: bool =
     if q.device.type != "cuda":
         return f"tensors on {q.device.type}; the generated kernels run on CUDA sm_90 GPUs"
     if check_device:
-        idx = q.device.index if q.device.index is not None else torch.cuda.current_device()
-        cap = _capability(idx)
+        cap = dev.capability(dev.index(q.device))
         if cap != (9, 0):
             return f"GPU capability sm_{cap[0]}{cap[1]}; the generated kernels need sm_90 (Hopper, wgmma)"
     if q.dtype not in (torch.bfloat16, torch.float16):
@@ -45,7 +45,7 @@ def support_reason(q, k, v, is_causal=False, scale=None, *, check_device: bool =
     if q.shape[-2] < 1 or k.shape[-2] < 1:
         return "an empty sequence"
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if _real(t) and t.data_ptr() % 16:
+        if dev.is_real(t) and t.data_ptr() % 16:
             return f"{name} is not 16-byte aligned (TMA needs 16)"
     return None
 
@@ -85,7 +85,6 @@ def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
     BH = B * Hq
     args += [out, lse, Sq, Skv, Hq, Hkv, Hq // Hkv, float(scale) * LOG2E, BH]
     tiles = BH * math.ceil(Sq / program.options.block_m)
-    idx = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    grid = (min(tiles, _num_sms(idx)),) if program.grid.persistent else (tiles,)
+    grid = (min(tiles, dev.num_sms(dev.index(q.device))),) if program.grid.persistent else (tiles,)
     kernel[grid](*args, num_warps=warps)
     return out, lse

@@ -13,6 +13,7 @@ import torch
 
 from ..ir import Options
 from ..templates.gemm import GemmRequest, build
+from . import device as dev
 from .fallback import Unsupported
 
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "f32"}
@@ -55,7 +56,7 @@ def support_reason(a, b, bias=None, out_dtype=None, *, check_device: bool = True
     if a.device.type != "cuda":
         return f"tensors on {a.device.type}; the generated kernels run on CUDA sm_90 GPUs"
     if check_device:
-        cap = _capability(a.device.index if a.device.index is not None else torch.cuda.current_device())
+        cap = dev.capability(dev.index(a.device))
         if cap != (9, 0):
             return f"GPU capability sm_{cap[0]}{cap[1]}; the generated kernels need sm_90 (Hopper, wgmma)"
     if a.dtype not in (torch.bfloat16, torch.float16):
@@ -67,7 +68,7 @@ def support_reason(a, b, bias=None, out_dtype=None, *, check_device: bool = True
     if min(M, N, K) < 1:
         return "an empty dimension"
     for name, t in (("a", a), ("b", b)):
-        if _real(t) and t.data_ptr() % 16:
+        if dev.is_real(t) and t.data_ptr() % 16:
             return f"operand {name} is not 16-byte aligned (TMA needs 16); make it .contiguous()"
     if (N * out_dtype.itemsize) % 16:
         return f"N={N}: the output row must be a multiple of 16 bytes for TMA stores"
@@ -98,13 +99,6 @@ def _bmm_reason(a, b) -> str | None:
     return None
 
 
-def _real(t) -> bool:
-    """A tensor with real storage (not a fake/meta one that Inductor traces with)."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    return not isinstance(t, FakeTensor) and t.device.type != "meta"
-
-
 @functools.lru_cache(maxsize=128)
 def compiled(req: GemmRequest, config: str):
     """(program, kernel function) for a request and config; cached per process."""
@@ -126,16 +120,6 @@ def _plan(req: GemmRequest, config: str):
     blocks = block_shapes(program)
     descs = [(list(blocks[n][0]), desc_layout(blocks[n][0], blocks[n][1])) for n in ("a", "b", "c")]
     return kernel, descs, num_warps(program), program.grid.persistent, program.options
-
-
-@functools.lru_cache(maxsize=16)
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-@functools.lru_cache(maxsize=16)
-def _capability(device_index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device_index)
 
 
 _desc_cache: dict = {}
@@ -163,8 +147,7 @@ def _launch(req: GemmRequest, config: str, a2, b2, c2, bias, M, N, K, device):
         args.append(bias)
     args += [M, N, K]
     tiles = req.batch * -(-M // o.block_m) * -(-N // o.block_n)
-    grid = (min(tiles, _num_sms(device.index if device.index is not None else torch.cuda.current_device())),) \
-        if persistent else (tiles,)
+    grid = (min(tiles, dev.num_sms(dev.index(device))),) if persistent else (tiles,)
     kernel[grid](*args, num_warps=warps)
 
 
