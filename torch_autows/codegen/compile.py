@@ -79,6 +79,14 @@ def num_warps(program: Program) -> int:
     return program.partitions[0].warps
 
 
+def launch_plan(program: Program):
+    """(kernel, {tensor arg: (TMA block, shared layout)}, num_warps) for a partitioned Program: what a
+    runtime needs to launch it, independent of the tensors' addresses."""
+    kernel = load_module(generate(program)).kernel
+    descs = {name: (list(block), desc_layout(block, dtype)) for name, (block, dtype) in block_shapes(program).items()}
+    return kernel, descs, num_warps(program)
+
+
 def compile_offline(program: Program, arch: int = TARGET_ARCH):
     """Compile the Program's Gluon for sm_<arch>a without a GPU (ptxas ships with triton)."""
     from triton.backends.compiler import GPUTarget

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ast
 
-from ..ir import Op, Program, walk
+from ..ir import Op, Program, value_types, walk
 
 GL_DTYPE = {"bf16": "gl.bfloat16", "fp16": "gl.float16", "f32": "gl.float32", "i32": "gl.int32"}
 
@@ -59,11 +59,7 @@ class Ctx:
         results follow their full-shaped operand; unknowns are filled from their users. Iterated to a
         fixpoint (loop-carried values tie inits, iter_args and results together)."""
         ops = list(walk(self.part.body))
-        types = {r.name: r.type for o in ops for r in o.results}
-        for o in ops:
-            if o.kind == "loop":
-                for n, r in zip(o.attr("iter_args"), o.results):
-                    types[n] = r.type
+        types = value_types(self.part.body)
         L = self.layouts
 
         def forward():

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..ir import Op, Program, TileType, Value, add_offset, defs, walk
+from ..ir import Op, Program, TileType, Value, add_offset, defs, value_types, walk
 from . import PassError
 
 _ELEMENTWISE = {"add", "sub", "mul", "max", "cast", "exp2", "where", "zeros", "neg", "full", "mask", "mulc", "fin0",
@@ -47,19 +47,8 @@ def _operand_axes(o: Op, axis: int, types: dict[str, TileType]) -> dict[str, int
     raise PassError(f"data_partition: no split rule for op kind {k!r}")
 
 
-def _types(body) -> dict[str, TileType]:
-    out = {}
-    for o in walk(body):
-        for r in o.results:
-            out[r.name] = r.type
-        if o.kind == "loop":
-            for n, r in zip(o.attr("iter_args"), o.results):
-                out[n] = r.type
-    return out
-
-
 def _split_axes(body: tuple[Op, ...]) -> dict[str, int]:
-    types = _types(body)
+    types = value_types(body)
     dmap = defs(body)
     split: dict[str, int] = {}
     work = [(o.operands[0], _STORES[o.kind]) for o in walk(body) if o.kind in _STORES]
@@ -90,7 +79,7 @@ def run(program: Program, options=None) -> Program:
     if f not in (1, 2):
         raise PassError(f"data_partition: factor {f} not supported; use 1 or 2")
     split = _split_axes(program.body)
-    types = _types(program.body)
+    types = value_types(program.body)
     for v, ax in split.items():
         if types[v].shape[ax] % f:
             raise PassError(f"data_partition: %{v} dim {types[v].shape[ax]} not divisible by {f}")

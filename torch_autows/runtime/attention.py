@@ -31,12 +31,9 @@ def choose_config(d: int, causal: bool) -> str:
 
 
 def support_reason(q, k, v, is_causal=False, scale=None, *, check_device: bool = True) -> str | None:
-    if q.device.type != "cuda":
-        return f"tensors on {q.device.type}; the generated kernels run on CUDA sm_90 GPUs"
-    if check_device:
-        cap = dev.capability(dev.index(q.device))
-        if cap != (9, 0):
-            return f"GPU capability sm_{cap[0]}{cap[1]}; the generated kernels need sm_90 (Hopper, wgmma)"
+    why = dev.sm90_reason(q.device, check_device)
+    if why:
+        return why
     if q.dtype not in (torch.bfloat16, torch.float16):
         return f"dtype {q.dtype}; generated attention takes bfloat16 or float16"
     D = q.shape[-1]
@@ -44,23 +41,16 @@ def support_reason(q, k, v, is_causal=False, scale=None, *, check_device: bool =
         return f"head_dim {D} not served by autows attention (64 and 128 are); falling back to torch SDPA"
     if q.shape[-2] < 1 or k.shape[-2] < 1:
         return "an empty sequence"
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if dev.is_real(t) and t.data_ptr() % 16:
-            return f"{name} is not 16-byte aligned (TMA needs 16)"
-    return None
+    return dev.alignment_reason(q=q, k=k, v=v)
 
 
 @functools.lru_cache(maxsize=64)
 def _plan(req: AttentionRequest, config: str):
-    from ..codegen.compile import desc_layout, load_module, num_warps
-    from ..codegen.gluon import block_shapes, generate
+    from ..codegen.compile import launch_plan
     from ..passes import pipeline
 
     program = pipeline.run(build(req, CONFIGS[config]))
-    kernel = load_module(generate(program)).kernel
-    blocks = block_shapes(program)
-    descs = {n: (list(blocks[n][0]), desc_layout(blocks[n][0], blocks[n][1])) for n in ("q", "k", "v")}
-    return program, kernel, descs, num_warps(program)
+    return (program, *launch_plan(program))
 
 
 def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,

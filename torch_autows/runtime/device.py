@@ -27,3 +27,22 @@ def is_real(t) -> bool:
     from torch._subclasses.fake_tensor import FakeTensor
 
     return not isinstance(t, FakeTensor) and t.device.type != "meta"
+
+
+def sm90_reason(device: torch.device, check_device: bool = True) -> str | None:
+    """Why tensors on ``device`` cannot run the generated kernels (None: they can)."""
+    if device.type != "cuda":
+        return f"tensors on {device.type}; the generated kernels run on CUDA sm_90 GPUs"
+    if check_device:
+        cap = capability(index(device))
+        if cap != (9, 0):
+            return f"GPU capability sm_{cap[0]}{cap[1]}; the generated kernels need sm_90 (Hopper, wgmma)"
+    return None
+
+
+def alignment_reason(**tensors) -> str | None:
+    """The first tensor whose storage TMA cannot address (16-byte alignment); fake tensors pass."""
+    for name, t in tensors.items():
+        if is_real(t) and t.data_ptr() % 16:
+            return f"{name} is not 16-byte aligned (TMA needs 16); make it .contiguous()"
+    return None

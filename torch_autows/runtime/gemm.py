@@ -53,12 +53,9 @@ def _tma_view(t: torch.Tensor, rows: int, cols: int) -> tuple[bool, str | None]:
 def support_reason(a, b, bias=None, out_dtype=None, *, check_device: bool = True) -> str | None:
     """Why the generated GEMM cannot serve ``a @ b (+ bias)`` (None: it can). Works on fake tensors."""
     out_dtype = out_dtype or a.dtype
-    if a.device.type != "cuda":
-        return f"tensors on {a.device.type}; the generated kernels run on CUDA sm_90 GPUs"
-    if check_device:
-        cap = dev.capability(dev.index(a.device))
-        if cap != (9, 0):
-            return f"GPU capability sm_{cap[0]}{cap[1]}; the generated kernels need sm_90 (Hopper, wgmma)"
+    why = dev.sm90_reason(a.device, check_device)
+    if why:
+        return why
     if a.dtype not in (torch.bfloat16, torch.float16):
         return f"dtype {a.dtype}; the generated GEMM takes bfloat16 or float16 operands"
     if out_dtype not in (a.dtype, torch.float32):
@@ -67,9 +64,9 @@ def support_reason(a, b, bias=None, out_dtype=None, *, check_device: bool = True
     N = b.shape[-1]
     if min(M, N, K) < 1:
         return "an empty dimension"
-    for name, t in (("a", a), ("b", b)):
-        if dev.is_real(t) and t.data_ptr() % 16:
-            return f"operand {name} is not 16-byte aligned (TMA needs 16); make it .contiguous()"
+    why = dev.alignment_reason(a=a, b=b)
+    if why:
+        return f"operand {why}"
     if (N * out_dtype.itemsize) % 16:
         return f"N={N}: the output row must be a multiple of 16 bytes for TMA stores"
     if a.dim() == 2:
@@ -100,26 +97,14 @@ def _bmm_reason(a, b) -> str | None:
 
 
 @functools.lru_cache(maxsize=128)
-def compiled(req: GemmRequest, config: str):
-    """(program, kernel function) for a request and config; cached per process."""
-    from ..codegen.compile import load_module
-    from ..codegen.gluon import generate
+def _plan(req: GemmRequest, config: str):
+    """Everything a launch needs that does not depend on the tensors' addresses (keeps launches cheap)."""
+    from ..codegen.compile import launch_plan
     from ..passes import pipeline
 
     program = pipeline.run(build(req, CONFIGS[config]))
-    return program, load_module(generate(program)).kernel
-
-
-@functools.lru_cache(maxsize=128)
-def _plan(req: GemmRequest, config: str):
-    """Everything a launch needs that does not depend on the tensors' addresses (keeps launches cheap)."""
-    from ..codegen.compile import desc_layout, num_warps
-    from ..codegen.gluon import block_shapes
-
-    program, kernel = compiled(req, config)
-    blocks = block_shapes(program)
-    descs = [(list(blocks[n][0]), desc_layout(blocks[n][0], blocks[n][1])) for n in ("a", "b", "c")]
-    return kernel, descs, num_warps(program), program.grid.persistent, program.options
+    kernel, descs, warps = launch_plan(program)
+    return kernel, [descs[n] for n in ("a", "b", "c")], warps, program.grid.persistent, program.options
 
 
 _desc_cache: dict = {}

@@ -11,8 +11,6 @@ from dataclasses import dataclass
 
 from ..ir import Arg, Grid, Options, Program, TileType, Value, op
 
-TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "f32": "float32"}
-
 
 @dataclass(frozen=True)
 class GemmRequest:
