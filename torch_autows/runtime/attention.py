@@ -16,6 +16,7 @@ from ..templates.attention import AttentionRequest, build
 from . import device as dev
 from .fallback import Unsupported
 from .gemm import DTYPES
+from .launch import Tma, launcher_for
 
 LOG2E = 1.4426950408889634
 
@@ -46,11 +47,10 @@ def support_reason(q, k, v, is_causal=False, scale=None, *, check_device: bool =
 
 @functools.lru_cache(maxsize=64)
 def _plan(req: AttentionRequest, config: str):
-    from ..codegen.compile import launch_plan
     from ..passes import pipeline
 
     program = pipeline.run(build(req, CONFIGS[config]))
-    return (program, *launch_plan(program))
+    return program, launcher_for(program)
 
 
 def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
@@ -58,8 +58,6 @@ def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
     why = support_reason(q, k, v, is_causal, scale)
     if why:
         raise Unsupported(why)
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
     # heads are flattened into rows: [B, H, S, D] must be contiguous (e.g. a [B, S, H, D] view is copied)
@@ -67,14 +65,11 @@ def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
     out = out if out is not None else torch.empty_like(q)
     lse = lse if lse is not None else torch.empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
     config = config or choose_config(D, is_causal)
-    program, kernel, descs, warps = _plan(AttentionRequest(D, DTYPES[q.dtype], bool(is_causal)), config)
-    args = []
-    for name, t, rows in (("q", q, B * Hq * Sq), ("k", k, B * Hkv * Skv), ("v", v, B * Hkv * Skv)):
-        block, layout = descs[name]
-        args.append(TensorDescriptor(t, [rows, D], [D, 1], block, layout))
+    program, launcher = _plan(AttentionRequest(D, DTYPES[q.dtype], bool(is_causal)), config)
+    args = [Tma(t, (rows, D), (D, 1)) for t, rows in ((q, B * Hq * Sq), (k, B * Hkv * Skv), (v, B * Hkv * Skv))]
     BH = B * Hq
     args += [out, lse, Sq, Skv, Hq, Hkv, Hq // Hkv, float(scale) * LOG2E, BH]
     tiles = BH * math.ceil(Sq / program.options.block_m)
-    grid = (min(tiles, dev.num_sms(dev.index(q.device))),) if program.grid.persistent else (tiles,)
-    kernel[grid](*args, num_warps=warps)
+    idx = dev.index(q.device)
+    launcher(min(tiles, dev.num_sms(idx)) if program.grid.persistent else tiles, args, idx)
     return out, lse
