@@ -143,6 +143,7 @@ class Options:
     persistent: bool = True
     group_m: int = 8
     mma_pending: int = 1  # async wgmma groups left in flight inside a loop
+    store_buffers: int = 1  # staging copies per TMA-stored tile: 2 lets a store drain under the next tile
     producer_warps: int = 1
     producer_regs: int = 40
     smem_limit: int = 232448  # 227 KB per CTA on sm_90

@@ -25,7 +25,8 @@ def cases(draw):
     bm = 128 if dp == 2 else draw(st.sampled_from((64, 128)))
     opts = Options(block_m=bm, block_n=draw(st.sampled_from((32, 64, 128))), block_k=draw(st.sampled_from((16, 32))),
                    stages=draw(st.integers(1, 5)), data_partition=dp, persistent=draw(st.booleans()),
-                   mma_pending=draw(st.sampled_from((0, 1))), group_m=draw(st.sampled_from((1, 2, 8))))
+                   mma_pending=draw(st.sampled_from((0, 1))), group_m=draw(st.sampled_from((1, 2, 8))),
+                   store_buffers=draw(st.sampled_from((1, 2))))
     variant = draw(st.sampled_from(({}, {"trans_a": True}, {"trans_b": True, "bias": True},
                                     {"out_dtype": "f32", "dtype": "fp16"})))
     m = draw(st.integers(1, 3 * bm))

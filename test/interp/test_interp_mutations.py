@@ -199,6 +199,18 @@ def test_live_buffers_sharing_bytes():
     assert set(kinds) == {"overwrite"}, kinds
 
 
+def test_staging_copies_overlapping_another_chain():
+    planned = _stages("ws_p_128x128_e2")["memory_plan"]
+    c0 = planned.buffer("out_c0_stage")
+    assert c0.count == 2
+    # out_c1_stage starts at c0's second copy: the copies of the two chains share bytes while both are live
+    bufs = tuple(replace(b, offset=c0.offset + c0.type.nbytes) if b.name == "out_c1_stage" else b
+                 for b in planned.buffers)
+    kinds = _kinds(code_partition.run(replace(planned, buffers=bufs)))
+    # the race needs a second tile per CTA while the first store drains: most schedules hit it
+    assert kinds.count("overwrite") > len(kinds) // 2 and set(kinds) <= {"overwrite", "ok"}, kinds
+
+
 def test_violation_trace_is_readable():
     after = _stages()["code_partition"]
     mutated = drop_text_line(after, "consumer0", "      release() {group='g0', lag=1}")

@@ -50,7 +50,7 @@ program gemm_bf16_nn_128x64x32_bias
   arg N: i32
   arg K: i32
   grid (pid_m: cdiv(M,128), pid_n: cdiv(N,64)) persistent=True group=8
-  options block_m=128 block_n=64 block_k=32 stages=3 data_partition=2 persistent=True group_m=8 mma_pending=1 producer_warps=1 producer_regs=40 smem_limit=232448 regs_per_sm=65536
+  options block_m=128 block_n=64 block_k=32 stages=3 data_partition=2 persistent=True group_m=8 mma_pending=1 store_buffers=1 producer_warps=1 producer_regs=40 smem_limit=232448 regs_per_sm=65536
   body {
     %acc0:f32[128,64] = zeros()
     %acc_out:f32[128,64] = loop(%acc0) {iter_args=('acc',), lb=0, ub='cdiv(K,32)', var='k'} {
@@ -286,3 +286,27 @@ def test_code_partition_is_last_and_groups_share_one_ring():
     assert len(p.groups) == 1 and p.groups[0].arrivals == 2
     assert all(c.group == "g0" for c in p.channels)
 
+
+
+def test_memory_plan_gives_store_staging_its_copies():
+    p = pipeline.run(small_gemm(options=replace(SMALL, block_m=128, block_n=128, block_k=64, stages=5,
+                                                store_buffers=2)))
+    counts = {b.name: b.count for b in p.buffers}
+    assert counts["out_c0_stage"] == counts["out_c1_stage"] == 2
+    assert {counts[n] for n in ("a_c0_smem", "a_c1_smem", "b_smem")} == {5}
+    stages = sorted((b.offset, b.nbytes) for b in p.buffers if b.name.endswith("_stage"))
+    assert stages[0][0] + stages[0][1] <= stages[1][0]  # the copies of one chain do not overlap the other's
+
+
+def test_memory_plan_lowers_ring_then_store_copies():
+    # bf16 128x256: two staging copies per chain (128 KB) leave room for a ring of 2
+    p = pipeline.run(small_gemm(options=replace(SMALL, block_m=128, block_n=256, block_k=64, stages=4,
+                                                store_buffers=2)))
+    assert {b.count for b in p.buffers if b.name.endswith("_stage")} == {2}
+    assert any("ring depth 4 -> 2" in n for n in p.notes)
+    # f32 out: 2 copies of 64x256 f32 per chain (256 KB) cannot fit at all, so the copies drop to 1
+    p = pipeline.run(small_gemm(out_dtype="f32", options=replace(SMALL, block_m=128, block_n=256, block_k=64,
+                                                                 stages=4, store_buffers=2)))
+    assert {b.count for b in p.buffers if b.name.endswith("_stage")} == {1}
+    assert any("store staging copies 2 -> 1" in n for n in p.notes)
+    assert p.smem_bytes <= p.options.smem_limit

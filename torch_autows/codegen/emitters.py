@@ -251,12 +251,22 @@ def _cast(ctx, o, indent):
 
 @emitter("store")
 def _store(ctx, o, indent):
-    buf = ctx.stage_buf[o.operands[0]].name
+    b = ctx.stage_buf[o.operands[0]]
     coords = ", ".join(expr(c) for c in o.attr("coords"))
-    return ["tma.store_wait(0)  # the previous TMA store out of this staging tile has finished reading it",
-            f"{buf}.store({v(o.operands[0])})",
-            "fence_async_shared()",
-            f"tma.async_copy_shared_to_global({o.attr('arg')}_desc, [{coords}], {buf})"]
+    if b.count == 1:
+        wait = "tma.store_wait(0)  # the previous TMA store out of this staging tile has finished reading it"
+        buf, step = b.name, []
+    else:
+        # TMA store groups are counted per issuing thread: this holds while the partition issues one store
+        # per tile (checked here), so ``count - 1`` groups left in flight means slot n % count is free
+        if sum(x.kind == "store" for x in walk(ctx.part.body)) != 1:
+            raise ValueError(f"codegen: {b.name} has {b.count} copies but partition {ctx.part.name} issues several "
+                             f"TMA stores; use store_buffers=1")
+        wait = (f"tma.store_wait({b.count - 1})  # at most {b.count - 1} stores in flight: "
+                f"slot {b.name}_n % {b.count} is free")
+        buf, step = f"{b.name}.index({b.name}_n % {b.count})", [f"{b.name}_n += 1"]
+    return [wait, f"{buf}.store({v(o.operands[0])})", "fence_async_shared()",
+            f"tma.async_copy_shared_to_global({o.attr('arg')}_desc, [{coords}], {buf})", *step]
 
 
 @emitter("loop")

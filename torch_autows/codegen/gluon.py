@@ -59,6 +59,8 @@ def _partition_fn(program: Program, part) -> list[str]:
     groups = sorted({o.attr("group") for o in walk(part.body) if o.attr("group")})
     has_store = any(o.kind == "store" for o in walk(part.body))
     body = [f"    {g}_n = 0" for g in groups]
+    body += [f"    {ctx.stage_buf[o.operands[0]].name}_n = 0  # stores issued from this staging ring"
+             for o in walk(part.body) if o.kind == "store" and ctx.stage_buf[o.operands[0]].count > 1]
     pre, tile = _tile_lines(program)
     body += ["    " + ln for ln in pre]
     if program.grid.persistent:
@@ -89,7 +91,7 @@ def _kernel_fn(program: Program) -> list[str]:
             desc_of[x] = o.attr("arg")
     rings = {c.buffer for c in program.channels}
     for b in sorted(program.buffers, key=lambda b: (b.offset, -b.nbytes, b.name)):
-        shape = [b.count, *b.type.shape] if b.name in rings else list(b.type.shape)
+        shape = [b.count, *b.type.shape] if b.name in rings or b.count > 1 else list(b.type.shape)
         layout = f"{desc_of[b.value]}_desc.layout"
         root = roots.get(b.offset)
         lines.append(f"    # buffer {b.name}: {b.type} x{b.count} at byte {b.offset}")

@@ -157,7 +157,7 @@ class Smem:
         for b in program.buffers:
             if b.count is None or b.offset is None:
                 raise ValueError(f"interp: buffer {b.name} has no count/offset; run memory_plan first")
-            n = b.count if b.name in rings else 1
+            n = b.count if b.name in rings or b.count > 1 else 1
             step = b.type.nbytes
             for s in range(n):
                 lo = b.offset + s * step

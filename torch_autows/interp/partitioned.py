@@ -12,7 +12,8 @@ wait cannot pass yet. Mirrored from the generated code:
     advance      n += 1
     mma          async wgmma (operand slots recorded as being read), then wait until ``pending`` remain
     mma_wait     wait until ``pending`` remain; the accumulator is retired
-    store        store_wait(0); registers -> staging slot; fence; async TMA store (read at store_wait)
+    store        store_wait(copies - 1); registers -> staging slot n % copies; fence; async TMA store
+                 (read at store_wait)
 Counters ``n`` are per partition and group and run on across loops and tiles.
 """
 from __future__ import annotations
@@ -203,14 +204,15 @@ class PartRun:
                 self.cta.smem.slots[(ref.buf, ref.slot)].reads.remove(grp)
             self.log(o, f"retired {grp.describe()}")
 
-    def store_wait(self) -> None:
-        for rec in self.stores:
+    def store_wait(self, keep: int = 0) -> None:
+        """tma.store_wait(keep): every store but the newest ``keep`` has read its staging slot."""
+        done, self.stores = self.stores[:max(len(self.stores) - keep, 0)], self.stores[max(len(self.stores) - keep, 0):]
+        for rec in done:
             st = self.cta.smem.slots[rec.key]
             if st.tag != rec.tag:
                 self.fail("overwrite", f"{rec.key[0]} was overwritten before {rec.describe()} finished reading it")
             tma_store(self.tensor(rec.op.attr("arg")), rec.coords, st.view.clone())
             st.reads.remove(rec)
-        self.stores = []
 
 
 # ---------------------------------------------------------------------------------------- sync and memory ops
@@ -353,9 +355,11 @@ def _store(pr: PartRun, o: Op):
     buf = next((b for b in pr.run.program.buffers if b.value == x and b.name.endswith("_stage")), None)
     if buf is None:
         raise InterpError(f"interp: store of %{x} has no staging buffer; run buffers/memory_plan first")
-    pr.store_wait()  # tma.store_wait(0): the previous store out of the staging tile has read it
+    count = buf.count or 1
+    pr.store_wait(count - 1)  # tma.store_wait(count - 1): the store that last used this slot has read it
     data = pr.value(pr.raw(x, o), o)
-    key = (buf.name, 0)
+    key = (buf.name, pr.counters[buf.name] % count)
+    pr.counters[buf.name] += 1
     who = f"{pr.name}'s register store into {buf.name}"
     pr.cta.check_write(key, who, pr.name, o)
     tag = ("stage", pr.name, pr.run.step)

@@ -5,10 +5,12 @@ loop_schedule set ``pending`` on loop mmas.
 Guarantees: every buffer has ``count`` and ``offset``; buffers filled inside one loop share one
 depth (they share a barrier ring), at least 1 + the most async wgmma groups that may still read a
 slot (fewer slots deadlock: the producer would wait for a release the consumer only gives after its
-next wait) and at most ``options.stages``; two buffers share bytes only if their lifetimes cannot
+next wait) and at most ``options.stages``; a TMA store's staging buffer has
+``options.store_buffers`` copies (with 2, a tile's store drains while the next tile is staged); two buffers share bytes only if their lifetimes cannot
 overlap, and then at the same offset (the later one is a reinterpretation of the earlier);
 ``Program.smem_bytes`` (buffers + mbarriers) <= ``options.smem_limit`` (227 KB on sm_90), lowering
-the ring depth until it fits, else PassError.
+the ring depth until it fits, then the staging copies (and the ring depth again from the top), else
+PassError.
 
 Reuse rule (interval colouring, greedy by size): buffers X and Y may share bytes when their live
 ranges in program order are disjoint and the order is guaranteed: both are touched by one partition
@@ -85,13 +87,20 @@ def _compatible(x, y, program, iv, acc, loop_of) -> bool:
     return (not program.grid.persistent) and ring and len(xr) == 1 and yw == yr == xr
 
 
-def plan(program: Program, depth: int):
+def plan(program: Program, depth: int, store_copies: int):
     """Buffers with counts and offsets for a ring depth, and the SMEM they need with their mbarriers."""
     pending = max([o.attr("pending", 0) for o in walk(program.body) if o.kind == "mma"] or [0])
     iv, loop_of = _intervals(program.body)
     acc = _accessors(program)
     rings = {c.buffer for c in program.channels if loop_of.get(c.value) is not None}
-    bufs = [replace(b, count=max(depth, pending + 1) if b.name in rings else 1) for b in program.buffers]
+    stored = {o.operands[0] for o in walk(program.body) if o.kind == "store"}
+
+    def count(b) -> int:
+        if b.name in rings:
+            return max(depth, pending + 1)
+        return store_copies if b.value in stored else 1
+
+    bufs = [replace(b, count=count(b)) for b in program.buffers]
     roots: list = []  # buffers that start a region; later ones may reinterpret a root's bytes
     placed: list = []
     top = 0
@@ -118,12 +127,15 @@ def run(program: Program, options=None) -> Program:
     opts = options or program.options
     pending = max([o.attr("pending", 0) for o in walk(program.body) if o.kind == "mma"] or [0])
     lowest = pending + 1
-    for depth in range(max(opts.stages, lowest), lowest - 1, -1):
-        bufs, total = plan(program, depth)
-        if total <= opts.smem_limit:
-            notes = program.notes
-            if depth < opts.stages:
-                notes += (f"memory_plan: ring depth {opts.stages} -> {depth} to fit {opts.smem_limit} B of SMEM",)
-            return replace(program, buffers=tuple(bufs), smem_bytes=total, notes=notes)
+    for copies in range(max(opts.store_buffers, 1), 0, -1):
+        for depth in range(max(opts.stages, lowest), lowest - 1, -1):
+            bufs, total = plan(program, depth, copies)
+            if total <= opts.smem_limit:
+                notes = program.notes
+                if depth < opts.stages:
+                    notes += (f"memory_plan: ring depth {opts.stages} -> {depth} to fit {opts.smem_limit} B of SMEM",)
+                if copies < opts.store_buffers:
+                    notes += (f"memory_plan: store staging copies {opts.store_buffers} -> {copies} to fit",)
+                return replace(program, buffers=tuple(bufs), smem_bytes=total, notes=notes)
     raise PassError(f"memory_plan: {total} B of SMEM at the smallest safe ring depth {lowest} exceeds "
                     f"{opts.smem_limit} B; use smaller block sizes")

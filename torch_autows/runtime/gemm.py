@@ -15,6 +15,7 @@ from ..ir import Options
 from ..templates.gemm import GemmRequest, build
 from . import device as dev
 from .fallback import Unsupported
+from .launch import Tma, launcher_for
 
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "f32"}
 
@@ -22,6 +23,12 @@ DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "f32"}
 CONFIGS: dict[str, Options] = {
     # 128x256 output tile, two consumer warpgroups (64 rows each), persistent, epilogue staged per chain.
     "ws_p_128x256": Options(block_m=128, block_n=256, block_k=64, stages=4, data_partition=2, persistent=True),
+    # Short K (a few k-steps per tile, e.g. attention-style bmm): the epilogue's TMA store is as long as
+    # the main loop, so two staging copies let it drain under the next tile (the ring drops to 3 to fit).
+    "ws_p_128x256_e2": Options(block_m=128, block_n=256, block_k=64, stages=4, data_partition=2, persistent=True,
+                               store_buffers=2),
+    "ws_p_128x128_e2": Options(block_m=128, block_n=128, block_k=64, stages=5, data_partition=2, persistent=True,
+                               store_buffers=2),
     # 128x128 for narrow N: more tiles to fill 132 SMs, a deeper ring fits.
     "ws_p_128x128": Options(block_m=128, block_n=128, block_k=64, stages=5, data_partition=2, persistent=True),
     # One 8-warp consumer, one tile per CTA: the epilogue staging reuses the operand ring (4 stages).
@@ -30,10 +37,11 @@ CONFIGS: dict[str, Options] = {
 
 
 def choose_config(m: int, n: int, k: int) -> str:
-    """Heuristic: 128x256 tiles unless N is narrow or the 128x256 grid leaves most SMs idle."""
+    """Heuristic: 128x256 tiles unless N is narrow or the 128x256 grid leaves most SMs idle; two
+    epilogue staging copies when K is at most 4 k-steps."""
     if n <= 128 or -(-m // 128) * -(-n // 256) < 66:
         return "ws_p_128x128"
-    return "ws_p_128x256"
+    return "ws_p_128x256_e2" if k <= 256 else "ws_p_128x256"
 
 
 def _tma_view(t: torch.Tensor, rows: int, cols: int) -> tuple[bool, str | None]:
@@ -99,41 +107,21 @@ def _bmm_reason(a, b) -> str | None:
 @functools.lru_cache(maxsize=128)
 def _plan(req: GemmRequest, config: str):
     """Everything a launch needs that does not depend on the tensors' addresses (keeps launches cheap)."""
-    from ..codegen.compile import launch_plan
     from ..passes import pipeline
 
     program = pipeline.run(build(req, CONFIGS[config]))
-    kernel, descs, warps = launch_plan(program)
-    return kernel, [descs[n] for n in ("a", "b", "c")], warps, program.grid.persistent, program.options
-
-
-_desc_cache: dict = {}
-
-
-def _desc(t: torch.Tensor, block, layout, cache: bool):
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    if not cache:
-        return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
-    key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), tuple(block), t.dtype)
-    d = _desc_cache.get(key)
-    if d is None:
-        if len(_desc_cache) > 256:
-            _desc_cache.clear()
-        d = _desc_cache[key] = TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
-    return d
+    return launcher_for(program), program.grid.persistent, program.options
 
 
 def _launch(req: GemmRequest, config: str, a2, b2, c2, bias, M, N, K, device):
-    kernel, descs, warps, persistent, o = _plan(req, config)
-    # operand descriptors are cached by address (weights, benchmarks); the fresh output's is not
-    args = [_desc(a2, *descs[0], True), _desc(b2, *descs[1], True), _desc(c2, *descs[2], False)]
+    launcher, persistent, o = _plan(req, config)
+    args = [Tma(a2, a2.shape, a2.stride()), Tma(b2, b2.shape, b2.stride()), Tma(c2, c2.shape, c2.stride())]
     if bias is not None:
         args.append(bias)
     args += [M, N, K]
+    idx = dev.index(device)
     tiles = req.batch * -(-M // o.block_m) * -(-N // o.block_n)
-    grid = (min(tiles, dev.num_sms(dev.index(device))),) if persistent else (tiles,)
-    kernel[grid](*args, num_warps=warps)
+    launcher(min(tiles, dev.num_sms(idx)) if persistent else tiles, args, idx)
 
 
 def gemm(a, b, bias, out_dtype, config: str | None = None, out: torch.Tensor | None = None):
