@@ -6,8 +6,9 @@ Guarantees: every buffer has ``count`` and ``offset``; buffers filled inside one
 depth (they share a barrier ring), at least 1 + the most async wgmma groups that may still read a
 slot (fewer slots deadlock: the producer would wait for a release the consumer only gives after its
 next wait) and at most ``options.stages``; a TMA store's staging buffer has
-``options.store_buffers`` copies (with 2, a tile's store drains while the next tile is staged); two buffers share bytes only if their lifetimes cannot
-overlap, and then at the same offset (the later one is a reinterpretation of the earlier);
+``options.store_buffers`` copies (with 2, a tile's store drains while the next tile is staged); two
+buffers share bytes only if their lifetimes cannot overlap, and then at the same offset (the later
+one is a reinterpretation of the earlier);
 ``Program.smem_bytes`` (buffers + mbarriers) <= ``options.smem_limit`` (227 KB on sm_90), lowering
 the ring depth until it fits, then the staging copies (and the ring depth again from the top), else
 PassError.
