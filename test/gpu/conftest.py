@@ -1,4 +1,9 @@
+"""GPU tests skip without an sm_90 GPU. ``TORCH_AUTOWS_TEST_SHARD=i/n`` keeps every n-th GPU test
+starting at i, so n processes can share the Triton compiles of a fresh machine (each test case
+config is a kernel of its own)."""
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -10,6 +15,13 @@ def _sm90() -> bool:
 
 def pytest_collection_modifyitems(config, items):
     if _sm90():
+        shard = os.environ.get("TORCH_AUTOWS_TEST_SHARD")
+        if shard:
+            i, n = (int(x) for x in shard.split("/"))
+            gpu = [it for it in items if "test/gpu" in str(it.fspath).replace("\\", "/")]
+            keep = set(gpu[i::n])
+            config.hook.pytest_deselected(items=[it for it in gpu if it not in keep])
+            items[:] = [it for it in items if it in keep or it not in gpu]
         return
     skip = pytest.mark.skip(reason="needs a CUDA sm_90 GPU (H100/H200)")
     for item in items:

@@ -55,6 +55,17 @@ def _as(ctx, x: str, layout: str) -> str:
     return v(x) if ctx.layouts.get(x) == layout else f"gl.convert_layout({v(x)}, {layout})"
 
 
+def mask_guard(o, bm: int, bn: int) -> str:
+    """A uniform condition, true for every block the mask can change: the block crosses the key
+    length (``col + bn > kv_len``) or, causal, the diagonal (its last column is right of its first
+    row). Every other block keeps all of its scores, so the mask is skipped there."""
+    col, kv = expr(o.attr("col")), expr(o.attr("kv_len"))
+    cond = f"({col} + {bn} > {kv})"
+    if o.attr("causal"):
+        cond += f" | ({col} + {bn - 1} > {expr(o.attr('row'))})"
+    return cond
+
+
 @emitter("mask")
 def _mask(ctx, o, indent):
     r = o.results[0]
@@ -62,12 +73,13 @@ def _mask(ctx, o, indent):
     bm, bn = r.type.shape
     rows, cols = f"{v(r.name)}_rows", f"{v(r.name)}_cols"
     keep = f"{cols}[None, :] < {expr(o.attr('kv_len'))}"
-    out = [f"{cols} = {expr(o.attr('col'))} + gl.arange(0, {bn}, layout={ctx._slice(0, L)})"]
+    body = [f"{cols} = {expr(o.attr('col'))} + gl.arange(0, {bn}, layout={ctx._slice(0, L)})"]
     if o.attr("causal"):
-        out.append(f"{rows} = {expr(o.attr('row'))} + gl.arange(0, {bm}, layout={ctx._slice(1, L)})")
+        body.append(f"{rows} = {expr(o.attr('row'))} + gl.arange(0, {bm}, layout={ctx._slice(1, L)})")
         keep = f"({keep}) & ({cols}[None, :] <= {rows}[:, None])"
-    out.append(f"{v(r.name)} = gl.where({keep}, {v(o.operands[0])}, float(\"-inf\"))")
-    return out
+    body.append(f"{v(r.name)} = gl.where({keep}, {v(o.operands[0])}, float(\"-inf\"))")
+    # only blocks on the diagonal or the key tail are masked (a uniform branch; the rest skip the ALU work)
+    return [f"{v(r.name)} = {v(o.operands[0])}", f"if {mask_guard(o, bm, bn)}:"] + ["    " + ln for ln in body]
 
 
 @emitter("mulc")
