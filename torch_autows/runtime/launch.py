@@ -100,9 +100,12 @@ class Launcher:
 
 
 def _hooks_installed() -> bool:
+    """Has anyone (a profiler such as proton) installed a launch hook? Triton 3.6 keeps the hooks in
+    an always-present ``HookChain``; an empty chain is no hook."""
     from triton import knobs
 
-    return knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
+    return any(h is not None and getattr(h, "calls", True) for h in (knobs.runtime.launch_enter_hook,
+                                                                     knobs.runtime.launch_exit_hook))
 
 
 def _direct_state(compiled, n_desc: int):
