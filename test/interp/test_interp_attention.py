@@ -63,3 +63,57 @@ def test_dropped_q_release_deadlocks():
         with pytest.raises(Violation) as info:
             run_partitioned(mutated, inst.inputs(), policy=policy)
         assert info.value.kind == "deadlock" and f"{q_group}.empty[0]" in str(info.value)
+
+
+def _edit_loop(after, part, fn):
+    """``after`` with ``fn`` applied to the body (ops before the yield) of ``part``'s KV loop."""
+    parts = []
+    for pt in after.partitions:
+        if pt.name == part:
+            body = list(pt.body)
+            i = next(i for i, o in enumerate(body) if o.kind == "loop")
+            loop = body[i]
+            body[i] = replace(loop, body=tuple(fn(list(loop.body[:-1]))) + (loop.body[-1],))
+            pt = replace(pt, body=tuple(body))
+        parts.append(pt)
+    return replace(after, partitions=tuple(parts))
+
+
+def _kinds(after, seeds=4):
+    out = []
+    for policy in POLICIES:
+        for seed in range(seeds):
+            inst = make_instance(after, seed, shape=(1, 1, 1, 64, 300 + seed))
+            try:
+                run_partitioned(after, inst.inputs(), policy=policy, seed=seed)
+                out.append("ok")
+            except Violation as v:
+                out.append(v.kind)
+    return out
+
+
+def test_pipelined_loop_structure():
+    _, after = _pair(d=128, causal=True)
+    loop = next(o for o in after.partition("consumer0").body if o.kind == "loop")
+    kinds = [(o.kind, o.attr("wait"), o.attr("pending"), o.attr("lag")) for o in loop.body if o.kind.startswith("mma")
+             or o.attr("lag")]
+    # Q K^T(j) and P V(j-1) issued back to back; Q K^T retired alone, P V at the end; slot j-1 freed
+    assert kinds == [("mma", False, 0, None), ("get", None, None, 1), ("mma", False, 0, None),
+                     ("mma_wait", None, 1, None), ("mma_wait", None, 0, None), ("release", None, None, 1)]
+
+
+def test_scores_read_before_their_wgmma_retires():
+    _, after = _pair(d=128)
+    mutated = _edit_loop(after, "consumer0", lambda ops: [o.with_attrs(pending=2) if o.kind == "mma_wait"
+                                                          and o.attr("pending") == 1 else o for o in ops])
+    kinds = _kinds(mutated)
+    assert set(kinds) == {"async-use"}, kinds  # softmax reads S while its wgmma may still write it
+
+
+def test_deferred_slot_released_one_step_early():
+    _, after = _pair(d=128)
+    mutated = _edit_loop(after, "consumer0", lambda ops: [o.with_attrs(lag=0) if o.kind == "release" else o
+                                                          for o in ops])
+    kinds = _kinds(mutated)
+    assert set(kinds) == {"use-after-release"}, kinds  # P V(j-1) would read V after its slot was freed
+

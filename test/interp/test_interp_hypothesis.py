@@ -58,7 +58,7 @@ def attention_cases(draw):
     dp = draw(st.sampled_from((1, 2)))
     opts = Options(block_m=128 if dp == 2 else draw(st.sampled_from((64, 128))),
                    block_n=draw(st.sampled_from((32, 64, 128))), stages=draw(st.integers(1, 4)), data_partition=dp,
-                   persistent=draw(st.booleans()))
+                   persistent=draw(st.booleans()), defer_mma=draw(st.booleans()), skip_mask=draw(st.booleans()))
     hkv, g = draw(st.integers(1, 2)), draw(st.integers(1, 2))
     shape = (draw(st.integers(1, 2)), hkv * g, hkv, draw(st.integers(1, 300)), draw(st.integers(1, 300)))
     req = AttentionRequest(draw(st.sampled_from((64, 128))), draw(st.sampled_from(("bf16", "fp16"))),

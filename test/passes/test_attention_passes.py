@@ -32,7 +32,7 @@ class TestAttentionPasses(expecttest.TestCase):
     %m0:f32[128] = full() {value='-inf'}
     %l0:f32[128] = full() {value=0.0}
     %acc0:f32[128,64] = zeros()
-    %m_f:f32[128], %l_f:f32[128], %acc_f:f32[128,64] = loop(%m0, %l0, %acc0) {iter_args=('m', 'l', 'acc'), lb=0, ub='min(cdiv(Skv,128),cdiv((cdiv(Sq,128)-1-pid_m)*128+128,128))', var='j'} {
+    %m_f:f32[128], %l_f:f32[128], %acc_f:f32[128,64] = loop(%m0, %l0, %acc0) {iter_args=('m', 'l', 'acc'), lb=0, min_trip=1, ub='min(cdiv(Skv,128),cdiv((cdiv(Sq,128)-1-pid_m)*128+128,128))', var='j'} {
       %k:bf16[128,64]@smem = load() {arg='k', coords=('((pid_bh//Hq)*Hkv+(pid_bh%Hq)//G)*Skv+j*128', 0)}
       %v:bf16[128,64]@smem = load() {arg='v', coords=('((pid_bh//Hq)*Hkv+(pid_bh%Hq)//G)*Skv+j*128', 0)}
       %kt:bf16[64,128]@smem = trans(%k)
@@ -75,7 +75,7 @@ class TestAttentionPasses(expecttest.TestCase):
     %l0_c1:f32[64] = full() {value=0.0} [chain=1]
     %acc0_c0:f32[64,64] = zeros() [chain=0]
     %acc0_c1:f32[64,64] = zeros() [chain=1]
-    %m_f_c0:f32[64], %m_f_c1:f32[64], %l_f_c0:f32[64], %l_f_c1:f32[64], %acc_f_c0:f32[64,64], %acc_f_c1:f32[64,64] = loop(%m0_c0, %m0_c1, %l0_c0, %l0_c1, %acc0_c0, %acc0_c1) {iter_args=('m_c0', 'm_c1', 'l_c0', 'l_c1', 'acc_c0', 'acc_c1'), lb=0, ub='min(cdiv(Skv,128),cdiv((cdiv(Sq,128)-1-pid_m)*128+128,128))', var='j'} {
+    %m_f_c0:f32[64], %m_f_c1:f32[64], %l_f_c0:f32[64], %l_f_c1:f32[64], %acc_f_c0:f32[64,64], %acc_f_c1:f32[64,64] = loop(%m0_c0, %m0_c1, %l0_c0, %l0_c1, %acc0_c0, %acc0_c1) {iter_args=('m_c0', 'm_c1', 'l_c0', 'l_c1', 'acc_c0', 'acc_c1'), lb=0, min_trip=1, ub='min(cdiv(Skv,128),cdiv((cdiv(Sq,128)-1-pid_m)*128+128,128))', var='j'} {
       %k:bf16[128,64]@smem = load() {arg='k', coords=('((pid_bh//Hq)*Hkv+(pid_bh%Hq)//G)*Skv+j*128', 0)}
       %v:bf16[128,64]@smem = load() {arg='v', coords=('((pid_bh//Hq)*Hkv+(pid_bh%Hq)//G)*Skv+j*128', 0)}
       %kt_c0:bf16[64,128]@smem = trans(%k) [chain=0]
@@ -132,10 +132,10 @@ class TestAttentionPasses(expecttest.TestCase):
     store_vec(%lse_v_c1) {arg='lse', offset='pid_bh*Sq+(cdiv(Sq,128)-1-pid_m)*128+64', valid='Sq-(cdiv(Sq,128)-1-pid_m)*128-64'} [chain=1]
   }""")
 
-    def test_loop_schedule_keeps_pv_synchronous(self):
+    def test_loop_schedule_defers_pv_one_stage(self):
         p = _trace()["loop_schedule"]
         mmas = [(o.results[0].name, o.attr("pending"), o.stage) for o in walk(p.body) if o.kind == "mma"]
-        self.assertExpectedInline(repr(mmas), """[('s_c0', 0, 1), ('s_c1', 0, 1), ('acc_new_c0', 0, 1), ('acc_new_c1', 0, 1)]""")
+        self.assertExpectedInline(repr(mmas), """[('s_c0', 0, 1), ('s_c1', 0, 1), ('acc_new_c0', 0, 2), ('acc_new_c1', 0, 2)]""")
 
     def test_partitions_buffers_memory_plan(self):
         p = _trace(causal=False, d=128)["code_partition"]
@@ -167,13 +167,36 @@ class TestAttentionPasses(expecttest.TestCase):
     %acc0_c0:f32[64,64] = zeros() [chain=0 partition=consumer0]
     wait_ready() {group='g1'}
     %q_c0:bf16[64,64]@smem = get() {buffer='q_c0_smem', group='g1'}
-    %m_f_c0:f32[64], %l_f_c0:f32[64], %acc_f_c0:f32[64,64] = loop(%m0_c0, %l0_c0, %acc0_c0) {iter_args=('m_c0', 'l_c0', 'acc_c0'), lb=0, ub='min(cdiv(Skv,128),cdiv((cdiv(Sq,128)-1-pid_m)*128+128,128))', var='j'} {
+    wait_ready() {group='g0'}
+    %k_pro:bf16[128,64]@smem = get() {buffer='k_smem', group='g0'}
+    %kt_c0_pro:bf16[64,128]@smem = trans(%k_pro) [chain=0 partition=consumer0 stage=1 order=2]
+    %s_c0_pro:f32[64,128] = mma(%q_c0, %kt_c0_pro) {pending=0} [chain=0 partition=consumer0 stage=1 order=4]
+    %s_m_c0_pro:f32[64,128] = mask(%s_c0_pro) {causal=True, col='(0)*128', kv_len='Skv', row='(cdiv(Sq,128)-1-pid_m)*128'} [chain=0 partition=consumer0 stage=1 order=6]
+    %s2_c0_pro:f32[64,128] = mulc(%s_m_c0_pro) {c='qk_scale'} [chain=0 partition=consumer0 stage=1 order=8]
+    %mx_c0_pro:f32[64] = reduce_max(%s2_c0_pro) {axis=1} [chain=0 partition=consumer0 stage=1 order=10]
+    %m_new_c0_pro:f32[64] = max(%m0_c0, %mx_c0_pro) [chain=0 partition=consumer0 stage=1 order=12]
+    %m_use_c0_pro:f32[64] = fin0(%m_new_c0_pro) [chain=0 partition=consumer0 stage=1 order=14]
+    %dm_c0_pro:f32[64] = sub(%m0_c0, %m_use_c0_pro) [chain=0 partition=consumer0 stage=1 order=16]
+    %alpha_c0_pro:f32[64] = exp2(%dm_c0_pro) [chain=0 partition=consumer0 stage=1 order=18]
+    %m_col_c0_pro:f32[64,1] = expand(%m_use_c0_pro) {axis=1} [chain=0 partition=consumer0 stage=1 order=20]
+    %sd_c0_pro:f32[64,128] = sub(%s2_c0_pro, %m_col_c0_pro) [chain=0 partition=consumer0 stage=1 order=22]
+    %p_c0_pro:f32[64,128] = exp2(%sd_c0_pro) [chain=0 partition=consumer0 stage=1 order=24]
+    %ps_c0_pro:f32[64] = reduce_sum(%p_c0_pro) {axis=1} [chain=0 partition=consumer0 stage=1 order=26]
+    %la_c0_pro:f32[64] = mul(%l0_c0, %alpha_c0_pro) [chain=0 partition=consumer0 stage=1 order=28]
+    %l_new_c0_pro:f32[64] = add(%la_c0_pro, %ps_c0_pro) [chain=0 partition=consumer0 stage=1 order=30]
+    %a_col_c0_pro:f32[64,1] = expand(%alpha_c0_pro) {axis=1} [chain=0 partition=consumer0 stage=1 order=32]
+    %p16_c0_pro:bf16[64,128] = cast(%p_c0_pro) [chain=0 partition=consumer0 stage=1 order=34]
+    advance() {group='g0'}
+    %m_f_c0:f32[64], %l_f_c0:f32[64], %acc_f_c0_loop:f32[64,64], %a_col_c0_last:f32[64,1], %p16_c0_last:bf16[64,128] = loop(%m_new_c0_pro, %l_new_c0_pro, %acc0_c0, %a_col_c0_pro, %p16_c0_pro) {iter_args=('m_c0', 'l_c0', 'acc_c0', 'a_col_c0_prev', 'p16_c0_prev'), lb=1, min_trip=1, ub='min(cdiv(Skv,128),cdiv((cdiv(Sq,128)-1-pid_m)*128+128,128))', var='j'} {
       wait_ready() {group='g0'}
       %k:bf16[128,64]@smem = get() {buffer='k_smem', group='g0'}
-      %v:bf16[128,64]@smem = get() {buffer='v_smem', group='g0'}
       %kt_c0:bf16[64,128]@smem = trans(%k) [chain=0 partition=consumer0 stage=1 order=2]
-      %s_c0:f32[64,128] = mma(%q_c0, %kt_c0) {pending=0} [chain=0 partition=consumer0 stage=1 order=4]
-      %s_m_c0:f32[64,128] = mask(%s_c0) {causal=True, col='j*128', kv_len='Skv', row='(cdiv(Sq,128)-1-pid_m)*128'} [chain=0 partition=consumer0 stage=1 order=6]
+      %s_c0:f32[64,128] = mma(%q_c0, %kt_c0) {pending=0, wait=False} [chain=0 partition=consumer0 stage=1 order=4]
+      %v_prev:bf16[128,64]@smem = get() {buffer='v_smem', group='g0', lag=1}
+      %acc_s_c0:f32[64,64] = mul(%acc_c0, %a_col_c0_prev) [chain=0 partition=consumer0 stage=2 order=36]
+      %acc_new_c0:f32[64,64] = mma(%p16_c0_prev, %v_prev, %acc_s_c0) {pending=0, wait=False} [chain=0 partition=consumer0 stage=2 order=38]
+      %s_c0_r:f32[64,128] = mma_wait(%s_c0) {pending=1}
+      %s_m_c0:f32[64,128] = mask(%s_c0_r) {causal=True, col='j*128', kv_len='Skv', row='(cdiv(Sq,128)-1-pid_m)*128'} [chain=0 partition=consumer0 stage=1 order=6]
       %s2_c0:f32[64,128] = mulc(%s_m_c0) {c='qk_scale'} [chain=0 partition=consumer0 stage=1 order=8]
       %mx_c0:f32[64] = reduce_max(%s2_c0) {axis=1} [chain=0 partition=consumer0 stage=1 order=10]
       %m_new_c0:f32[64] = max(%m_c0, %mx_c0) [chain=0 partition=consumer0 stage=1 order=12]
@@ -187,13 +210,16 @@ class TestAttentionPasses(expecttest.TestCase):
       %la_c0:f32[64] = mul(%l_c0, %alpha_c0) [chain=0 partition=consumer0 stage=1 order=28]
       %l_new_c0:f32[64] = add(%la_c0, %ps_c0) [chain=0 partition=consumer0 stage=1 order=30]
       %a_col_c0:f32[64,1] = expand(%alpha_c0) {axis=1} [chain=0 partition=consumer0 stage=1 order=32]
-      %acc_s_c0:f32[64,64] = mul(%acc_c0, %a_col_c0) [chain=0 partition=consumer0 stage=1 order=34]
-      %p16_c0:bf16[64,128] = cast(%p_c0) [chain=0 partition=consumer0 stage=1 order=36]
-      %acc_new_c0:f32[64,64] = mma(%p16_c0, %v, %acc_s_c0) {pending=0} [chain=0 partition=consumer0 stage=1 order=38]
-      release() {group='g0', lag=0}
+      %p16_c0:bf16[64,128] = cast(%p_c0) [chain=0 partition=consumer0 stage=1 order=34]
+      %acc_new_c0_done:f32[64,64] = mma_wait(%acc_new_c0, %p16_c0_prev) {pending=0}
+      release() {group='g0', guard=False, lag=1}
       advance() {group='g0'}
-      yield(%m_new_c0, %l_new_c0, %acc_new_c0)
+      yield(%m_new_c0, %l_new_c0, %acc_new_c0_done, %a_col_c0, %p16_c0)
     }
+    %v_epi:bf16[128,64]@smem = get() {buffer='v_smem', group='g0', lag=1}
+    %acc_s_c0_epi:f32[64,64] = mul(%acc_f_c0_loop, %a_col_c0_last) [chain=0 partition=consumer0 stage=2 order=36]
+    %acc_f_c0:f32[64,64] = mma(%p16_c0_last, %v_epi, %acc_s_c0_epi) {pending=0} [chain=0 partition=consumer0 stage=2 order=38]
+    release() {group='g0', guard=False, lag=1}
     release() {group='g1', lag=0}
     advance() {group='g1'}
     %l_col_c0:f32[64,1] = expand(%l_f_c0) {axis=1} [chain=0 partition=consumer0]
@@ -209,13 +235,36 @@ class TestAttentionPasses(expecttest.TestCase):
     %acc0_c1:f32[64,64] = zeros() [chain=1 partition=consumer1]
     wait_ready() {group='g1'}
     %q_c1:bf16[64,64]@smem = get() {buffer='q_c1_smem', group='g1'}
-    %m_f_c1:f32[64], %l_f_c1:f32[64], %acc_f_c1:f32[64,64] = loop(%m0_c1, %l0_c1, %acc0_c1) {iter_args=('m_c1', 'l_c1', 'acc_c1'), lb=0, ub='min(cdiv(Skv,128),cdiv((cdiv(Sq,128)-1-pid_m)*128+128,128))', var='j'} {
+    wait_ready() {group='g0'}
+    %k_pro:bf16[128,64]@smem = get() {buffer='k_smem', group='g0'}
+    %kt_c1_pro:bf16[64,128]@smem = trans(%k_pro) [chain=1 partition=consumer1 stage=1 order=3]
+    %s_c1_pro:f32[64,128] = mma(%q_c1, %kt_c1_pro) {pending=0} [chain=1 partition=consumer1 stage=1 order=5]
+    %s_m_c1_pro:f32[64,128] = mask(%s_c1_pro) {causal=True, col='(0)*128', kv_len='Skv', row='(cdiv(Sq,128)-1-pid_m)*128+64'} [chain=1 partition=consumer1 stage=1 order=7]
+    %s2_c1_pro:f32[64,128] = mulc(%s_m_c1_pro) {c='qk_scale'} [chain=1 partition=consumer1 stage=1 order=9]
+    %mx_c1_pro:f32[64] = reduce_max(%s2_c1_pro) {axis=1} [chain=1 partition=consumer1 stage=1 order=11]
+    %m_new_c1_pro:f32[64] = max(%m0_c1, %mx_c1_pro) [chain=1 partition=consumer1 stage=1 order=13]
+    %m_use_c1_pro:f32[64] = fin0(%m_new_c1_pro) [chain=1 partition=consumer1 stage=1 order=15]
+    %dm_c1_pro:f32[64] = sub(%m0_c1, %m_use_c1_pro) [chain=1 partition=consumer1 stage=1 order=17]
+    %alpha_c1_pro:f32[64] = exp2(%dm_c1_pro) [chain=1 partition=consumer1 stage=1 order=19]
+    %m_col_c1_pro:f32[64,1] = expand(%m_use_c1_pro) {axis=1} [chain=1 partition=consumer1 stage=1 order=21]
+    %sd_c1_pro:f32[64,128] = sub(%s2_c1_pro, %m_col_c1_pro) [chain=1 partition=consumer1 stage=1 order=23]
+    %p_c1_pro:f32[64,128] = exp2(%sd_c1_pro) [chain=1 partition=consumer1 stage=1 order=25]
+    %ps_c1_pro:f32[64] = reduce_sum(%p_c1_pro) {axis=1} [chain=1 partition=consumer1 stage=1 order=27]
+    %la_c1_pro:f32[64] = mul(%l0_c1, %alpha_c1_pro) [chain=1 partition=consumer1 stage=1 order=29]
+    %l_new_c1_pro:f32[64] = add(%la_c1_pro, %ps_c1_pro) [chain=1 partition=consumer1 stage=1 order=31]
+    %a_col_c1_pro:f32[64,1] = expand(%alpha_c1_pro) {axis=1} [chain=1 partition=consumer1 stage=1 order=33]
+    %p16_c1_pro:bf16[64,128] = cast(%p_c1_pro) [chain=1 partition=consumer1 stage=1 order=35]
+    advance() {group='g0'}
+    %m_f_c1:f32[64], %l_f_c1:f32[64], %acc_f_c1_loop:f32[64,64], %a_col_c1_last:f32[64,1], %p16_c1_last:bf16[64,128] = loop(%m_new_c1_pro, %l_new_c1_pro, %acc0_c1, %a_col_c1_pro, %p16_c1_pro) {iter_args=('m_c1', 'l_c1', 'acc_c1', 'a_col_c1_prev', 'p16_c1_prev'), lb=1, min_trip=1, ub='min(cdiv(Skv,128),cdiv((cdiv(Sq,128)-1-pid_m)*128+128,128))', var='j'} {
       wait_ready() {group='g0'}
       %k:bf16[128,64]@smem = get() {buffer='k_smem', group='g0'}
-      %v:bf16[128,64]@smem = get() {buffer='v_smem', group='g0'}
       %kt_c1:bf16[64,128]@smem = trans(%k) [chain=1 partition=consumer1 stage=1 order=3]
-      %s_c1:f32[64,128] = mma(%q_c1, %kt_c1) {pending=0} [chain=1 partition=consumer1 stage=1 order=5]
-      %s_m_c1:f32[64,128] = mask(%s_c1) {causal=True, col='j*128', kv_len='Skv', row='(cdiv(Sq,128)-1-pid_m)*128+64'} [chain=1 partition=consumer1 stage=1 order=7]
+      %s_c1:f32[64,128] = mma(%q_c1, %kt_c1) {pending=0, wait=False} [chain=1 partition=consumer1 stage=1 order=5]
+      %v_prev:bf16[128,64]@smem = get() {buffer='v_smem', group='g0', lag=1}
+      %acc_s_c1:f32[64,64] = mul(%acc_c1, %a_col_c1_prev) [chain=1 partition=consumer1 stage=2 order=37]
+      %acc_new_c1:f32[64,64] = mma(%p16_c1_prev, %v_prev, %acc_s_c1) {pending=0, wait=False} [chain=1 partition=consumer1 stage=2 order=39]
+      %s_c1_r:f32[64,128] = mma_wait(%s_c1) {pending=1}
+      %s_m_c1:f32[64,128] = mask(%s_c1_r) {causal=True, col='j*128', kv_len='Skv', row='(cdiv(Sq,128)-1-pid_m)*128+64'} [chain=1 partition=consumer1 stage=1 order=7]
       %s2_c1:f32[64,128] = mulc(%s_m_c1) {c='qk_scale'} [chain=1 partition=consumer1 stage=1 order=9]
       %mx_c1:f32[64] = reduce_max(%s2_c1) {axis=1} [chain=1 partition=consumer1 stage=1 order=11]
       %m_new_c1:f32[64] = max(%m_c1, %mx_c1) [chain=1 partition=consumer1 stage=1 order=13]
@@ -229,13 +278,16 @@ class TestAttentionPasses(expecttest.TestCase):
       %la_c1:f32[64] = mul(%l_c1, %alpha_c1) [chain=1 partition=consumer1 stage=1 order=29]
       %l_new_c1:f32[64] = add(%la_c1, %ps_c1) [chain=1 partition=consumer1 stage=1 order=31]
       %a_col_c1:f32[64,1] = expand(%alpha_c1) {axis=1} [chain=1 partition=consumer1 stage=1 order=33]
-      %acc_s_c1:f32[64,64] = mul(%acc_c1, %a_col_c1) [chain=1 partition=consumer1 stage=1 order=35]
-      %p16_c1:bf16[64,128] = cast(%p_c1) [chain=1 partition=consumer1 stage=1 order=37]
-      %acc_new_c1:f32[64,64] = mma(%p16_c1, %v, %acc_s_c1) {pending=0} [chain=1 partition=consumer1 stage=1 order=39]
-      release() {group='g0', lag=0}
+      %p16_c1:bf16[64,128] = cast(%p_c1) [chain=1 partition=consumer1 stage=1 order=35]
+      %acc_new_c1_done:f32[64,64] = mma_wait(%acc_new_c1, %p16_c1_prev) {pending=0}
+      release() {group='g0', guard=False, lag=1}
       advance() {group='g0'}
-      yield(%m_new_c1, %l_new_c1, %acc_new_c1)
+      yield(%m_new_c1, %l_new_c1, %acc_new_c1_done, %a_col_c1, %p16_c1)
     }
+    %v_epi:bf16[128,64]@smem = get() {buffer='v_smem', group='g0', lag=1}
+    %acc_s_c1_epi:f32[64,64] = mul(%acc_f_c1_loop, %a_col_c1_last) [chain=1 partition=consumer1 stage=2 order=37]
+    %acc_f_c1:f32[64,64] = mma(%p16_c1_last, %v_epi, %acc_s_c1_epi) {pending=0} [chain=1 partition=consumer1 stage=2 order=39]
+    release() {group='g0', guard=False, lag=1}
     release() {group='g1', lag=0}
     advance() {group='g1'}
     %l_col_c1:f32[64,1] = expand(%l_f_c1) {axis=1} [chain=1 partition=consumer1]
@@ -250,7 +302,7 @@ class TestAttentionPasses(expecttest.TestCase):
     %q_c0:bf16[64,64]@smem = load() {arg='q', buffer='q_c0_smem', coords=('pid_bh*Sq+(cdiv(Sq,128)-1-pid_m)*128', 0), group='g1'} [chain=0 partition=producer]
     %q_c1:bf16[64,64]@smem = load() {arg='q', buffer='q_c1_smem', coords=('pid_bh*Sq+(cdiv(Sq,128)-1-pid_m)*128+64', 0), group='g1'} [chain=1 partition=producer]
     advance() {group='g1'}
-    loop() {iter_args=(), lb=0, ub='min(cdiv(Skv,128),cdiv((cdiv(Sq,128)-1-pid_m)*128+128,128))', var='j'} {
+    loop() {iter_args=(), lb=0, min_trip=1, ub='min(cdiv(Skv,128),cdiv((cdiv(Sq,128)-1-pid_m)*128+128,128))', var='j'} {
       acquire() {group='g0'}
       %k:bf16[128,64]@smem = load() {arg='k', buffer='k_smem', coords=('((pid_bh//Hq)*Hkv+(pid_bh%Hq)//G)*Skv+j*128', 0), group='g0'} [partition=producer stage=0 order=0]
       %v:bf16[128,64]@smem = load() {arg='v', buffer='v_smem', coords=('((pid_bh//Hq)*Hkv+(pid_bh%Hq)//G)*Skv+j*128', 0), group='g0'} [partition=producer stage=0 order=1]

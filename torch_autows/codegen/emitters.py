@@ -71,15 +71,22 @@ def _mask(ctx, o, indent):
     r = o.results[0]
     L = ctx.layouts[r.name]
     bm, bn = r.type.shape
-    rows, cols = f"{v(r.name)}_rows", f"{v(r.name)}_cols"
-    keep = f"{cols}[None, :] < {expr(o.attr('kv_len'))}"
-    body = [f"{cols} = {expr(o.attr('col'))} + gl.arange(0, {bn}, layout={ctx._slice(0, L)})"]
-    if o.attr("causal"):
-        body.append(f"{rows} = {expr(o.attr('row'))} + gl.arange(0, {bm}, layout={ctx._slice(1, L)})")
-        keep = f"({keep}) & ({cols}[None, :] <= {rows}[:, None])"
-    body.append(f"{v(r.name)} = gl.where({keep}, {v(o.operands[0])}, float(\"-inf\"))")
+    x, lim = v(r.name), f"{v(r.name)}_lim"
+    # one compare per score: column c of the block is kept iff c < limit of its row
+    kv = expr(o.attr("kv_len"))
+    body = []
+    if o.attr("causal"):  # top-left causal: key <= query, and key < kv_len
+        body.append(f"{lim} = gl.minimum({expr(o.attr('row'))} + 1 + gl.arange(0, {bm}, layout={ctx._slice(1, L)}), "
+                    f"{kv}) - {expr(o.attr('col'))}")
+        keep = f"gl.arange(0, {bn}, layout={ctx._slice(0, L)})[None, :] < {lim}[:, None]"
+    else:
+        body.append(f"{lim} = {kv} - {expr(o.attr('col'))}")
+        keep = f"gl.arange(0, {bn}, layout={ctx._slice(0, L)})[None, :] < {lim}"
+    body.append(f"{x} = gl.where({keep}, {v(o.operands[0])}, float(\"-inf\"))")
+    if not ctx.program.options.skip_mask:
+        return body
     # only blocks on the diagonal or the key tail are masked (a uniform branch; the rest skip the ALU work)
-    return [f"{v(r.name)} = {v(o.operands[0])}", f"if {mask_guard(o, bm, bn)}:"] + ["    " + ln for ln in body]
+    return [f"{x} = {v(o.operands[0])}", f"if {mask_guard(o, bm, bn)}:"] + ["    " + ln for ln in body]
 
 
 @emitter("mulc")
@@ -167,6 +174,10 @@ def _wait_ready(ctx, o, indent):
 
 @emitter("get")
 def _get(ctx, o, indent):
+    lag = o.attr("lag", 0)
+    if lag:  # the slot of ``lag`` steps ago (a deferred reader); it is not released yet
+        g = ctx.groups[o.attr("group")]
+        return [f"{v(o.results[0].name)} = {o.attr('buffer')}.index(({g.name}_n + {g.count - lag}) % {g.count})"]
     return [f"{v(o.results[0].name)} = {o.attr('buffer')}.index({o.attr('group')}_s)"]
 
 
@@ -181,6 +192,8 @@ def _release(ctx, o, indent):
     lag = o.attr("lag", 0)
     if lag == 0:
         return [f"mbarrier.arrive({g.name}_empty.index({g.name}_s))"]
+    if o.attr("guard", True) is False:  # the slot of ``lag`` steps ago is always filled here
+        return [f"mbarrier.arrive({g.name}_empty.index(({g.name}_n + {g.count - lag}) % {g.count}))"]
     return [f"mbarrier.arrive({g.name}_empty.index(({g.name}_n + {g.count - lag}) % {g.count}), "
             f"pred={_trip_from_start(ctx)} >= {lag})"]
 
@@ -214,13 +227,17 @@ def _mma(ctx, o, indent):
     else:
         call = (f"warpgroup_mma({a_src}, {v(b)}, gl.zeros({list(res.type.shape)}, gl.float32, {L}), "
                 f"use_acc=False, is_async=True)")
+    if o.attr("wait", True) is False:  # issued only: a later mma_wait retires it
+        return [f"{r} = {call}"]
     return [f"{r} = {call}", f"{r} = warpgroup_mma_wait(num_outstanding={o.attr('pending', 0)}, deps=({r},))"]
 
 
 @emitter("mma_wait")
 def _mma_wait(ctx, o, indent):
-    return [f"{v(o.results[0].name)} = warpgroup_mma_wait(num_outstanding={o.attr('pending', 0)}, "
-            f"deps=({v(o.operands[0])},))"]
+    # operands after the first are register operands of the mma, kept alive (unmodified) until it retires
+    deps = ", ".join(v(x) for x in o.operands) + ("," if len(o.operands) == 1 else "")
+    lhs = v(o.results[0].name) + (", " + ", ".join("_" for _ in o.operands[1:]) if len(o.operands) > 1 else "")
+    return [f"{lhs} = warpgroup_mma_wait(num_outstanding={o.attr('pending', 0)}, deps=({deps}))"]
 
 
 @emitter("load_vec")
@@ -292,7 +309,7 @@ def _loop(ctx, o, indent):
     ctx.loop_stack.pop()
     out += [ln[0:] for ln in body] or ["    pass"]
     out += [f"{v(r.name)} = {v(n)}" for n, r in zip(its, o.results)]
-    out.append(f"_trip = {ub} - {lb}")
+    out.append(f"_trip = {ub} - ({lb})")
     return out
 
 

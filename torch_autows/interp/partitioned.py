@@ -263,8 +263,13 @@ def _slotvar(pr: PartRun, o: Op, g: str):
 
 
 def _get(pr: PartRun, o: Op):
-    g, _ = _group(pr, o)
-    s, n = _slotvar(pr, o, g)
+    g, G = _group(pr, o)
+    lag = o.attr("lag", 0)
+    if lag:  # the slot of ``lag`` steps ago, by the counter (a deferred reader)
+        n = pr.counters[g] - lag
+        s = n % G.count
+    else:
+        s, n = _slotvar(pr, o, g)
     pr.env[o.results[0].name] = SlotRef(o.attr("buffer"), s, n, g)
 
 
@@ -291,6 +296,8 @@ def _release(pr: PartRun, o: Op):
     n = pr.counters[g]
     if lag == 0:
         s, m = _slotvar(pr, o, g)
+    elif o.attr("guard", True) is False:  # unconditional: the slot of ``lag`` steps ago
+        s, m = (n + G.count - lag) % G.count, n - lag
     else:
         if not pr.loops:
             raise InterpError("interp: release with a lag outside a loop (codegen needs the loop variable)")
@@ -342,7 +349,8 @@ def _mma(pr: PartRun, o: Op):
         pr.cta.smem.slots[(ref.buf, ref.slot)].reads.append(grp)
     pr.wgmma.append(grp)
     pr.env[o.results[0].name] = grp
-    pr.retire_until(o.attr("pending", 0), o)
+    if o.attr("wait", True) is not False:
+        pr.retire_until(o.attr("pending", 0), o)
 
 
 def _mma_wait(pr: PartRun, o: Op):

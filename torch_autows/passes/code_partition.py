@@ -16,9 +16,20 @@ its loops (iter_args it does not carry dropped) and explicit sync ops:
                release_tail {group, lag} frees the last ``lag`` slots.
 Per partition and group a counter (slot = n % count, phase = (n // count) & 1) runs on across
 loops and tiles, so every wait matches exactly one arrive: acquires and releases balance.
+
+A partition loop whose ops span two compute stages (loop_schedule deferred an mma) is software
+pipelined (``_pipeline``): a prologue runs the early ops of the first step, the loop (from lb+1) runs
+step j's early ops and step j-1's late ops — step j's first mma and step j-1's deferred mma are issued
+back to back (``wait=False``), then ``mma_wait`` retires the first (pending=1) before its readers
+and the deferred one (pending=0) at the end of the step — and an epilogue runs the last step's late
+ops. Values early ops hand to late ops are carried as extra iter_args (``<x>_prev``); late ops
+read their ring slot with ``get {lag=1}``, and the slot of step j-1 is released in step j
+(``release {lag=1, guard=False}``), the last one after the epilogue. Needs a trip count >= 1
+(``loop.min_trip``).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 from ..ir import BarrierGroup, Op, Program, Value, op, walk
@@ -114,6 +125,9 @@ def _partition_body(program: Program, part: str, chans, dmap) -> tuple[Op, ...]:
         body.append(replace(y, operands=tuple(y.operands[i] for i in keep)))
         loop = replace(o, operands=tuple(o.operands[i] for i in keep), results=tuple(o.results[i] for i in keep),
                        body=tuple(body)).with_attrs(iter_args=tuple(o.attr("iter_args")[i] for i in keep))
+        piped = _pipeline(loop)
+        if piped is not None:
+            return piped
         out = [loop]
         # async wgmma on a carried accumulator: retire it after the loop, then free the slots it held
         lags = {}
@@ -145,6 +159,117 @@ def _partition_body(program: Program, part: str, chans, dmap) -> tuple[Op, ...]:
         return res
 
     return tuple(ren(body))
+
+
+def _subst(o: Op, var: str, val: str) -> Op:
+    """``o`` with the loop variable replaced by ``val`` in its expression attrs."""
+    def sub(x):
+        if isinstance(x, str):
+            return re.sub(rf"\b{var}\b", f"({val})", x)
+        if isinstance(x, tuple):
+            return tuple(sub(e) for e in x)
+        return x
+    return replace(o, attrs=tuple((k, sub(x)) for k, x in o.attrs))
+
+
+def _pipeline(loop: Op) -> list[Op] | None:
+    """Prologue, pipelined loop and epilogue for a lowered partition loop with deferred ops (see the
+    module docstring), or None when the loop has none."""
+    body, y = list(loop.body[:-1]), loop.body[-1]
+    stages = [o.stage for o in body if o.stage is not None]
+    if not stages or max(stages) == min(stages) or loop.attr("min_trip", 0) < 1:
+        return None
+    late_stage = max(stages)
+    late = [o for o in body if o.stage == late_stage]
+    late_defs = {r.name for o in late for r in o.results}
+    get_of = {o.results[0].name: o for o in body if o.kind == "get"}
+    early_defs = {r.name for o in body if o.stage is not None and o.stage < late_stage for r in o.results}
+    for o in body:
+        if o not in late and any(x in late_defs for x in o.operands):
+            raise PassError(f"code_partition: early op reads a deferred value: {o.kind} {o.operands}")
+    late_groups = {get_of[x].attr("group") for o in late for x in o.operands if x in get_of}
+    its, var = loop.attr("iter_args"), loop.attr("var")
+    lb, ub = loop.attr("lb"), loop.attr("ub")
+    carried = list(dict.fromkeys(x for o in late for x in o.operands if x in early_defs))  # early -> late values
+    lagged = list(dict.fromkeys(x for o in late for x in o.operands if x in get_of))  # ring slots read late
+    early_only_gets = {x for x in get_of if any(x in u.operands for u in body if u not in late)}
+    mmas = [o for o in late if o.kind == "mma"]
+
+    def early_ops(skip_late_release: bool):
+        for o in body:
+            if o in late:
+                continue
+            if o.kind == "get" and o.results[0].name not in early_only_gets:
+                continue
+            if skip_late_release and o.kind == "release" and o.attr("group") in late_groups:
+                continue
+            yield o
+
+    def rename(o: Op, names: dict[str, str], suffix: str, keep: dict[str, str] | None = None) -> Op:
+        res = []
+        for r in o.results:
+            new = (keep or {}).get(r.name, r.name + suffix)
+            names[r.name] = new
+            res.append(Value(new, r.type))
+        return replace(o, operands=tuple(names.get(x, x) for x in o.operands), results=tuple(res))
+
+    # prologue: the early ops of step lb
+    pro_names = dict(zip(its, loop.operands))
+    prologue = [rename(_subst(o, var, str(lb)), pro_names, "_pro") for o in early_ops(True)]
+    # the loop: step j's early ops, step j-1's late ops
+    first_mma = next((o for o in early_ops(True) if o.kind == "mma"), None)
+    names = {x: x + "_prev" for x in carried}
+    steady: list[Op] = []
+    waits: list[Op] = []
+    for o in early_ops(True):
+        o = replace(o, operands=tuple(names.get(x, x) for x in o.operands))
+        if o is not None and first_mma is not None and o.results and o.results[0].name == first_mma.results[0].name:
+            r = o.results[0]
+            steady.append(o.with_attrs(wait=False))
+            for x in lagged:
+                steady.append(replace(get_of[x], results=(Value(x + "_prev", get_of[x].results[0].type),))
+                              .with_attrs(lag=1))
+            for d in late:
+                d = replace(d, operands=tuple(names.get(x, x + "_prev" if x in lagged else x) for x in d.operands))
+                steady.append(d.with_attrs(wait=False, pending=0) if d.kind == "mma" else d)
+            steady.append(op("mma_wait", [Value(r.name + "_r", r.type)], [r.name], pending=len(mmas)))
+            names[r.name] = r.name + "_r"
+            continue
+        steady.append(o)
+    if first_mma is None:
+        return None
+    for d in mmas:
+        r = d.results[0]
+        # a register A operand is read by the tensor core until the wait: keep it alive to there
+        keep_alive = [x + "_prev" for x in d.operands[:1] if x in carried]
+        waits.append(op("mma_wait", [Value(r.name + "_done", r.type)], [r.name, *keep_alive], pending=0))
+        names[r.name] = r.name + "_done"
+    rel = [op("release", group=g, lag=1, guard=False) for g in sorted(late_groups)]
+    adv_at = max(i for i, o in enumerate(steady) if o.kind == "advance") if any(o.kind == "advance" for o in steady) \
+        else len(steady)
+    steady = steady[:adv_at] + waits + rel + steady[adv_at:]
+    yld = replace(y, operands=tuple(names.get(x, x) for x in y.operands) + tuple(carried))
+    early_yield = [x not in late_defs for x in y.operands]
+    inits = tuple(pro_names.get(x, x) if e else init for x, e, init in zip(y.operands, early_yield, loop.operands))
+    inits += tuple(pro_names[x] for x in carried)
+    results = tuple(r if e else Value(r.name + "_loop", r.type) for r, e in zip(loop.results, early_yield))
+    results += tuple(Value(x + "_last", next(r.type for o in body for r in o.results if r.name == x)) for x in carried)
+    new_loop = replace(loop, operands=inits, results=results, body=tuple(steady) + (yld,)).with_attrs(
+        lb=lb + 1 if isinstance(lb, int) else f"({lb})+1", iter_args=tuple(its) + tuple(x + "_prev" for x in carried))
+    # epilogue: the late ops of the last step
+    epi_names = {it: r.name for it, r in zip(its, results)}
+    epi_names.update({x: x + "_last" for x in carried})
+    final = {x: r.name for x, e, r in zip(y.operands, early_yield, loop.results) if not e}
+    epilogue = []
+    for x in lagged:
+        g = get_of[x]
+        epilogue.append(replace(g, results=(Value(x + "_epi", g.results[0].type),)).with_attrs(lag=1))
+        epi_names[x] = x + "_epi"
+    for d in late:
+        d = rename(_subst(d, var, f"{ub}-1"), epi_names, "_epi", final)
+        epilogue.append(d.with_attrs(pending=0) if d.kind == "mma" else d)
+    epilogue += rel
+    return prologue + [new_loop] + epilogue
 
 
 def run(program: Program, options=None) -> Program:

@@ -9,6 +9,12 @@ accumulator, gets ``pending`` = how many async wgmma groups may stay in flight
 (``options.mma_pending``, at most 1); every other mma (e.g. attention's P V, whose accumulator is
 rescaled by softmax first) gets ``pending=0``.
 
+With ``options.defer_mma`` (FA3's intra-warpgroup pipelining), an mma that accumulates into a
+loop-carried value and whose A operand is computed in registers from another mma of the same step
+(attention's P V after Q K^T and softmax) moves one stage later, together with the ops that only
+feed its accumulator (the rescale): code_partition then issues step j's first mma and step j-1's
+deferred mma back to back, so the tensor core runs P V under step j's softmax.
+
 Algorithm: ASAP list scheduling over the body's def-use DAG (loop-carried edges excluded) with
 latencies in stages: a TMA load's data is consumed one stage later (its copy overlaps the step
 before), everything else in the same stage. The stage distance of a cross-partition edge becomes
@@ -41,6 +47,9 @@ def _schedule(loop: Op, opts) -> Op:
     for o in body:
         for x in o.operands:
             users.setdefault(x, []).append(o)
+    if opts.defer_mma:
+        for i in _deferred(body, index, users, loop):
+            stage[i] += 1
     ranked = sorted(stage, key=lambda i: (stage[i], i))
     order = {i: n for n, i in enumerate(ranked)}
     out = []
@@ -64,6 +73,46 @@ def _schedule(loop: Op, opts) -> Op:
             new = new.with_attrs(pending=min(opts.mma_pending, 1) if only_carried and acc_only else 0)
         out.append(new)
     return replace(loop, body=tuple(out))
+
+
+def _deferred(body: list[Op], index: dict[str, int], users: dict[str, list[Op]], loop: Op) -> set[int]:
+    """Body indices of mmas that accumulate into a loop-carried value and whose A operand depends on
+    another mma of the same step, plus the ops on the path from the carried value to that accumulator
+    operand that nothing else reads (attention: the rescale ``acc * alpha``)."""
+    def upstream_mma(x: str, seen: set[str]) -> bool:
+        j = index.get(x)
+        if j is None or x in seen or body[j].kind in ("load", "loop"):
+            return False
+        seen.add(x)
+        return body[j].kind == "mma" or any(upstream_mma(y, seen) for y in body[j].operands)
+
+    def path_to(x: str, it: str) -> set[int] | None:
+        """Indices of the ops from iter_arg ``it`` to ``x`` (only read along the path), or None."""
+        if x == it:
+            return set()
+        j = index.get(x)
+        if j is None or body[j].kind in ("mma", "load", "loop", "get"):
+            return None
+        for y in body[j].operands:
+            sub = path_to(y, it)
+            if sub is not None:
+                return sub | {j}
+        return None
+
+    carried = dict(zip(loop.body[-1].operands, loop.attr("iter_args")))
+    out: set[int] = set()
+    for i, o in enumerate(body):
+        it = carried.get(o.results[0].name) if o.kind == "mma" else None
+        if it is None or len(o.operands) != 3 or not upstream_mma(o.operands[0], set()):
+            continue
+        path = path_to(o.operands[2], it)
+        if path is None:
+            continue
+        group = path | {i}
+        readers = (u for j in path for u in users.get(body[j].results[0].name, []))
+        if all(u.kind == "yield" or body.index(u) in group for u in readers):
+            out |= group
+    return out
 
 
 def run(program: Program, options=None) -> Program:

@@ -3,9 +3,9 @@
 Assumes: buffers ran (every SMEM value has a Buffer, cross-partition values have Channels);
 loop_schedule set ``pending`` on loop mmas.
 Guarantees: every buffer has ``count`` and ``offset``; buffers filled inside one loop share one
-depth (they share a barrier ring), at least 1 + the most async wgmma groups that may still read a
-slot (fewer slots deadlock: the producer would wait for a release the consumer only gives after its
-next wait) and at most ``options.stages``; a TMA store's staging buffer has
+depth (they share a barrier ring), at least 1 + the most async wgmma groups (plus deferred steps) that
+may still read a slot (fewer slots deadlock: the producer would wait for a release the consumer only
+gives after its next wait) and at most ``options.stages``; a TMA store's staging buffer has
 ``options.store_buffers`` copies (with 2, a tile's store drains while the next tile is staged); two
 buffers share bytes only if their lifetimes cannot overlap, and then at the same offset (the later
 one is a reinterpretation of the earlier);
@@ -88,9 +88,22 @@ def _compatible(x, y, program, iv, acc, loop_of) -> bool:
     return (not program.grid.persistent) and ring and len(xr) == 1 and yw == yr == xr
 
 
+def _slots_held(program: Program) -> int:
+    """Ring slots a consumer may still hold while it waits for the next one: async wgmma groups left in
+    flight (``pending``), or the stages a deferred op runs behind the step that waited (loop_schedule's
+    ``defer_mma``: P V of step j-1 reads its V slot during step j)."""
+    pending = max([o.attr("pending", 0) for o in walk(program.body) if o.kind == "mma"] or [0])
+    lag = 0
+    for loop in (o for o in walk(program.body) if o.kind == "loop"):
+        stages = [o.stage for o in loop.body if o.stage is not None and o.kind != "load"]
+        if stages:
+            lag = max(lag, max(stages) - min(stages))
+    return pending + lag  # both at once hold their slots for both
+
+
 def plan(program: Program, depth: int, store_copies: int):
     """Buffers with counts and offsets for a ring depth, and the SMEM they need with their mbarriers."""
-    pending = max([o.attr("pending", 0) for o in walk(program.body) if o.kind == "mma"] or [0])
+    pending = _slots_held(program)
     iv, loop_of = _intervals(program.body)
     acc = _accessors(program)
     rings = {c.buffer for c in program.channels if loop_of.get(c.value) is not None}
@@ -126,8 +139,7 @@ def plan(program: Program, depth: int, store_copies: int):
 
 def run(program: Program, options=None) -> Program:
     opts = options or program.options
-    pending = max([o.attr("pending", 0) for o in walk(program.body) if o.kind == "mma"] or [0])
-    lowest = pending + 1
+    lowest = _slots_held(program) + 1
     for copies in range(max(opts.store_buffers, 1), 0, -1):
         for depth in range(max(opts.stages, lowest), lowest - 1, -1):
             bufs, total = plan(program, depth, copies)

@@ -23,7 +23,7 @@ LOG2E = 1.4426950408889634
 #: Every config the runtime can pick. Two consumer warpgroups own 64 query rows each; a producer warp
 #: streams K and V through an SMEM ring (memory_plan picks the depth that fits: 2 at d=128, 4 at d=64).
 CONFIGS: dict[str, Options] = {
-    "ws_p_128x128": Options(block_m=128, block_n=128, stages=4, data_partition=2, persistent=True),
+    "ws_p_128x128": Options(block_m=128, block_n=128, stages=4, data_partition=2, persistent=True, defer_mma=True),
 }
 
 

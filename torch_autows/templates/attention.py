@@ -80,7 +80,7 @@ def build(req: AttentionRequest, opts: Options) -> Program:
         op("full", [Value("l0", row_t)], value=0.0),
         op("zeros", [Value("acc0", acc_t)]),
         op("loop", [Value("m_f", row_t), Value("l_f", row_t), Value("acc_f", acc_t)], ["m0", "l0", "acc0"],
-           loop_body, var="j", lb=0, ub=ub, iter_args=("m", "l", "acc")),
+           loop_body, var="j", lb=0, ub=ub, iter_args=("m", "l", "acc"), min_trip=1),
         # epilogue: out = acc / l (0 where l == 0), lse = (m + log2 l) * ln 2
         op("expand", [Value("l_col", T("f32", (BM, 1)))], ["l_f"], axis=1),
         op("div0", [Value("out_f", acc_t)], ["acc_f", "l_col"]),
