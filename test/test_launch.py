@@ -26,3 +26,54 @@ def test_direct_state_refuses_unknown_launchers():
         run = object()
 
     assert launch._direct_state(Compiled(), 3) is None
+
+
+def test_specialization_follows_triton():
+    assert launch._specialization(1) == ("constexpr", 1)
+    assert launch._specialization(32)[1] == "D" and launch._specialization(33)[1] == ""
+
+
+class _FakeCompiled:
+    """What kernel[grid] returns, shaped like Triton 3.6's CompiledKernel/CudaLauncher."""
+
+    def __init__(self, log):
+        def raw(*args):
+            log.append(("direct", args[0], args[13:]))
+
+        def make(launcher):
+            def inner(*args):
+                return launcher(*args)
+            return inner
+
+        class Run:
+            global_scratch_size = profile_scratch_size = 0
+            launch_cooperative_grid = launch_pdl = False
+            launch = make(raw)
+
+        class Meta:
+            tensordesc_meta = []
+
+        self.run, self.function, self.packed_metadata, self.metadata = Run(), 7, (4, 1, 0), Meta()
+
+
+def test_direct_path_per_specialization(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda i: 0, raising=False)
+    log = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            def run(*args, num_warps):
+                log.append(("jit", grid[0], tuple(args)))
+                return _FakeCompiled(log)
+            return run
+
+    L = launch.Launcher(Kernel(), [], 4)
+    L(8, [64, 32], 0)   # first call of this key: compiled through kernel[grid]
+    L(8, [128, 48], 0)  # same key (both divisible by 16): direct
+    L(8, [17, 32], 0)   # 17: another specialisation, kernel[grid] again
+    L(8, [1, 32], 0)    # 1 is a constant to Triton: another kernel
+    L(8, [33, 64], 0)   # the key of 17: direct
+    assert [e[0] for e in log] == ["jit", "direct", "jit", "jit", "direct"], log
+    assert log[1][2] == (128, 48) and log[4][2] == (33, 64)

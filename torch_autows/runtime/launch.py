@@ -16,9 +16,14 @@ The direct path uses two Triton 3.6 internals: the C launcher kept in the closur
 ``CudaLauncher.launch`` and ``make_tensordesc_arg`` (which encodes a map from the kernel's
 ``tensordesc_meta``). If either is not there (another Triton), a launch hook is installed
 (profilers) or the kernel needs scratch memory, every call takes the ``kernel[grid]`` path;
-``Launcher.direct`` says which path is in use.
+``Launcher.direct`` says which path is in use. Triton compiles one kernel per specialisation of
+the scalar and pointer arguments (1 becomes a constant; divisibility by 16 and alignment become
+attributes), so the direct state is kept per specialisation key, computed with Triton's own
+``native_specialize_impl``; a new key takes the ``kernel[grid]`` path once.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -48,7 +53,7 @@ class Launcher:
         self.kernel = kernel          # the @gluon.jit function
         self.descs = descs            # (block, layout) per Tma argument, in argument order
         self.num_warps = num_warps
-        self._direct: dict[int, tuple | None] = {}  # device index -> direct-launch state (None: slow path)
+        self._direct: dict[tuple, tuple | None] = {}  # (device, specialisation) -> direct state (None: slow)
         self._maps: dict = {}
 
     @property
@@ -56,9 +61,13 @@ class Launcher:
         return any(v is not None for v in self._direct.values())
 
     def __call__(self, grid: int, args: list, device_index: int):
-        state = self._direct.get(device_index, False)
+        # Triton compiles one kernel per specialisation of the scalar and pointer arguments (an int equal
+        # to 1 becomes a constant, divisibility by 16 and pointer alignment become attributes): the
+        # direct path must use the kernel compiled for exactly this key
+        key = (device_index, *(_specialization(a) for a in args if not isinstance(a, Tma)))
+        state = self._direct.get(key, False)
         if state is False or state is None or _hooks_installed():
-            self._slow(grid, args, device_index, first=state is False)
+            self._slow(grid, args, key, first=state is False)
             return
         raw, function, packed, coop, pdl, metas = state
         flat = []
@@ -83,7 +92,7 @@ class Launcher:
             m = self._maps[key] = make_tensordesc_arg(a, meta)
         return m
 
-    def _slow(self, grid: int, args: list, device_index: int, first: bool):
+    def _slow(self, grid: int, args: list, key: tuple, first: bool):
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
         descs = iter(self.descs)
@@ -96,7 +105,23 @@ class Launcher:
                 call.append(a)
         compiled = self.kernel[(grid,)](*call, num_warps=self.num_warps)
         if first:
-            self._direct[device_index] = _direct_state(compiled, len(self.descs))
+            if len(self._direct) >= _MAP_CACHE_MAX:
+                self._direct.clear()
+            self._direct[key] = _direct_state(compiled, len(self.descs))
+
+
+_native_specialize = None
+
+
+def _specialization(arg):
+    """Triton's own specialisation of a non-descriptor argument (type and key, e.g. ('i32', 'D'))."""
+    global _native_specialize
+    if _native_specialize is None:
+        from triton._C.libtriton import native_specialize_impl
+        from triton.backends.compiler import BaseBackend
+
+        _native_specialize = functools.partial(native_specialize_impl, BaseBackend)
+    return _native_specialize(arg, False, True, True)
 
 
 def _hooks_installed() -> bool:
@@ -116,11 +141,11 @@ def _direct_state(compiled, n_desc: int):
         cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
         raw = cells["launcher"].cell_contents
         metas = compiled.metadata.tensordesc_meta
-        if (launcher.global_scratch_size or launcher.profile_scratch_size or not metas
-                or len(metas) != n_desc or not callable(raw)):
+        if (launcher.global_scratch_size or launcher.profile_scratch_size or (metas is None and n_desc)
+                or len(metas or ()) != n_desc or not callable(raw)):
             return None
         return (raw, compiled.function, compiled.packed_metadata, launcher.launch_cooperative_grid,
-                launcher.launch_pdl, list(metas))
+                launcher.launch_pdl, list(metas or ()))
     except (AttributeError, KeyError, TypeError):
         return None
 
