@@ -67,8 +67,8 @@ def test_generated_source_names_ir_ops_and_partitions():
                "def producer(", "mbarrier.wait(g0_empty.index(g0_s), ((g0_n // 3) & 1) ^ 1)",
                "mbarrier.expect(g0_ready.index(g0_s), 49152)",
                "tma.async_copy_global_to_shared(a_desc, [pid_m * 128 + 64, k * 64]",
-               "def kernel(", "mbarrier.init(g0_empty.index(i), count=2)",
-               "gl.warp_specialize([(consumer0,", "[4, 1], [232, 40])"]
+               f"def {program.name}(", "mbarrier.init(g0_empty.index(i), count=2)",
+               "gl.warp_specialize([(consumer0,", "[4, 1], [232, 40])", f"kernel = {program.name}"]
     pos = 0
     for s in ordered:
         i = src.find(s, pos)

@@ -28,13 +28,13 @@ class TestAttentionPasses(expecttest.TestCase):
     def test_template(self):
         self.assertExpectedInline(_body(_trace()["template"]), """\
   body {
-    %q:bf16[128,64]@smem = load() {arg='q', coords=('pid_bh*Sq+(cdiv(Sq,128)-1-pid_m)*128', 0)}
+    %q:bf16[128,64]@smem = load() {arg='q', coords=('(pid_bh//Hq)*q_rb+(pid_bh%Hq)*q_rh+(cdiv(Sq,128)-1-pid_m)*128', '(pid_bh%Hq)*q_ch')}
     %m0:f32[128] = full() {value='-inf'}
     %l0:f32[128] = full() {value=0.0}
     %acc0:f32[128,64] = zeros()
     %m_f:f32[128], %l_f:f32[128], %acc_f:f32[128,64] = loop(%m0, %l0, %acc0) {iter_args=('m', 'l', 'acc'), lb=0, min_trip=1, ub='min(cdiv(Skv,128),cdiv((cdiv(Sq,128)-1-pid_m)*128+128,128))', var='j'} {
-      %k:bf16[128,64]@smem = load() {arg='k', coords=('((pid_bh//Hq)*Hkv+(pid_bh%Hq)//G)*Skv+j*128', 0)}
-      %v:bf16[128,64]@smem = load() {arg='v', coords=('((pid_bh//Hq)*Hkv+(pid_bh%Hq)//G)*Skv+j*128', 0)}
+      %k:bf16[128,64]@smem = load() {arg='k', coords=('(pid_bh//Hq)*kv_rb+((pid_bh%Hq)//G)*kv_rh+j*128', '((pid_bh%Hq)//G)*kv_ch')}
+      %v:bf16[128,64]@smem = load() {arg='v', coords=('(pid_bh//Hq)*kv_rb+((pid_bh%Hq)//G)*kv_rh+j*128', '((pid_bh%Hq)//G)*kv_ch')}
       %kt:bf16[64,128]@smem = trans(%k)
       %s:f32[128,128] = mma(%q, %kt)
       %s_m:f32[128,128] = mask(%s) {causal=True, col='j*128', kv_len='Skv', row='(cdiv(Sq,128)-1-pid_m)*128'}
@@ -67,8 +67,8 @@ class TestAttentionPasses(expecttest.TestCase):
     def test_data_partition_splits_q_rows_and_shares_k_v(self):
         self.assertExpectedInline(_body(_trace()["data_partition"]), """\
   body {
-    %q_c0:bf16[64,64]@smem = load() {arg='q', coords=('pid_bh*Sq+(cdiv(Sq,128)-1-pid_m)*128', 0)} [chain=0]
-    %q_c1:bf16[64,64]@smem = load() {arg='q', coords=('pid_bh*Sq+(cdiv(Sq,128)-1-pid_m)*128+64', 0)} [chain=1]
+    %q_c0:bf16[64,64]@smem = load() {arg='q', coords=('(pid_bh//Hq)*q_rb+(pid_bh%Hq)*q_rh+(cdiv(Sq,128)-1-pid_m)*128', '(pid_bh%Hq)*q_ch')} [chain=0]
+    %q_c1:bf16[64,64]@smem = load() {arg='q', coords=('(pid_bh//Hq)*q_rb+(pid_bh%Hq)*q_rh+(cdiv(Sq,128)-1-pid_m)*128+64', '(pid_bh%Hq)*q_ch')} [chain=1]
     %m0_c0:f32[64] = full() {value='-inf'} [chain=0]
     %m0_c1:f32[64] = full() {value='-inf'} [chain=1]
     %l0_c0:f32[64] = full() {value=0.0} [chain=0]
@@ -76,8 +76,8 @@ class TestAttentionPasses(expecttest.TestCase):
     %acc0_c0:f32[64,64] = zeros() [chain=0]
     %acc0_c1:f32[64,64] = zeros() [chain=1]
     %m_f_c0:f32[64], %m_f_c1:f32[64], %l_f_c0:f32[64], %l_f_c1:f32[64], %acc_f_c0:f32[64,64], %acc_f_c1:f32[64,64] = loop(%m0_c0, %m0_c1, %l0_c0, %l0_c1, %acc0_c0, %acc0_c1) {iter_args=('m_c0', 'm_c1', 'l_c0', 'l_c1', 'acc_c0', 'acc_c1'), lb=0, min_trip=1, ub='min(cdiv(Skv,128),cdiv((cdiv(Sq,128)-1-pid_m)*128+128,128))', var='j'} {
-      %k:bf16[128,64]@smem = load() {arg='k', coords=('((pid_bh//Hq)*Hkv+(pid_bh%Hq)//G)*Skv+j*128', 0)}
-      %v:bf16[128,64]@smem = load() {arg='v', coords=('((pid_bh//Hq)*Hkv+(pid_bh%Hq)//G)*Skv+j*128', 0)}
+      %k:bf16[128,64]@smem = load() {arg='k', coords=('(pid_bh//Hq)*kv_rb+((pid_bh%Hq)//G)*kv_rh+j*128', '((pid_bh%Hq)//G)*kv_ch')}
+      %v:bf16[128,64]@smem = load() {arg='v', coords=('(pid_bh//Hq)*kv_rb+((pid_bh%Hq)//G)*kv_rh+j*128', '((pid_bh%Hq)//G)*kv_ch')}
       %kt_c0:bf16[64,128]@smem = trans(%k) [chain=0]
       %kt_c1:bf16[64,128]@smem = trans(%k) [chain=1]
       %s_c0:f32[64,128] = mma(%q_c0, %kt_c0) [chain=0]
@@ -299,13 +299,13 @@ class TestAttentionPasses(expecttest.TestCase):
   }
   code producer {
     acquire() {group='g1'}
-    %q_c0:bf16[64,64]@smem = load() {arg='q', buffer='q_c0_smem', coords=('pid_bh*Sq+(cdiv(Sq,128)-1-pid_m)*128', 0), group='g1'} [chain=0 partition=producer]
-    %q_c1:bf16[64,64]@smem = load() {arg='q', buffer='q_c1_smem', coords=('pid_bh*Sq+(cdiv(Sq,128)-1-pid_m)*128+64', 0), group='g1'} [chain=1 partition=producer]
+    %q_c0:bf16[64,64]@smem = load() {arg='q', buffer='q_c0_smem', coords=('(pid_bh//Hq)*q_rb+(pid_bh%Hq)*q_rh+(cdiv(Sq,128)-1-pid_m)*128', '(pid_bh%Hq)*q_ch'), group='g1'} [chain=0 partition=producer]
+    %q_c1:bf16[64,64]@smem = load() {arg='q', buffer='q_c1_smem', coords=('(pid_bh//Hq)*q_rb+(pid_bh%Hq)*q_rh+(cdiv(Sq,128)-1-pid_m)*128+64', '(pid_bh%Hq)*q_ch'), group='g1'} [chain=1 partition=producer]
     advance() {group='g1'}
     loop() {iter_args=(), lb=0, min_trip=1, ub='min(cdiv(Skv,128),cdiv((cdiv(Sq,128)-1-pid_m)*128+128,128))', var='j'} {
       acquire() {group='g0'}
-      %k:bf16[128,64]@smem = load() {arg='k', buffer='k_smem', coords=('((pid_bh//Hq)*Hkv+(pid_bh%Hq)//G)*Skv+j*128', 0), group='g0'} [partition=producer stage=0 order=0]
-      %v:bf16[128,64]@smem = load() {arg='v', buffer='v_smem', coords=('((pid_bh//Hq)*Hkv+(pid_bh%Hq)//G)*Skv+j*128', 0), group='g0'} [partition=producer stage=0 order=1]
+      %k:bf16[128,64]@smem = load() {arg='k', buffer='k_smem', coords=('(pid_bh//Hq)*kv_rb+((pid_bh%Hq)//G)*kv_rh+j*128', '((pid_bh%Hq)//G)*kv_ch'), group='g0'} [partition=producer stage=0 order=0]
+      %v:bf16[128,64]@smem = load() {arg='v', buffer='v_smem', coords=('(pid_bh//Hq)*kv_rb+((pid_bh%Hq)//G)*kv_rh+j*128', '((pid_bh%Hq)//G)*kv_ch'), group='g0'} [partition=producer stage=0 order=1]
       advance() {group='g0'}
       yield()
     }

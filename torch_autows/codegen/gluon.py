@@ -2,7 +2,7 @@
 
 Input: a Program after code_partition (partitions with bodies, buffers with counts/offsets, barrier
 groups). Output: Python source of a module with one ``@gluon.jit`` function per partition and a
-``kernel`` that allocates SMEM and mbarriers and calls ``gl.warp_specialize`` (first consumer as the
+``kernel`` (named after the Program, aliased ``kernel``) that allocates SMEM and mbarriers and calls ``gl.warp_specialize`` (first consumer as the
 default partition, other consumers and the producer as workers with their warps and registers).
 
 Every op is emitted by the function registered for its kind in ``EMITTERS``; each emitted block
@@ -82,7 +82,8 @@ def _partition_fn(program: Program, part) -> list[str]:
 
 def _kernel_fn(program: Program) -> list[str]:
     params = _params(program)
-    lines = ["@gluon.jit", f"def kernel({', '.join(params)}):"]
+    # the entry point is named after the Program so profilers show what ran (e.g. attn_fwd_bf16_d128_...)
+    lines = ["@gluon.jit", f"def {program.name}({', '.join(params)}):"]
     roots = {}
     desc_of = {}
     for o in walk(program.body):
@@ -133,11 +134,14 @@ def generate(program: Program) -> str:
     """Gluon module source for a partitioned Program; ``kernel`` is its entry point."""
     if not program.partitions or not all(p.body for p in program.partitions):
         raise ValueError("codegen: program is not partitioned; run passes.pipeline first")
+    if not program.name.isidentifier() or program.name in {p.name for p in program.partitions}:
+        raise ValueError(f"codegen: program name {program.name!r} must be an identifier unlike its partitions'")
     parts = ", ".join(f"{p.name} ({p.warps} warps, {p.regs} regs)" for p in program.partitions)
     out = [HEADER.format(name=program.name, parts=parts, smem=program.smem_bytes)]
     for p in program.partitions:
         out += ["", ""] + _partition_fn(program, p)
     out += ["", ""] + _kernel_fn(program)
+    out += ["", "", f"kernel = {program.name}  # the entry point, under a fixed name for the runtime"]
     return "\n".join(out) + "\n"
 
 

@@ -5,8 +5,8 @@ its inputs (as they lie in memory), poisoned outputs (NaN, so a tile never store
 torch reference. GEMM: a few output tiles (at least three, so a persistent CTA walks two), ragged tails
 in M, N and K, at least one more K step than the ring has slots (the ring wraps); values are multiples
 of 1/4 in [-1, 1], exact in bf16/fp16 with exact fp32 products and sums, so every correct schedule is
-bit-identical to torch. Attention: random heads (GQA groups 1 or 2), ragged Sq and Skv, causal or
-not, normal values, compared with an fp32 softmax reference within bf16/fp16 tolerances.
+bit-identical to torch. Attention: random heads (GQA groups 1 or 2), ragged Sq and Skv, q and k/v
+each [B, H, S, D] or [B, S, H, D] in memory, causal or not, normal values, compared with an fp32 softmax reference within bf16/fp16 tolerances.
 """
 from __future__ import annotations
 
@@ -134,20 +134,31 @@ def _attention(program: Program, seed: int, shape) -> Instance:
         Sq, Skv = rng.randrange(1, 2 * o.block_m + 1), rng.randrange(1, 3 * o.block_n + 1)
     dt = TORCH_DTYPE[program.arg("q").dtype]
     gen = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn((B * h * s, D), generator=gen).to(dt) for h, s in ((Hq, Sq), (Hkv, Skv), (Hkv, Skv)))
+    q4, k4, v4 = (torch.randn((B, h, s, D), generator=gen).to(dt) for h, s in ((Hq, Sq), (Hkv, Skv), (Hkv, Skv)))
     scale = D ** -0.5
-    s4 = q.view(B, Hq, Sq, D).float() @ k.view(B, Hkv, Skv, D).float().repeat_interleave(Hq // Hkv, 1).transpose(2, 3)
+    s4 = q4.float() @ k4.float().repeat_interleave(Hq // Hkv, 1).transpose(2, 3)
     s4 = s4 * scale
     if causal:  # top-left aligned, like F.scaled_dot_product_attention(is_causal=True)
         s4 = s4.masked_fill(torch.ones(Sq, Skv, dtype=torch.bool).tril().logical_not(), float("-inf"))
     lse = torch.logsumexp(s4, -1)
     p = torch.exp(s4 - lse[..., None]).nan_to_num(0.0)
-    out = p @ v.view(B, Hkv, Skv, D).float().repeat_interleave(Hq // Hkv, 1)
-    tensors = {"q": q, "k": k, "v": v, "o": torch.full_like(q, float("nan")),
+    out = p @ v4.float().repeat_interleave(Hq // Hkv, 1)
+    # q and k/v each in the [B, H, S, D] or the [B, S, H, D] layout (see templates.attention)
+    q_bshd, kv_bshd = rng.random() < 0.5, rng.random() < 0.5
+
+    def rows(t4, bshd):
+        b, h, s, d = t4.shape
+        if bshd:
+            return t4.transpose(1, 2).reshape(b * s, h * d).contiguous(), (s, 0, d)
+        return t4.reshape(b * h * s, d).contiguous(), (h * s, s, 0)
+
+    (q, qr), (k, kr), (v, _) = rows(q4, q_bshd), rows(k4, kv_bshd), rows(v4, kv_bshd)
+    tensors = {"q": q, "k": k, "v": v, "o": torch.full((B * Hq * Sq, D), float("nan")).to(dt),
                "lse": torch.full((B * Hq * Sq,), float("nan"))}
     scalars = {"Sq": Sq, "Skv": Skv, "Hq": Hq, "Hkv": Hkv, "G": Hq // Hkv, "qk_scale": scale * 1.4426950408889634,
-               "BH": B * Hq}
-    desc = f"batch={B} Hq={Hq} Hkv={Hkv} Sq={Sq} Skv={Skv} D={D}" + (" causal" if causal else "")
+               "BH": B * Hq, **dict(zip(("q_rb", "q_rh", "q_ch"), qr)), **dict(zip(("kv_rb", "kv_rh", "kv_ch"), kr))}
+    desc = f"batch={B} Hq={Hq} Hkv={Hkv} Sq={Sq} Skv={Skv} D={D}" + (" causal" if causal else "") + \
+        (" q:BSHD" if q_bshd else "") + (" kv:BSHD" if kv_bshd else "")
     ref = {"o": out.reshape(-1, D).to(dt), "lse": lse.reshape(-1)}
     return Instance(desc, tensors, scalars, ref, {"o": 2 * TOL[program.arg("q").dtype], "lse": 1e-4})
 

@@ -53,6 +53,25 @@ def _plan(req: AttentionRequest, config: str):
     return program, launcher_for(program)
 
 
+def _rows_view(t: torch.Tensor):
+    """(tensor, rb, rh, ch) of a [B, H, S, D] tensor read as rows of sequence positions (see the template):
+    [B, H, S, D]-contiguous or [B, S, H, D]-contiguous (a transposed view) in place, else a copy."""
+    B, H, S, D = t.shape
+    if t.is_contiguous():
+        return t, H * S, S, 0
+    if t.transpose(1, 2).is_contiguous():
+        return t, S, 0, D
+    return t.contiguous(), H * S, S, 0
+
+
+def _tma_2d(t: torch.Tensor, view) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Global shape and strides of the 2-D TMA view of ``t`` for its (rb, rh, ch)."""
+    B, H, S, D = t.shape
+    _, rb, rh, ch = view
+    cols = D if ch == 0 else H * D
+    return (B * rb if rh else B * S, cols), (cols, 1)
+
+
 def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
               out: torch.Tensor | None = None, lse: torch.Tensor | None = None):
     why = support_reason(q, k, v, is_causal, scale)
@@ -60,16 +79,17 @@ def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
         raise Unsupported(why)
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
-    # heads are flattened into rows: [B, H, S, D] must be contiguous (e.g. a [B, S, H, D] view is copied)
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    out = out if out is not None else torch.empty_like(q)
+    qv, kv, vv = _rows_view(q), _rows_view(k), _rows_view(v)
+    if vv[1:] != kv[1:]:  # k and v share (rb, rh, ch): give v k's layout
+        vv = (vv[0].transpose(1, 2).contiguous().transpose(1, 2), *kv[1:]) if kv[3] else _rows_view(v.contiguous())
+    out = out if out is not None else torch.empty((B, Hq, Sq, D), device=q.device, dtype=q.dtype)
     lse = lse if lse is not None else torch.empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
     config = config or choose_config(D, is_causal)
     program, launcher = _plan(AttentionRequest(D, DTYPES[q.dtype], bool(is_causal)), config)
-    args = [Tma(t, (rows, D), (D, 1)) for t, rows in ((q, B * Hq * Sq), (k, B * Hkv * Skv), (v, B * Hkv * Skv))]
+    args = [Tma(view[0], *_tma_2d(view[0], view)) for view in (qv, kv, vv)]
     BH = B * Hq
-    args += [out, lse, Sq, Skv, Hq, Hkv, Hq // Hkv, float(scale) * LOG2E, BH]
+    args += [out, lse, Sq, Skv, Hq, Hkv, Hq // Hkv, float(scale) * LOG2E, *qv[1:], *kv[1:], BH]
     tiles = BH * math.ceil(Sq / program.options.block_m)
-    idx = dev.index(q.device)
+    idx = dev.index(out.device)
     launcher(min(tiles, dev.num_sms(idx)) if program.grid.persistent else tiles, args, idx)
     return out, lse

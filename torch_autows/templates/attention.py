@@ -1,9 +1,12 @@
 """Attention forward template: softmax(scale * Q K^T [causal]) V and the row log-sum-exp, torch SDPA semantics.
 
-One output tile is BM query rows of one (batch, q-head). Tensors are 2-D views with heads flattened
-into rows (q/o: [B*Hq*Sq, D], k/v: [B*Hkv*Skv, D]); GQA maps q-head h to kv-head h // (Hq // Hkv).
-A KV tile that runs past Skv reads the next head's rows (or TMA zeros): the ``mask`` op sets those
-scores to -inf, so their probabilities are exactly 0. Query rows past Sq are computed but never
+One output tile is BM query rows of one (batch, q-head). q, k and v are read through 2-D TMA views
+whose rows are sequence positions: element (b, h, s, d) is at row ``b*rb + h*rh + s``, column
+``h*ch + d``, with (rb, rh, ch) run-time scalars per tensor, so both the [B, H, S, D] layout
+(rb=H*S, rh=S, ch=0) and the [B, S, H, D] layout models produce before a transpose (rb=S, rh=0,
+ch=D) are read in place. GQA maps q-head h to kv-head h // (Hq // Hkv); o is written [B*Hq*Sq, D].
+A KV tile that runs past Skv reads other rows of the tensor (or TMA zeros): the ``mask`` op sets
+those scores to -inf, so their probabilities are exactly 0. Query rows past Sq are computed but never
 stored (``store_ptr``/``store_vec`` mask rows). Causal masking is top-left aligned (col <= row), as
 ``F.scaled_dot_product_attention(is_causal=True)``; the KV loop stops after the diagonal block.
 
@@ -39,20 +42,23 @@ def build(req: AttentionRequest, opts: Options) -> Program:
             Arg("v", "tensor", dt, ("BHSkv", "D")), Arg("o", "ptr", dt, ("BHSq", "D"), out=True),
             Arg("lse", "ptr", "f32", ("BHSq",), out=True),
             Arg("Sq", "scalar", "i32"), Arg("Skv", "scalar", "i32"), Arg("Hq", "scalar", "i32"),
-            Arg("Hkv", "scalar", "i32"), Arg("G", "scalar", "i32"), Arg("qk_scale", "scalar", "f32"))
+            Arg("Hkv", "scalar", "i32"), Arg("G", "scalar", "i32"), Arg("qk_scale", "scalar", "f32"),
+            Arg("q_rb", "scalar", "i32"), Arg("q_rh", "scalar", "i32"), Arg("q_ch", "scalar", "i32"),
+            Arg("kv_rb", "scalar", "i32"), Arg("kv_rh", "scalar", "i32"), Arg("kv_ch", "scalar", "i32"))
     # Causal tiles differ in length (the KV loop stops at the diagonal): walk them longest first, all
     # heads' last query tiles before any head's first, so a persistent grid ends with short tiles.
     mi = "(cdiv(Sq,%d)-1-pid_m)" % BM if req.causal else "pid_m"
     row0 = "%s*%d" % (mi, BM)  # first query row of this tile inside its head
-    q_row = "pid_bh*Sq+%s*%d" % (mi, BM)
-    kv_row = "((pid_bh//Hq)*Hkv+(pid_bh%%Hq)//G)*Skv+j*%d" % BN
+    q_row = "pid_bh*Sq+%s*%d" % (mi, BM)  # of o and lse ([B*Hq*Sq, D] and [B*Hq*Sq])
+    q_at = ("(pid_bh//Hq)*q_rb+(pid_bh%%Hq)*q_rh+%s*%d" % (mi, BM), "(pid_bh%Hq)*q_ch")
+    kv_at = ("(pid_bh//Hq)*kv_rb+((pid_bh%%Hq)//G)*kv_rh+j*%d" % BN, "((pid_bh%Hq)//G)*kv_ch")
     ub = "cdiv(Skv,%d)" % BN
     if req.causal:  # blocks strictly right of the diagonal are fully masked: skip them
         ub = "min(cdiv(Skv,%d),cdiv(%s*%d+%d,%d))" % (BN, mi, BM, BM, BN)
     s_t, row_t, acc_t = T("f32", (BM, BN)), T("f32", (BM,)), T("f32", (BM, D))
     loop_body = (
-        op("load", [Value("k", T(dt, (BN, D), "smem"))], arg="k", coords=(kv_row, 0)),
-        op("load", [Value("v", T(dt, (BN, D), "smem"))], arg="v", coords=(kv_row, 0)),
+        op("load", [Value("k", T(dt, (BN, D), "smem"))], arg="k", coords=kv_at),
+        op("load", [Value("v", T(dt, (BN, D), "smem"))], arg="v", coords=kv_at),
         op("trans", [Value("kt", T(dt, (D, BN), "smem"))], ["k"]),
         op("mma", [Value("s", s_t)], ["q", "kt"]),
         op("mask", [Value("s_m", s_t)], ["s"], row=row0, col="j*%d" % BN, kv_len="Skv", causal=req.causal),
@@ -75,7 +81,7 @@ def build(req: AttentionRequest, opts: Options) -> Program:
         op("yield", [], ["m_new", "l_new", "acc_new"]),
     )
     body = (
-        op("load", [Value("q", T(dt, (BM, D), "smem"))], arg="q", coords=(q_row, 0)),
+        op("load", [Value("q", T(dt, (BM, D), "smem"))], arg="q", coords=q_at),
         op("full", [Value("m0", row_t)], value="-inf"),  # a string: the IR text stays literal_eval-able
         op("full", [Value("l0", row_t)], value=0.0),
         op("zeros", [Value("acc0", acc_t)]),
