@@ -2,8 +2,9 @@
 
 Input: a Program after code_partition (partitions with bodies, buffers with counts/offsets, barrier
 groups). Output: Python source of a module with one ``@gluon.jit`` function per partition and a
-``kernel`` (named after the Program, aliased ``kernel``) that allocates SMEM and mbarriers and calls ``gl.warp_specialize`` (first consumer as the
-default partition, other consumers and the producer as workers with their warps and registers).
+``kernel`` (named after the Program, aliased ``kernel``) that allocates SMEM and mbarriers and calls
+``gl.warp_specialize`` (first consumer as the default partition, other consumers and the producer as
+workers with their warps and registers).
 
 Every op is emitted by the function registered for its kind in ``EMITTERS``; each emitted block
 starts with a comment holding the IR op and its partition, so a reader of the Gluon finds its origin.

@@ -2,12 +2,12 @@
 
 ``make_instance(program, seed)`` picks a small problem for a Program from its tile sizes and builds
 its inputs (as they lie in memory), poisoned outputs (NaN, so a tile never stored shows up) and the
-torch reference. GEMM: a few output tiles (at least three, so a persistent CTA walks two), ragged tails
-in M, N and K, at least one more K step than the ring has slots (the ring wraps); values are multiples
-of 1/4 in [-1, 1], exact in bf16/fp16 with exact fp32 products and sums, so every correct schedule is
-bit-identical to torch. Attention: random heads (GQA groups 1 or 2), ragged Sq and Skv, q and k/v
-each [B, H, S, D] or [B, S, H, D] in memory, causal or not, normal values, compared with an fp32 softmax reference within bf16/fp16 tolerances.
-"""
+torch reference. GEMM: a few output tiles (at least three, so a persistent CTA walks two), ragged
+tails in M, N and K, at least one more K step than the ring has slots (the ring wraps); values are
+multiples of 1/4 in [-1, 1], exact in bf16/fp16 with exact fp32 products and sums, so every correct
+schedule is bit-identical to torch. Attention: random heads (GQA groups 1 or 2), ragged Sq and Skv,
+q and k/v each [B, H, S, D] or [B, S, H, D] in memory, causal or not, normal values, compared with
+an fp32 softmax reference within bf16/fp16 tolerances."""
 from __future__ import annotations
 
 import random
