@@ -1,0 +1,33 @@
+"""The attention runtime's 2-D TMA views of q/k/v: every element (b, h, s, d) the kernel addresses as
+row b*rb + h*rh + s, column h*ch + d of the view is that element of the tensor (checked on CPU)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torch_autows.runtime.attention import _rows_view, _tma_2d
+
+
+def _layouts(B, H, S, D):
+    base = torch.randn(B, H, S, D)
+    yield "bhsd", base, False
+    yield "bshd", torch.randn(B, S, H, D).transpose(1, 2), False  # as models produce it
+    yield "sliced", torch.randn(B, H, S, 2 * D)[..., :D], True    # neither: copied
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5, 8), (1, 1, 1, 16), (3, 2, 129, 64), (1, 4, 1, 8)])
+def test_rows_view_addresses_every_element(shape):
+    B, H, S, D = shape
+    for name, t, copied in _layouts(*shape):
+        view = _rows_view(t)
+        src, rb, rh, ch = view
+        in_place = t.is_contiguous() or t.transpose(1, 2).is_contiguous()  # size-1 dims: strides do not matter
+        assert (src.data_ptr() != t.data_ptr()) == (copied and not in_place), name
+        (rows, cols), (ld, one) = _tma_2d(src, view)
+        assert one == 1
+        flat = torch.as_strided(src, (rows, cols), (ld, 1))  # what TMA reads
+        b, h, s = torch.meshgrid(torch.arange(B), torch.arange(H), torch.arange(S), indexing="ij")
+        r = (b * rb + h * rh + s)[..., None]
+        c = (h * ch)[..., None] + torch.arange(D)
+        assert int(r.max()) < rows and int(c.max()) < cols, name
+        assert torch.equal(flat[r, c], t), name
