@@ -1,6 +1,7 @@
 """Small Programs shared by the IR, pass and interpreter tests."""
 from __future__ import annotations
 
+from torch_autows.interp import POLICIES, Violation, make_instance, run_partitioned
 from torch_autows.ir import Options
 from torch_autows.templates.gemm import GemmRequest, build
 
@@ -10,3 +11,17 @@ SMALL = Options(block_m=128, block_n=64, block_k=32, stages=3, data_partition=2,
 def small_gemm(**kw):
     opts = kw.pop("options", SMALL)
     return build(GemmRequest(256, 128, 96, **kw), opts)
+
+
+def violation_kinds(program, seeds=4, policies=POLICIES, shape=None) -> list[str]:
+    """The violation kind of every (policy, seed) run of a partitioned Program; 'ok' where none was raised."""
+    out = []
+    for policy in policies:
+        for seed in range(seeds):
+            inst = make_instance(program, seed, shape=shape)
+            try:
+                run_partitioned(program, inst.inputs(), policy=policy, seed=seed)
+                out.append("ok")
+            except Violation as v:
+                out.append(v.kind)
+    return out

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from programs import violation_kinds
 
 from torch_autows.interp import POLICIES, Violation, make_instance, run_partitioned, run_sequential
 from torch_autows.ir import walk
@@ -79,17 +80,8 @@ def _edit_loop(after, part, fn):
     return replace(after, partitions=tuple(parts))
 
 
-def _kinds(after, seeds=4):
-    out = []
-    for policy in POLICIES:
-        for seed in range(seeds):
-            inst = make_instance(after, seed, shape=(1, 1, 1, 64, 300 + seed))
-            try:
-                run_partitioned(after, inst.inputs(), policy=policy, seed=seed)
-                out.append("ok")
-            except Violation as v:
-                out.append(v.kind)
-    return out
+def _kinds(after):
+    return violation_kinds(after, shape=(1, 1, 1, 64, 300))
 
 
 def test_pipelined_loop_structure():

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from programs import violation_kinds
 
 from torch_autows.interp import POLICIES, Violation, make_instance, run_partitioned
 from torch_autows.ir import format_program, op, parse_program, walk
@@ -29,17 +30,7 @@ def _stages(config="ws_p_128x128", **kw):
 
 
 def _kinds(program, seeds=SEEDS, policies=POLICIES, shape=None) -> list[str]:
-    """The violation kind of every (policy, seed) run; 'ok' where none was raised."""
-    out = []
-    for policy in policies:
-        for seed in range(seeds):
-            inst = make_instance(program, seed, shape=shape)
-            try:
-                run_partitioned(program, inst.inputs(), policy=policy, seed=seed)
-                out.append("ok")
-            except Violation as v:
-                out.append(v.kind)
-    return out
+    return violation_kinds(program, seeds, policies, shape)
 
 
 # ------------------------------------------------------------------------------------------ helpers
