@@ -144,6 +144,7 @@ class Options:
     group_m: int = 8
     mma_pending: int = 1  # async wgmma groups left in flight inside a loop
     store_buffers: int = 1  # staging copies per TMA-stored tile: 2 lets a store drain under the next tile
+    tile_buffers: int = 1  # copies of a per-tile channel (attention's Q): 2 lets the next tile's loads start early
     skip_mask: bool = True  # mask only blocks a mask can change (a uniform branch around it)
     defer_mma: bool = False  # issue a dependent mma (attention's P V) one step late, under the next step's work
     producer_warps: int = 1

@@ -1,8 +1,9 @@
 """Numerics of the generated flash-attention forward on sm_90 against fp32 math SDPA: >= 200 configurations.
 
 Sequence lengths with tails (1, 17, 1000, 4097), Sq != Skv, causal (top-left, as torch), GQA, bf16 and
-fp16, head dims 64/128, [B, S, H, D] views transposed to [B, H, S, D]; out and lse both checked;
-outputs poisoned with NaN before each run.
+fp16, head dims 64/128, [B, S, H, D] views transposed to [B, H, S, D] (q/v and k independently, so k
+and v may differ in layout), every runtime config in turn; out and lse both checked; outputs poisoned
+with NaN before each run.
 """
 from __future__ import annotations
 
@@ -21,17 +22,19 @@ def _cases(n=220, seed=1):
     rng = random.Random(seed)
     seqs = [1, 17, 64, 127, 128, 129, 300, 1000, 4097]
     out = []
-    for _ in range(n):
+    for i in range(n):
         hkv = rng.choice([1, 2, 4])
         out.append(dict(b=rng.choice([1, 2]), hkv=hkv, g=rng.choice([1, 2, 4]), sq=rng.choice(seqs),
                         skv=rng.choice(seqs), d=rng.choice([64, 128]), causal=rng.random() < 0.5,
                         dtype=rng.choice([torch.bfloat16, torch.float16]), bshd=rng.random() < 0.25,
-                        scale=rng.choice([None, 0.3])))
+                        kv_bshd=rng.random() < 0.25, scale=rng.choice([None, 0.3]),
+                        config=list(rt.CONFIGS)[i % len(rt.CONFIGS)]))
     return out
 
 
 def _id(c):
-    return f"b{c['b']}h{c['hkv'] * c['g']}/{c['hkv']}-q{c['sq']}-kv{c['skv']}-d{c['d']}{'-causal' * c['causal']}"
+    return (f"b{c['b']}h{c['hkv'] * c['g']}/{c['hkv']}-q{c['sq']}-kv{c['skv']}-d{c['d']}{'-causal' * c['causal']}"
+            f"-{c['config']}")
 
 
 @pytest.mark.parametrize("c", _cases(), ids=_id)
@@ -39,16 +42,16 @@ def test_attention_random(c):
     torch.manual_seed(hash(str(c)) % 2**31)
     hq = c["hkv"] * c["g"]
 
-    def mk(h, s):
-        if c["bshd"]:  # as models produce them: [B, S, H, D] viewed as [B, H, S, D]
+    def mk(h, s, bshd):
+        if bshd:  # as models produce them: [B, S, H, D] viewed as [B, H, S, D]
             return torch.randn(c["b"], s, h, c["d"], device="cuda", dtype=c["dtype"]).transpose(1, 2)
         return torch.randn(c["b"], h, s, c["d"], device="cuda", dtype=c["dtype"])
 
-    q, k, v = mk(hq, c["sq"]), mk(c["hkv"], c["skv"]), mk(c["hkv"], c["skv"])
+    q, k, v = mk(hq, c["sq"], c["bshd"]), mk(c["hkv"], c["skv"], c["kv_bshd"]), mk(c["hkv"], c["skv"], c["bshd"])
     scale = c["scale"] if c["scale"] is not None else 1 / math.sqrt(c["d"])
     out = torch.full((c["b"], hq, c["sq"], c["d"]), float("nan"), device="cuda", dtype=c["dtype"])
     lse = torch.full((c["b"], hq, c["sq"]), float("nan"), device="cuda")
-    rt.attention(q, k, v, c["causal"], scale, out=out, lse=lse)
+    rt.attention(q, k, v, c["causal"], scale, config=c["config"], out=out, lse=lse)
     ref, ref_lse = torch_attention(q.float(), k.float(), v.float(), c["causal"], scale)
     torch.cuda.synchronize()
     assert not out.isnan().any() and not lse.isnan().any()

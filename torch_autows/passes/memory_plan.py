@@ -6,12 +6,14 @@ Guarantees: every buffer has ``count`` and ``offset``; buffers filled inside one
 depth (they share a barrier ring), at least 1 + the most async wgmma groups (plus deferred steps) that
 may still read a slot (fewer slots deadlock: the producer would wait for a release the consumer only
 gives after its next wait) and at most ``options.stages``; a TMA store's staging buffer has
-``options.store_buffers`` copies (with 2, a tile's store drains while the next tile is staged); two
+``options.store_buffers`` copies (with 2, a tile's store drains while the next tile is staged); in a
+persistent kernel a channel filled once per tile (attention's Q) has ``options.tile_buffers`` copies
+(with 2, the producer loads the next tile's Q, then its K/V, while this tile still computes); two
 buffers share bytes only if their lifetimes cannot overlap, and then at the same offset (the later
 one is a reinterpretation of the earlier);
 ``Program.smem_bytes`` (buffers + mbarriers) <= ``options.smem_limit`` (227 KB on sm_90), lowering
-the ring depth until it fits, then the staging copies (and the ring depth again from the top), else
-PassError.
+the ring depth until it fits, then the per-tile copies, then the staging copies (each time the ring
+depth again from the top), else PassError.
 
 Reuse rule (interval colouring, greedy by size): buffers X and Y may share bytes when their live
 ranges in program order are disjoint and the order is guaranteed: both are touched by one partition
@@ -101,17 +103,22 @@ def _slots_held(program: Program) -> int:
     return pending + lag  # both at once hold their slots for both
 
 
-def plan(program: Program, depth: int, store_copies: int):
-    """Buffers with counts and offsets for a ring depth, and the SMEM they need with their mbarriers."""
+def plan(program: Program, depth: int, store_copies: int, tile_copies: int = 1):
+    """Buffers with counts and offsets for a ring depth, staging copies and per-tile channel copies, and
+    the SMEM they need with their mbarriers."""
     pending = _slots_held(program)
     iv, loop_of = _intervals(program.body)
     acc = _accessors(program)
     rings = {c.buffer for c in program.channels if loop_of.get(c.value) is not None}
     stored = {o.operands[0] for o in walk(program.body) if o.kind == "store"}
 
+    per_tile = {c.buffer for c in program.channels if loop_of.get(c.value) is None}
+
     def count(b) -> int:
         if b.name in rings:
             return max(depth, pending + 1)
+        if b.name in per_tile and program.grid.persistent:
+            return tile_copies
         return store_copies if b.value in stored else 1
 
     bufs = [replace(b, count=count(b)) for b in program.buffers]
@@ -141,14 +148,18 @@ def run(program: Program, options=None) -> Program:
     opts = options or program.options
     lowest = _slots_held(program) + 1
     for copies in range(max(opts.store_buffers, 1), 0, -1):
-        for depth in range(max(opts.stages, lowest), lowest - 1, -1):
-            bufs, total = plan(program, depth, copies)
-            if total <= opts.smem_limit:
+        for tiles in range(max(opts.tile_buffers, 1), 0, -1):
+            for depth in range(max(opts.stages, lowest), lowest - 1, -1):
+                bufs, total = plan(program, depth, copies, tiles)
+                if total > opts.smem_limit:
+                    continue
                 notes = program.notes
                 if depth < opts.stages:
                     notes += (f"memory_plan: ring depth {opts.stages} -> {depth} to fit {opts.smem_limit} B of SMEM",)
                 if copies < opts.store_buffers:
                     notes += (f"memory_plan: store staging copies {opts.store_buffers} -> {copies} to fit",)
+                if tiles < opts.tile_buffers:
+                    notes += (f"memory_plan: per-tile channel copies {opts.tile_buffers} -> {tiles} to fit",)
                 return replace(program, buffers=tuple(bufs), smem_bytes=total, notes=notes)
     raise PassError(f"memory_plan: {total} B of SMEM at the smallest safe ring depth {lowest} exceeds "
                     f"{opts.smem_limit} B; use smaller block sizes")

@@ -20,10 +20,17 @@ from .launch import Tma, launcher_for
 
 LOG2E = 1.4426950408889634
 
-#: Every config the runtime can pick. Two consumer warpgroups own 64 query rows each; a producer warp
-#: streams K and V through an SMEM ring (memory_plan picks the depth that fits: 2 at d=128, 4 at d=64).
+#: Every config the runtime can run (choose_config picks; config= names one; tests compile each offline).
+#: Two consumer warpgroups own 64 query rows each; a producer warp streams K and V through an SMEM ring
+#: (memory_plan picks the depth that fits: 3 at d=128, 4 at d=64); P V of step j-1 runs under step j's
+#: softmax (defer_mma); only diagonal and tail blocks are masked (skip_mask).
 CONFIGS: dict[str, Options] = {
     "ws_p_128x128": Options(block_m=128, block_n=128, stages=4, data_partition=2, persistent=True, defer_mma=True),
+    # Two Q copies: the producer loads the next tile's Q and K/V while this tile computes (short sequences
+    # spend a Q+K load latency per tile otherwise). Fits at ring depth 4 for d=64, ring 2 for d=128.
+    # Not picked yet: it has not run on the H200 (interpreter and offline compile only).
+    "ws_p_128x128_q2": Options(block_m=128, block_n=128, stages=4, data_partition=2, persistent=True,
+                               defer_mma=True, tile_buffers=2),
 }
 
 
