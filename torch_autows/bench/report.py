@@ -162,7 +162,9 @@ def meta_line(meta: dict) -> str:
     if isinstance(clocks, dict) and clocks:
         gpu += ", nvidia-smi: " + ", ".join(f"{k.removeprefix('clocks.')} {v}" for k, v in clocks.items())
     parts = [gpu, f"torch {meta.get('torch', '?')}", f"triton {meta.get('triton', '?')}",
-             f"commit {meta.get('git_commit') or 'unknown'}", meta.get("timestamp") or meta.get("date") or "undated"]
+             f"commit {meta.get('git_commit') or 'unknown'}"
+             + (f" (sources sha256 {meta['source_sha256']})" if meta.get("source_sha256") else ""),
+             meta.get("timestamp") or meta.get("date") or "undated"]
     line = "; ".join(parts)
     if meta.get("command"):
         line += f"; `{meta['command']}`"

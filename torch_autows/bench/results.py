@@ -85,8 +85,11 @@ def collect_meta(subcommand: str, argv: list[str] | None = None, **extra) -> dic
             "git_commit": git_commit(), "gpu": None, "sm_count": None, "clocks": None}
     try:
         from torch_autows import __version__
+        from torch_autows.inductor.passes import source_hash
 
         meta["torch_autows"] = __version__
+        # the package's content, exact even where the checkout's git metadata is stale (a copied tree)
+        meta["source_sha256"] = source_hash()[:16]
     except ImportError:
         pass
     if torch.cuda.is_available():
