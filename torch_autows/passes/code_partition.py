@@ -30,7 +30,7 @@ read their ring slot with ``get {lag=1}``, and the slot of step j-1 is released 
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from ..ir import BarrierGroup, Op, Program, Value, op, walk
 from . import PassError
@@ -172,104 +172,122 @@ def _subst(o: Op, var: str, val: str) -> Op:
     return replace(o, attrs=tuple((k, sub(x)) for k, x in o.attrs))
 
 
-def _pipeline(loop: Op) -> list[Op] | None:
-    """Prologue, pipelined loop and epilogue for a lowered partition loop with deferred ops (see the
-    module docstring), or None when the loop has none."""
-    body, y = list(loop.body[:-1]), loop.body[-1]
+@dataclass
+class _Split:
+    """A partition loop body split by stage: ``late`` ops run one step behind the ``early`` ones."""
+
+    body: list[Op]
+    late: list[Op]
+    early: list[Op]      # in body order: early compute ops, their gets and the sync ops (late releases left out)
+    carried: list[str]   # values early ops define and late ops read: carried one step as ``<x>_prev``
+    lagged: list[str]    # ring slots late ops read: re-got one step later with ``get {lag=1}``
+    gets: dict[str, Op]
+    late_groups: list[str]
+
+
+def _split(loop: Op) -> _Split | None:
+    body = list(loop.body[:-1])
     stages = [o.stage for o in body if o.stage is not None]
     if not stages or max(stages) == min(stages) or loop.attr("min_trip", 0) < 1:
         return None
-    late_stage = max(stages)
-    late = [o for o in body if o.stage == late_stage]
+    late = [o for o in body if o.stage == max(stages)]
     late_defs = {r.name for o in late for r in o.results}
-    get_of = {o.results[0].name: o for o in body if o.kind == "get"}
-    early_defs = {r.name for o in body if o.stage is not None and o.stage < late_stage for r in o.results}
     for o in body:
         if o not in late and any(x in late_defs for x in o.operands):
             raise PassError(f"code_partition: early op reads a deferred value: {o.kind} {o.operands}")
-    late_groups = {get_of[x].attr("group") for o in late for x in o.operands if x in get_of}
-    its, var = loop.attr("iter_args"), loop.attr("var")
+    gets = {o.results[0].name: o for o in body if o.kind == "get"}
+    early_defs = {r.name for o in body if o.stage is not None and o not in late for r in o.results}
+    late_reads = [x for o in late for x in o.operands]
+    late_groups = sorted({gets[x].attr("group") for x in late_reads if x in gets})
+    early_reads = {x for o in body if o not in late for x in o.operands}
+    early = [o for o in body if o not in late
+             and not (o.kind == "get" and o.results[0].name not in early_reads)
+             and not (o.kind == "release" and o.attr("group") in late_groups)]
+    return _Split(body, late, early, list(dict.fromkeys(x for x in late_reads if x in early_defs)),
+                  list(dict.fromkeys(x for x in late_reads if x in gets)), gets, late_groups)
+
+
+def _renamed(o: Op, names: dict[str, str], suffix: str, keep: dict[str, str] | None = None) -> Op:
+    """``o`` reading through ``names``, its results renamed with ``suffix`` (or as ``keep`` says); the
+    new names are recorded in ``names``."""
+    res = []
+    for r in o.results:
+        names[r.name] = (keep or {}).get(r.name, r.name + suffix)
+        res.append(Value(names[r.name], r.type))
+    return replace(o, operands=tuple(names.get(x, x) for x in o.operands), results=tuple(res))
+
+
+def _lagged_get(sp: _Split, x: str, name: str) -> Op:
+    g = sp.gets[x]
+    return replace(g, results=(Value(name, g.results[0].type),)).with_attrs(lag=1)
+
+
+def _pipeline(loop: Op) -> list[Op] | None:
+    """Prologue, pipelined loop and epilogue for a lowered partition loop with deferred ops (see the
+    module docstring), or None when the loop has none."""
+    sp = _split(loop)
+    first = next((o for o in sp.early if o.kind == "mma"), None) if sp else None
+    if first is None:
+        return None
+    y, its, var = loop.body[-1], loop.attr("iter_args"), loop.attr("var")
     lb, ub = loop.attr("lb"), loop.attr("ub")
-    carried = list(dict.fromkeys(x for o in late for x in o.operands if x in early_defs))  # early -> late values
-    lagged = list(dict.fromkeys(x for o in late for x in o.operands if x in get_of))  # ring slots read late
-    early_only_gets = {x for x in get_of if any(x in u.operands for u in body if u not in late)}
-    mmas = [o for o in late if o.kind == "mma"]
-
-    def early_ops(skip_late_release: bool):
-        for o in body:
-            if o in late:
-                continue
-            if o.kind == "get" and o.results[0].name not in early_only_gets:
-                continue
-            if skip_late_release and o.kind == "release" and o.attr("group") in late_groups:
-                continue
-            yield o
-
-    def rename(o: Op, names: dict[str, str], suffix: str, keep: dict[str, str] | None = None) -> Op:
-        res = []
-        for r in o.results:
-            new = (keep or {}).get(r.name, r.name + suffix)
-            names[r.name] = new
-            res.append(Value(new, r.type))
-        return replace(o, operands=tuple(names.get(x, x) for x in o.operands), results=tuple(res))
+    late_mmas = [o for o in sp.late if o.kind == "mma"]
 
     # prologue: the early ops of step lb
-    pro_names = dict(zip(its, loop.operands))
-    prologue = [rename(_subst(o, var, str(lb)), pro_names, "_pro") for o in early_ops(True)]
-    # the loop: step j's early ops, step j-1's late ops
-    first_mma = next((o for o in early_ops(True) if o.kind == "mma"), None)
-    names = {x: x + "_prev" for x in carried}
+    pro = dict(zip(its, loop.operands))
+    prologue = [_renamed(_subst(o, var, str(lb)), pro, "_pro") for o in sp.early]
+
+    # steady state: step j's early ops; right after its first mma is issued, step j-1's late ops are
+    # issued and the first mma alone is retired; the late mmas retire before the ring advances
+    names = {x: x + "_prev" for x in sp.carried}
+    names.update({x: x + "_prev" for x in sp.lagged})
     steady: list[Op] = []
-    waits: list[Op] = []
-    for o in early_ops(True):
-        o = replace(o, operands=tuple(names.get(x, x) for x in o.operands))
-        if o is not None and first_mma is not None and o.results and o.results[0].name == first_mma.results[0].name:
+    for o in sp.early:
+        o = replace(o, operands=tuple(names.get(x, x) if x not in sp.lagged else x for x in o.operands))
+        if o.results and o.results[0].name == first.results[0].name:
             r = o.results[0]
             steady.append(o.with_attrs(wait=False))
-            for x in lagged:
-                steady.append(replace(get_of[x], results=(Value(x + "_prev", get_of[x].results[0].type),))
-                              .with_attrs(lag=1))
-            for d in late:
-                d = replace(d, operands=tuple(names.get(x, x + "_prev" if x in lagged else x) for x in d.operands))
+            steady += [_lagged_get(sp, x, x + "_prev") for x in sp.lagged]
+            for d in sp.late:
+                d = replace(d, operands=tuple(names.get(x, x) for x in d.operands))
                 steady.append(d.with_attrs(wait=False, pending=0) if d.kind == "mma" else d)
-            steady.append(op("mma_wait", [Value(r.name + "_r", r.type)], [r.name], pending=len(mmas)))
+            steady.append(op("mma_wait", [Value(r.name + "_r", r.type)], [r.name], pending=len(late_mmas)))
             names[r.name] = r.name + "_r"
-            continue
-        steady.append(o)
-    if first_mma is None:
-        return None
-    for d in mmas:
+        else:
+            steady.append(o)
+    tail = []
+    for d in late_mmas:
         r = d.results[0]
         # a register A operand is read by the tensor core until the wait: keep it alive to there
-        keep_alive = [x + "_prev" for x in d.operands[:1] if x in carried]
-        waits.append(op("mma_wait", [Value(r.name + "_done", r.type)], [r.name, *keep_alive], pending=0))
+        keep_alive = [x + "_prev" for x in d.operands[:1] if x in sp.carried]
+        tail.append(op("mma_wait", [Value(r.name + "_done", r.type)], [r.name, *keep_alive], pending=0))
         names[r.name] = r.name + "_done"
-    rel = [op("release", group=g, lag=1, guard=False) for g in sorted(late_groups)]
-    adv_at = max(i for i, o in enumerate(steady) if o.kind == "advance") if any(o.kind == "advance" for o in steady) \
-        else len(steady)
-    steady = steady[:adv_at] + waits + rel + steady[adv_at:]
-    yld = replace(y, operands=tuple(names.get(x, x) for x in y.operands) + tuple(carried))
+    release = [op("release", group=g, lag=1, guard=False) for g in sp.late_groups]  # frees step j-1's slot
+    at = max((i for i, o in enumerate(steady) if o.kind == "advance"), default=len(steady))
+    steady = steady[:at] + tail + release + steady[at:]
+
+    late_defs = {r.name for o in sp.late for r in o.results}
     early_yield = [x not in late_defs for x in y.operands]
-    inits = tuple(pro_names.get(x, x) if e else init for x, e, init in zip(y.operands, early_yield, loop.operands))
-    inits += tuple(pro_names[x] for x in carried)
+    inits = tuple(pro.get(x, x) if e else init for x, e, init in zip(y.operands, early_yield, loop.operands))
     results = tuple(r if e else Value(r.name + "_loop", r.type) for r, e in zip(loop.results, early_yield))
-    results += tuple(Value(x + "_last", next(r.type for o in body for r in o.results if r.name == x)) for x in carried)
-    new_loop = replace(loop, operands=inits, results=results, body=tuple(steady) + (yld,)).with_attrs(
-        lb=lb + 1 if isinstance(lb, int) else f"({lb})+1", iter_args=tuple(its) + tuple(x + "_prev" for x in carried))
-    # epilogue: the late ops of the last step
-    epi_names = {it: r.name for it, r in zip(its, results)}
-    epi_names.update({x: x + "_last" for x in carried})
+    types = {r.name: r.type for o in sp.body for r in o.results}
+    new_loop = replace(
+        loop, operands=inits + tuple(pro[x] for x in sp.carried),
+        results=results + tuple(Value(x + "_last", types[x]) for x in sp.carried),
+        body=tuple(steady) + (replace(y, operands=tuple(names.get(x, x) for x in y.operands) + tuple(sp.carried)),),
+    ).with_attrs(lb=lb + 1 if isinstance(lb, int) else f"({lb})+1",
+                 iter_args=tuple(its) + tuple(x + "_prev" for x in sp.carried))
+
+    # epilogue: the late ops of the last step, defining the loop's original late results
+    epi = {it: r.name for it, r in zip(its, results)}
+    epi.update({x: x + "_last" for x in sp.carried})
+    epi.update({x: x + "_epi" for x in sp.lagged})
     final = {x: r.name for x, e, r in zip(y.operands, early_yield, loop.results) if not e}
-    epilogue = []
-    for x in lagged:
-        g = get_of[x]
-        epilogue.append(replace(g, results=(Value(x + "_epi", g.results[0].type),)).with_attrs(lag=1))
-        epi_names[x] = x + "_epi"
-    for d in late:
-        d = rename(_subst(d, var, f"{ub}-1"), epi_names, "_epi", final)
+    epilogue = [_lagged_get(sp, x, x + "_epi") for x in sp.lagged]
+    for d in sp.late:
+        d = _renamed(_subst(d, var, f"{ub}-1"), epi, "_epi", final)
         epilogue.append(d.with_attrs(pending=0) if d.kind == "mma" else d)
-    epilogue += rel
-    return prologue + [new_loop] + epilogue
+    return prologue + [new_loop] + epilogue + release
 
 
 def run(program: Program, options=None) -> Program:
