@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torch_autows.runtime.attention import _rows_view, _tma_2d
+from torch_autows.runtime.attention import _rows_view, _tma
 
 
 def _layouts(B, H, S, D):
@@ -23,7 +23,9 @@ def test_rows_view_addresses_every_element(shape):
         src, rb, rh, ch = view
         in_place = t.is_contiguous() or t.transpose(1, 2).is_contiguous()  # size-1 dims: strides do not matter
         assert (src.data_ptr() != t.data_ptr()) == (copied and not in_place), name
-        (rows, cols), (ld, one) = _tma_2d(src, view)
+        tma = _tma(view)
+        assert tma.tensor is src
+        (rows, cols), (ld, one) = tma.shape, tma.strides
         assert one == 1
         flat = torch.as_strided(src, (rows, cols), (ld, 1))  # what TMA reads
         b, h, s = torch.meshgrid(torch.arange(B), torch.arange(H), torch.arange(S), indexing="ij")

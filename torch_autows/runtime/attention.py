@@ -71,12 +71,12 @@ def _rows_view(t: torch.Tensor):
     return t.contiguous(), H * S, S, 0
 
 
-def _tma_2d(t: torch.Tensor, view) -> tuple[tuple[int, int], tuple[int, int]]:
-    """Global shape and strides of the 2-D TMA view of ``t`` for its (rb, rh, ch)."""
+def _tma(view) -> Tma:
+    """The 2-D TMA argument of a ``_rows_view``: B*rb rows of D (or, [B, S, H, D], H*D) columns."""
+    t, rb, _, ch = view
     B, H, S, D = t.shape
-    _, rb, rh, ch = view
-    cols = D if ch == 0 else H * D
-    return (B * rb if rh else B * S, cols), (cols, 1)
+    cols = H * D if ch else D
+    return Tma(t, (B * rb, cols), (cols, 1))
 
 
 def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
@@ -87,13 +87,13 @@ def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
     qv, kv, vv = _rows_view(q), _rows_view(k), _rows_view(v)
-    if vv[1:] != kv[1:]:  # k and v share (rb, rh, ch): give v k's layout
-        vv = (vv[0].transpose(1, 2).contiguous().transpose(1, 2), *kv[1:]) if kv[3] else _rows_view(v.contiguous())
+    if vv[1:] != kv[1:]:  # k and v share (rb, rh, ch): copy v into k's layout
+        vv = _rows_view(v.transpose(1, 2).contiguous().transpose(1, 2) if kv[3] else v.contiguous())
     out = out if out is not None else torch.empty((B, Hq, Sq, D), device=q.device, dtype=q.dtype)
     lse = lse if lse is not None else torch.empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
     config = config or choose_config(D, is_causal)
     program, launcher = _plan(AttentionRequest(D, DTYPES[q.dtype], bool(is_causal)), config)
-    args = [Tma(view[0], *_tma_2d(view[0], view)) for view in (qv, kv, vv)]
+    args = [_tma(view) for view in (qv, kv, vv)]
     BH = B * Hq
     args += [out, lse, Sq, Skv, Hq, Hkv, Hq // Hkv, float(scale) * LOG2E, *qv[1:], *kv[1:], BH]
     tiles = BH * math.ceil(Sq / program.options.block_m)

@@ -114,7 +114,7 @@ def _plan(req: GemmRequest, config: str):
 
 def _launch(req: GemmRequest, config: str, a2, b2, c2, bias, M, N, K, device):
     launcher, persistent, o = _plan(req, config)
-    args = [Tma(a2, a2.shape, a2.stride()), Tma(b2, b2.shape, b2.stride()), Tma(c2, c2.shape, c2.stride())]
+    args = [Tma(t, t.shape, t.stride()) for t in (a2, b2, c2)]
     if bias is not None:
         args.append(bias)
     args += [M, N, K]
