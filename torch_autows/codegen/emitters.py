@@ -172,12 +172,16 @@ def _wait_ready(ctx, o, indent):
             f"mbarrier.wait({g.name}_ready.index({g.name}_s), ({g.name}_n // {g.count}) & 1)"]
 
 
+def _ago(g, lag: int) -> str:
+    """The ring slot of ``lag`` steps before the group's counter."""
+    return f"({g.name}_n + {g.count - lag}) % {g.count}"
+
+
 @emitter("get")
 def _get(ctx, o, indent):
     lag = o.attr("lag", 0)
     if lag:  # the slot of ``lag`` steps ago (a deferred reader); it is not released yet
-        g = ctx.groups[o.attr("group")]
-        return [f"{v(o.results[0].name)} = {o.attr('buffer')}.index(({g.name}_n + {g.count - lag}) % {g.count})"]
+        return [f"{v(o.results[0].name)} = {o.attr('buffer')}.index({_ago(ctx.groups[o.attr('group')], lag)})"]
     return [f"{v(o.results[0].name)} = {o.attr('buffer')}.index({o.attr('group')}_s)"]
 
 
@@ -193,9 +197,8 @@ def _release(ctx, o, indent):
     if lag == 0:
         return [f"mbarrier.arrive({g.name}_empty.index({g.name}_s))"]
     if o.attr("guard", True) is False:  # the slot of ``lag`` steps ago is always filled here
-        return [f"mbarrier.arrive({g.name}_empty.index(({g.name}_n + {g.count - lag}) % {g.count}))"]
-    return [f"mbarrier.arrive({g.name}_empty.index(({g.name}_n + {g.count - lag}) % {g.count}), "
-            f"pred={_trip_from_start(ctx)} >= {lag})"]
+        return [f"mbarrier.arrive({g.name}_empty.index({_ago(g, lag)}))"]
+    return [f"mbarrier.arrive({g.name}_empty.index({_ago(g, lag)}), pred={_trip_from_start(ctx)} >= {lag})"]
 
 
 @emitter("release_tail")
@@ -203,8 +206,7 @@ def _release_tail(ctx, o, indent):
     g = ctx.groups[o.attr("group")]
     out = []
     for j in range(1, o.attr("lag") + 1):
-        out.append(f"mbarrier.arrive({g.name}_empty.index(({g.name}_n + {g.count - j}) % {g.count}), "
-                   f"pred=_trip >= {j})")
+        out.append(f"mbarrier.arrive({g.name}_empty.index({_ago(g, j)}), pred=_trip >= {j})")
     return out
 
 

@@ -146,7 +146,6 @@ class Smem:
     """Every buffer slot of a partitioned Program as an aliasing view into one byte array."""
 
     def __init__(self, program: Program):
-        rings = {c.buffer for c in program.channels}
         size = max([b.offset + b.nbytes for b in program.buffers] or [0])
         self.mem = torch.full((size,), 0xFF, dtype=torch.uint8)  # 0xFFFF is NaN in bf16 / fp16: garbage
         self.slots: dict[tuple[str, int], SlotState] = {}
@@ -157,9 +156,8 @@ class Smem:
         for b in program.buffers:
             if b.count is None or b.offset is None:
                 raise ValueError(f"interp: buffer {b.name} has no count/offset; run memory_plan first")
-            n = b.count if b.name in rings or b.count > 1 else 1
             step = b.type.nbytes
-            for s in range(n):
+            for s in range(b.count):
                 lo = b.offset + s * step
                 view = self.mem[lo:lo + step].view(TORCH_DTYPE[b.type.dtype]).view(b.type.shape)
                 self.slots[(b.name, s)] = SlotState(lo, lo + step, view)

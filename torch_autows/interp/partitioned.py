@@ -225,11 +225,18 @@ def _group(pr: PartRun, o: Op):
     return g, pr.cta.groups[g]
 
 
-def _acquire(pr: PartRun, o: Op):
+def _this_step(pr: PartRun, o: Op):
+    """(group, BarrierGroup, fill number, slot, lap) of the group's counter; the slot becomes the one
+    that this step's gets, loads and releases use."""
     g, G = _group(pr, o)
     n = pr.counters[g]
     s, lap = n % G.count, n // G.count
     pr.slotvar[g] = (s, n)
+    return g, G, n, s, lap
+
+
+def _acquire(pr: PartRun, o: Op):
+    g, G, n, s, lap = _this_step(pr, o)
     bar = pr.cta.empty[g][s]
     yield from pr.wait(bar, (lap & 1) ^ 1, o, g, s, lap)
     pr.log(o, f"{bar.name} passed, phase {bar.completed}; slot {s}, fill n={n}")
@@ -243,10 +250,7 @@ def _acquire(pr: PartRun, o: Op):
 
 
 def _wait_ready(pr: PartRun, o: Op):
-    g, G = _group(pr, o)
-    n = pr.counters[g]
-    s, lap = n % G.count, n // G.count
-    pr.slotvar[g] = (s, n)
+    g, _, n, s, lap = _this_step(pr, o)
     bar = pr.cta.ready[g][s]
     yield from pr.wait(bar, lap & 1, o, g, s, lap)
     pr.log(o, f"{bar.name} passed, phase {bar.completed}; slot {s}, fill n={n}")
@@ -262,12 +266,18 @@ def _slotvar(pr: PartRun, o: Op, g: str):
     return pr.slotvar[g]
 
 
+def _ago(pr: PartRun, g: str, G, lag: int) -> tuple[int, int]:
+    """(slot, fill number) of the step ``lag`` steps before the group's counter (codegen: (n + count - lag) %
+    count)."""
+    n = pr.counters[g] - lag
+    return n % G.count, n
+
+
 def _get(pr: PartRun, o: Op):
     g, G = _group(pr, o)
     lag = o.attr("lag", 0)
-    if lag:  # the slot of ``lag`` steps ago, by the counter (a deferred reader)
-        n = pr.counters[g] - lag
-        s = n % G.count
+    if lag:  # a deferred reader: the slot of ``lag`` steps ago
+        s, n = _ago(pr, g, G, lag)
     else:
         s, n = _slotvar(pr, o, g)
     pr.env[o.results[0].name] = SlotRef(o.attr("buffer"), s, n, g)
@@ -293,19 +303,17 @@ def _load(pr: PartRun, o: Op):
 def _release(pr: PartRun, o: Op):
     g, G = _group(pr, o)
     lag = o.attr("lag", 0)
-    n = pr.counters[g]
     if lag == 0:
         s, m = _slotvar(pr, o, g)
-    elif o.attr("guard", True) is False:  # unconditional: the slot of ``lag`` steps ago
-        s, m = (n + G.count - lag) % G.count, n - lag
     else:
-        if not pr.loops:
-            raise InterpError("interp: release with a lag outside a loop (codegen needs the loop variable)")
-        var, lb = pr.loops[-1]
-        if pr.scalars[var] - lb < lag:
-            pr.log(o, f"pred false: trip {pr.scalars[var] - lb} < lag {lag}")
-            return
-        s, m = (n + G.count - lag) % G.count, n - lag
+        if o.attr("guard", True) is not False:  # guarded: only once the loop has run ``lag`` steps
+            if not pr.loops:
+                raise InterpError("interp: release with a lag outside a loop (codegen needs the loop variable)")
+            var, lb = pr.loops[-1]
+            if pr.scalars[var] - lb < lag:
+                pr.log(o, f"pred false: trip {pr.scalars[var] - lb} < lag {lag}")
+                return
+        s, m = _ago(pr, g, G, lag)
     pr.log(o, f"arrive {g}.empty[{s}] (fill n={m})")
     pr.cta.arrive_empty(g, s, m, pr, o)
 
@@ -314,12 +322,11 @@ def _release_tail(pr: PartRun, o: Op):
     g, G = _group(pr, o)
     if "_trip" not in pr.scalars:
         raise InterpError("interp: release_tail before any loop (codegen reads `_trip`)")
-    n = pr.counters[g]
     for j in range(1, o.attr("lag") + 1):
         if pr.scalars["_trip"] >= j:
-            s = (n + G.count - j) % G.count
-            pr.log(o, f"arrive {g}.empty[{s}] (fill n={n - j})")
-            pr.cta.arrive_empty(g, s, n - j, pr, o)
+            s, m = _ago(pr, g, G, j)
+            pr.log(o, f"arrive {g}.empty[{s}] (fill n={m})")
+            pr.cta.arrive_empty(g, s, m, pr, o)
 
 
 def _advance(pr: PartRun, o: Op):
