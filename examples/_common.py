@@ -46,6 +46,12 @@ def finish(args: argparse.Namespace, cuda_defaults: dict, cpu_defaults: dict) ->
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
+def hidden_states(args: argparse.Namespace):
+    """``make_inputs`` for a stack of blocks: one [batch, seq, dim] activation (with grad when training)."""
+    return lambda device, dtype: [torch.randn(args.batch, args.seq, args.dim, device=device, dtype=dtype,
+                                              requires_grad=args.train)]
+
+
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()

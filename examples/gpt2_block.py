@@ -11,7 +11,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from _common import finish, parser, run
+from _common import finish, hidden_states, parser, run
 
 
 class Attention(nn.Module):
@@ -54,9 +54,7 @@ def main() -> None:
                   dict(batch=2, seq=128, dim=256, heads=4))
     make_model = lambda: nn.Sequential(*[Block(args.dim, args.heads, args.explicit)  # noqa: E731
                                          for _ in range(args.layers)])
-    make_inputs = lambda device, dtype: [torch.randn(args.batch, args.seq, args.dim,  # noqa: E731
-                                                     device=device, dtype=dtype, requires_grad=args.train)]
-    run("gpt2_block", make_model, make_inputs, args)
+    run("gpt2_block", make_model, hidden_states(args), args)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from _common import finish, parser, run
+from _common import finish, hidden_states, parser, run
 
 
 class RMSNorm(nn.Module):
@@ -66,9 +66,7 @@ def main() -> None:
                   dict(batch=2, seq=64, dim=256, heads=4, kv_heads=2, ffn=688))
     make_model = lambda: nn.Sequential(*[Decoder(args.dim, args.heads, args.kv_heads, args.ffn)  # noqa: E731
                                          for _ in range(args.layers)])
-    make_inputs = lambda device, dtype: [torch.randn(args.batch, args.seq, args.dim,  # noqa: E731
-                                                     device=device, dtype=dtype, requires_grad=args.train)]
-    run("llama_decoder", make_model, make_inputs, args)
+    run("llama_decoder", make_model, hidden_states(args), args)
 
 
 if __name__ == "__main__":
