@@ -40,20 +40,22 @@ def test_generated_attention_source_in_order():
                "if (0 * 128 + 128 > Skv) | (0 * 128 + 127 > (gl.cdiv(Sq, 128) - 1 - pid_m) * 128):",
                "v_p16_c0_pro = v_p_c0_pro.to(gl.bfloat16)",
                "for j in range(1, min(gl.cdiv(Skv, 128), gl.cdiv((gl.cdiv(Sq, 128) - 1 - pid_m) * 128 + 128, 128))):",
-               "mbarrier.wait(g0_ready.index(g0_s), (g0_n // 3) & 1)",
+               "mbarrier.wait(g0_ready.index(g0_s), (g0_n // 2) & 1)",  # K: its own ring, 2 deep
                # step j's Q K^T and step j-1's P V issued back to back, then Q K^T retired alone
                "v_s_c0 = warpgroup_mma(v_q_c0, v_kt_c0, gl.zeros([64, 128], gl.float32, MMA_N128), use_acc=False, "
                "is_async=True)\n",
-               "v_v_prev = v_smem.index((g0_n + 2) % 3)",
+               "v_v_prev = v_smem.index((g2_n + 2) % 3)",  # V: a ring one deeper, read a step late
                "v_acc_new_c0 = warpgroup_mma(gl.convert_layout(v_p16_c0_prev",
                "v_s_c0_r = warpgroup_mma_wait(num_outstanding=1, deps=(v_s_c0,))",
+               "mbarrier.arrive(g0_empty.index(g0_s))", "g0_n += 1",  # K's slot freed once Q K^T retires
                "gl.where(gl.arange(0, 128, layout=MMA_N128_S0)[None, :] < v_s_m_c0_lim[:, None]",  # causal mask
                "gl.max(v_s2_c0, axis=1)", "gl.exp2(",
+               "mbarrier.wait(g2_ready.index(g2_s), (g2_n // 3) & 1)",
                "v_acc_new_c0_done, _ = warpgroup_mma_wait(num_outstanding=0, deps=(v_acc_new_c0, v_p16_c0_prev))",
-               "mbarrier.arrive(g0_empty.index((g0_n + 2) % 3))", "g0_n += 1",
+               "mbarrier.arrive(g2_empty.index((g2_n + 2) % 3))", "g2_n += 1",
                # epilogue: the last step's P V, then its slot and Q are released
-               "v_v_epi = v_smem.index((g0_n + 2) % 3)", "v_acc_f_c0 = warpgroup_mma(",
-               "mbarrier.arrive(g0_empty.index((g0_n + 2) % 3))",
+               "v_v_epi = v_smem.index((g2_n + 2) % 3)", "v_acc_f_c0 = warpgroup_mma(",
+               "mbarrier.arrive(g2_empty.index((g2_n + 2) % 3))",
                "mbarrier.arrive(g1_empty.index(g1_s))",
                "v_out_c0_p = o_ptr + ", "gl.store(v_out_c0_p", "gl.store(lse_ptr",
                "def producer(", "tma.async_copy_global_to_shared(q_desc", "for j in range(",

@@ -29,22 +29,49 @@ def value_partition(name: str, dmap: dict[str, Op]) -> set[str]:
     return out
 
 
-def channel_groups(program: Program) -> list[list[Channel]]:
-    """Channels that share one mbarrier ring: those filled in the same loop (or at top level) by the same
-    partition, in channel order. memory_plan sizes their barriers, code_partition lowers them."""
-    loop_of: dict[str, int | None] = {}
+def _loops_of(program: Program) -> dict[str, Op | None]:
+    """The loop that defines each value (None: top level)."""
+    loop_of: dict[str, Op | None] = {}
 
     def visit(ops, loop):
         for o in ops:
             for r in o.results:
                 loop_of.setdefault(r.name, loop)
             if o.kind == "loop":
-                visit(o.body, id(o))
+                visit(o.body, o)
 
     visit(program.body, None)
+    return loop_of
+
+
+def slots_held(program: Program, c: Channel) -> int:
+    """Ring slots of channel ``c`` its readers may still hold while they wait for the next one: async
+    wgmma groups left in flight on it (``pending``) plus the stages its latest reader runs behind the
+    loop's first compute stage (loop_schedule's ``defer_mma``: P V of step j-1 reads its V slot during
+    step j). Readers of a ``trans`` view of the slot count as readers. 0 for a channel filled once per tile."""
+    loop = _loops_of(program).get(c.value)
+    if loop is None:
+        return 0
+    first = min([o.stage for o in loop.body if o.stage is not None and o.kind != "load"] or [0])
+    views, held = {c.value}, 0
+    for o in loop.body:  # body order: a view is defined before its readers
+        if not views.intersection(o.operands):
+            continue
+        if o.kind == "trans":
+            views.add(o.results[0].name)
+        held = max(held, o.attr("pending", 0) + (first if o.stage is None else o.stage) - first)
+    return held
+
+
+def channel_groups(program: Program) -> list[list[Channel]]:
+    """Channels that share one mbarrier ring: those filled in the same loop (or at top level) by the same
+    partition and held equally long by their readers (``slots_held``), in channel order. A channel read
+    a stage later (attention's V under defer_mma) gets its own ring, so it can be deeper than the others
+    and the earlier readers need not wait for it. memory_plan sizes the rings, code_partition lowers them."""
+    loop_of = _loops_of(program)
     keyed: dict[tuple, list[Channel]] = {}
     for c in program.channels:
-        keyed.setdefault((loop_of[c.value], c.src), []).append(c)
+        keyed.setdefault((id(loop_of[c.value]), c.src, slots_held(program, c)), []).append(c)
     return list(keyed.values())
 
 

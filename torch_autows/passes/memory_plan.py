@@ -2,10 +2,11 @@
 
 Assumes: buffers ran (every SMEM value has a Buffer, cross-partition values have Channels);
 loop_schedule set ``pending`` on loop mmas.
-Guarantees: every buffer has ``count`` and ``offset``; buffers filled inside one loop share one
-depth (they share a barrier ring), at least 1 + the most async wgmma groups (plus deferred steps) that
-may still read a slot (fewer slots deadlock: the producer would wait for a release the consumer only
-gives after its next wait) and at most ``options.stages``; a TMA store's staging buffer has
+Guarantees: every buffer has ``count`` and ``offset``; buffers of one barrier ring
+(buffers.channel_groups) share one depth, at least 1 + the slots its readers may still hold while they
+wait for the next (async wgmma groups, plus deferred steps: buffers.slots_held; fewer slots deadlock:
+the producer would wait for a release the consumer only gives after its next wait); the ring held
+longest gets at most ``options.stages`` and every ring the same prefetch distance (depth - held - 1); a TMA store's staging buffer has
 ``options.store_buffers`` copies (with 2, a tile's store drains while the next tile is staged); in a
 persistent kernel a channel filled once per tile (attention's Q) has ``options.tile_buffers`` copies
 (with 2, the producer loads the next tile's Q, then its K/V, while this tile still computes); two
@@ -28,7 +29,7 @@ from dataclasses import replace
 
 from ..ir import Op, Program, walk
 from . import PassError
-from .buffers import channel_groups
+from .buffers import channel_groups, slots_held
 
 ALIGN = 1024  # 128-byte-swizzled NVMMA tiles need 1024-byte alignment
 
@@ -90,23 +91,17 @@ def _compatible(x, y, program, iv, acc, loop_of) -> bool:
     return (not program.grid.persistent) and ring and len(xr) == 1 and yw == yr == xr
 
 
-def _slots_held(program: Program) -> int:
-    """Ring slots a consumer may still hold while it waits for the next one: async wgmma groups left in
-    flight (``pending``), or the stages a deferred op runs behind the step that waited (loop_schedule's
-    ``defer_mma``: P V of step j-1 reads its V slot during step j)."""
-    pending = max([o.attr("pending", 0) for o in walk(program.body) if o.kind == "mma"] or [0])
-    lag = 0
-    for loop in (o for o in walk(program.body) if o.kind == "loop"):
-        stages = [o.stage for o in loop.body if o.stage is not None and o.kind != "load"]
-        if stages:
-            lag = max(lag, max(stages) - min(stages))
-    return pending + lag  # both at once hold their slots for both
+def _held(program: Program) -> dict[str, int]:
+    """Ring buffer -> slots its readers may still hold while they wait for the next (buffers.slots_held)."""
+    return {c.buffer: slots_held(program, c) for c in program.channels}
 
 
 def plan(program: Program, depth: int, store_copies: int, tile_copies: int = 1):
     """Buffers with counts and offsets for a ring depth, staging copies and per-tile channel copies, and
-    the SMEM they need with their mbarriers."""
-    pending = _slots_held(program)
+    the SMEM they need with their mbarriers. ``depth`` is the count of the ring held longest; every ring
+    gets the same prefetch distance (count - held - 1), so one held fewer steps is that much shallower."""
+    held = _held(program)
+    most = max(held.values(), default=0)
     iv, loop_of = _intervals(program.body)
     acc = _accessors(program)
     rings = {c.buffer for c in program.channels if loop_of.get(c.value) is not None}
@@ -116,7 +111,7 @@ def plan(program: Program, depth: int, store_copies: int, tile_copies: int = 1):
 
     def count(b) -> int:
         if b.name in rings:
-            return max(depth, pending + 1)
+            return max(depth - (most - held[b.name]), held[b.name] + 1)
         if b.name in per_tile and program.grid.persistent:
             return tile_copies
         return store_copies if b.value in stored else 1
@@ -146,7 +141,7 @@ def plan(program: Program, depth: int, store_copies: int, tile_copies: int = 1):
 
 def run(program: Program, options=None) -> Program:
     opts = options or program.options
-    lowest = _slots_held(program) + 1
+    lowest = max(_held(program).values(), default=0) + 1
     for copies in range(max(opts.store_buffers, 1), 0, -1):
         for tiles in range(max(opts.tile_buffers, 1), 0, -1):
             for depth in range(max(opts.stages, lowest), lowest - 1, -1):

@@ -1,0 +1,57 @@
+"""Attention configs (every runtime config plus named variants) against cuDNN on the BENCH.md grid, one process.
+
+Run on the GPU machine: ``PYTHONPATH=. OUT=<dir> python bench/results/sweeps/attention_configs.py [glob ...]``.
+Writes ``sweep_attn_configs.json``: TFLOP/s and relative error (vs fp32 math SDPA) per variant and case.
+"""
+import json
+import os
+import sys
+from dataclasses import replace
+
+import torch
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from torch_autows.bench.cases import select
+from torch_autows.runtime import attention as rta
+
+#: Extra variants: name -> (base config, Options overrides).
+VARIANTS = {}
+
+
+def main():
+    for name, (base, kw) in VARIANTS.items():
+        rta.CONFIGS[name] = replace(rta.CONFIGS[base], **kw)
+    names = list(rta.CONFIGS)
+    rows = []
+    for c in select("attention", sys.argv[1:] or None):
+        b, hq, hkv, s, d, causal = c.batch, c.heads, c.kv_heads, c.seqlen, c.head_dim, c.causal
+        q = torch.randn(b, hq, s, d, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal,
+                                                               enable_gqa=hkv != hq)
+
+        def cudnn(q=q, k=k, v=v, causal=causal, gqa=hkv != hq):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            row = {"case": c.name, "cudnn": round(c.flops / triton.testing.do_bench(cudnn, rep=200) / 1e9, 1)}
+        for name in names:
+            def run(name=name, q=q, k=k, v=v, causal=causal, d=d):
+                return rta.attention(q, k, v, causal, d ** -0.5, config=name)
+            try:
+                out, _ = run()
+                torch.cuda.synchronize()
+                row[name + "_err"] = round(((out.float() - ref).norm() / ref.norm()).item(), 5)
+                row[name] = round(c.flops / triton.testing.do_bench(run, rep=200) / 1e9, 1)
+            except Exception as e:  # recorded, not fatal
+                row[name] = repr(e)[:300]
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+        del q, k, v, ref
+    with open(os.path.join(os.environ.get("OUT", "."), "sweep_attn_configs.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
