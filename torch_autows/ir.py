@@ -125,10 +125,12 @@ class Grid:
     tiles: tuple[tuple[str, str], ...]
     persistent: bool = True
     group: int = 8
+    serpentine: bool = False  # persistent: odd waves of tiles walked in reverse (see Options.serpentine)
 
     def __str__(self) -> str:
         t = ", ".join(f"{n}: {e}" for n, e in self.tiles)
-        return f"grid ({t}) persistent={self.persistent} group={self.group}"
+        tail = " serpentine" if self.serpentine else ""
+        return f"grid ({t}) persistent={self.persistent} group={self.group}{tail}"
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,10 @@ class Options:
     tile_buffers: int = 1  # copies of a per-tile channel (attention's Q): 2 lets the next tile's loads start early
     skip_mask: bool = True  # mask only blocks a mask can change (a uniform branch around it)
     defer_mma: bool = False  # issue a dependent mma (attention's P V) one step late, under the next step's work
+    pingpong: bool = False
+    # persistent CTAs take every other wave of tiles in reverse order: with tiles sorted longest first
+    # (causal attention), CTA 0 no longer gets the longest tile of every wave
+    serpentine: bool = False  # compute partitions take turns issuing wgmma (one's softmax under the other's mma)
     producer_warps: int = 1
     producer_regs: int = 40
     smem_limit: int = 232448  # 227 KB per CTA on sm_90

@@ -167,9 +167,9 @@ def parse_program(text: str) -> Program:
                 dims = tuple(d.strip() for d in m.group(4).split(",") if d.strip())
                 args.append(Arg(m.group(1), m.group(2), m.group(3), dims, bool(m.group(5))))
         elif s.startswith("grid "):
-            m = re.fullmatch(r"grid \((.*)\) persistent=(\w+) group=(\d+)", s)
+            m = re.fullmatch(r"grid \((.*)\) persistent=(\w+) group=(\d+)( serpentine)?", s)
             tiles = tuple(tuple(x.strip() for x in t.split(":", 1)) for t in _split_top(m.group(1)))
-            grid = Grid(tiles, m.group(2) == "True", int(m.group(3)))
+            grid = Grid(tiles, m.group(2) == "True", int(m.group(3)), m.group(4) is not None)
         elif s.startswith("options "):
             options = Options(**{k: _lit(v) for k, v in _kv(s[len("options "):]).items()})
         elif s.startswith("partition "):

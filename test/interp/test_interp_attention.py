@@ -109,3 +109,34 @@ def test_deferred_slot_released_one_step_early():
     kinds = _kinds(mutated)
     assert set(kinds) == {"use-after-release"}, kinds  # P V(j-1) would read V after its slot was freed
 
+
+
+def test_ping_pong_turns_wrap_each_issue_group():
+    _, after = _pair(d=128, causal=True, config="ws_p_128x128_q2_pp")
+    for me, pt in enumerate(after.partitions[:2]):
+        seq = [(o.kind, o.attr("me"), o.attr("to"), o.attr("wait")) for o in walk(pt.body)
+               if o.kind in ("turn_wait", "turn_pass", "mma", "mma_wait")]
+        w, p, m = ("turn_wait", me, None, None), ("turn_pass", None, 1 - me, None), ("mma", None, None, False)
+        ret = ("mma_wait", None, None, None)
+        # prologue Q K^T, steady Q K^T + P V(j-1), epilogue P V: each issued in turn, the turn handed over
+        # before the partition blocks on its own wgmma
+        assert seq == [w, m, p, ret, w, m, m, p, ret, ret, w, m, p, ret], seq
+
+
+def test_dropped_turn_pass_deadlocks():
+    _, after = _pair(config="ws_p_128x128_q2_pp")
+    mutated = _edit_loop(after, "consumer1", lambda ops: [o for o in ops if o.kind != "turn_pass"])
+    assert set(violation_kinds(mutated, shape=(1, 1, 1, 64, 300))) == {"deadlock"}
+
+
+@pytest.mark.parametrize("tiles,nprog", [(10, 3), (12, 4), (7, 7), (5, 8), (2048, 132)])
+def test_serpentine_waves_are_a_permutation(tiles, nprog):
+    from torch_autows.interp.sched import _serpentine
+
+    _, after = _pair(causal=True)
+    assert after.grid.serpentine
+    walked = [[_serpentine(after, t, nprog, tiles) for t in range(pid, tiles, nprog)] for pid in range(nprog)]
+    assert sorted(t for w in walked for t in w) == list(range(tiles))
+    # wave 1 reversed: CTA 0 gets the last tile of its second wave (here the shorter causal tiles)
+    if tiles >= 2 * nprog:
+        assert walked[0][:2] == [0, 2 * nprog - 1]

@@ -210,6 +210,19 @@ def _release_tail(ctx, o, indent):
     return out
 
 
+@emitter("turn_wait")
+def _turn_wait(ctx, o, indent):
+    # partition ``me`` issues its k-th mma group after partition me-1 issued its k-th (partition 0: after the
+    # last partition's (k-1)-th; a fresh barrier passes the parity-1 wait, so partition 0 starts)
+    first = " ^ 1" if o.attr("me") == 0 else ""
+    return [f"mbarrier.wait(turn_bar.index({o.attr('me')}), (turn_n & 1){first})"]
+
+
+@emitter("turn_pass")
+def _turn_pass(ctx, o, indent):
+    return [f"mbarrier.arrive(turn_bar.index({o.attr('to')}))", "turn_n += 1"]
+
+
 @emitter("trans")
 def _trans(ctx, o, indent):
     return [f"{v(o.results[0].name)} = {v(o.operands[0])}.permute((1, 0))"]

@@ -28,8 +28,14 @@ def _params(program: Program) -> list[str]:
     return out
 
 
+def _turns(program: Program) -> int:
+    """How many partitions take ping-pong turns (code_partition's turn_wait/turn_pass; 0: none)."""
+    return max([o.attr("turns") for p in program.partitions for o in walk(p.body) if o.kind == "turn_wait"] or [0])
+
+
 def _shared_params(program: Program) -> list[str]:
-    return [b.name for b in program.buffers] + [f"{g.name}_{k}" for g in program.groups for k in ("ready", "empty")]
+    return ([b.name for b in program.buffers] + [f"{g.name}_{k}" for g in program.groups for k in ("ready", "empty")]
+            + (["turn_bar"] if _turns(program) else []))
 
 
 def _tile_lines(program: Program) -> list[str]:
@@ -39,6 +45,10 @@ def _tile_lines(program: Program) -> list[str]:
     lines = [f"num_{n} = {expr(e)}" for n, e in g.tiles]
     lines.append("num_tiles = " + " * ".join(f"num_{n}" for n in names))
     body = ["t = tile"]
+    if g.persistent and g.serpentine:  # odd waves reversed: wave w holds tiles [w*P, w*P + size)
+        body += ["wave0 = (t // gl.num_programs(0)) * gl.num_programs(0)",
+                 "wave_size = min(gl.num_programs(0), num_tiles - wave0)",
+                 "t = t + ((t // gl.num_programs(0)) % 2) * (2 * wave0 + wave_size - 1 - 2 * t)"]
     for n in names[:-2]:
         inner = " * ".join(f"num_{m}" for m in names[names.index(n) + 1:])
         body += [f"{n} = t // ({inner})", f"t = t % ({inner})"]
@@ -60,6 +70,8 @@ def _partition_fn(program: Program, part) -> list[str]:
     groups = sorted({o.attr("group") for o in walk(part.body) if o.attr("group")})
     has_store = any(o.kind == "store" for o in walk(part.body))
     body = [f"    {g}_n = 0" for g in groups]
+    if any(o.kind == "turn_wait" for o in walk(part.body)):
+        body.append("    turn_n = 0  # mma issue groups this partition ran (ping-pong turns)")
     body += [f"    {ctx.stage_buf[o.operands[0]].name}_n = 0  # stores issued from this staging ring"
              for o in walk(part.body) if o.kind == "store" and ctx.stage_buf[o.operands[0]].count > 1]
     pre, tile = _tile_lines(program)
@@ -67,6 +79,7 @@ def _partition_fn(program: Program, part) -> list[str]:
     if program.grid.persistent:
         body.append("    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):")
         ind = 2
+
     else:
         body.append("    tile = gl.program_id(0)")
         ind = 1
@@ -112,6 +125,12 @@ def _kernel_fn(program: Program) -> list[str]:
         lines.append(f"    for i in gl.static_range({g.count}):")
         lines.append(f"        mbarrier.init({g.name}_ready.index(i), count=1)")
         lines.append(f"        mbarrier.init({g.name}_empty.index(i), count={g.arrivals})")
+    turns = _turns(program)
+    if turns:
+        lines.append(f"    # ping-pong: {turns} compute partitions take turns issuing wgmma (turn_bar[i]: i's go)")
+        lines.append(f"    turn_bar = gl.allocate_shared_memory(gl.int64, [{turns}, 1], mbarrier.MBarrierLayout())")
+        lines.append(f"    for i in gl.static_range({turns}):")
+        lines.append("        mbarrier.init(turn_bar.index(i), count=1)")
     args = ", ".join(_params(program) + _shared_params(program))
     parts = program.partitions
     calls = ", ".join(f"({p.name}, ({args}))" for p in parts)

@@ -62,6 +62,12 @@ class CTA:
                 self.readers.setdefault(c.buffer, set()).update(c.dsts)
         self.copies: list[TmaCopy] = []
         self.parts: list = []
+        self.turns: list[MBarrier] = []  # ping-pong turn barriers (code_partition's turn_wait/turn_pass)
+
+    def turn(self, i: int, n: int) -> MBarrier:
+        if not self.turns:
+            self.turns = [MBarrier(f"turn[{j}]", 1) for j in range(n)]
+        return self.turns[i]
 
     def fail(self, kind, msg, part=None, op=None, **kw):
         self.run.fail(kind, msg, cta=self.index, partition=part, op=op, **kw)
@@ -172,7 +178,11 @@ class CTA:
     # ------------------------------------------------------------------------------------ kernel end
 
     def finish(self) -> None:
-        """Every wait matched one arrive: equal counters, no unreleased fill, no half phase."""
+        """Every wait matched one arrive: equal counters, no unreleased fill, no half phase, equal turns."""
+        turns = {pt.name: pt.turn_n for pt in self.parts if pt.turn_n}
+        if len(set(turns.values())) > 1:
+            self.fail("unbalanced", f"ping-pong turns differ at kernel end: {turns} (every compute partition must "
+                      f"issue the same mma groups per tile)")
         for g, G in self.groups.items():
             counts = {pt.name: pt.counters[g] for pt in self.parts if g in pt.counters}
             if len(set(counts.values())) > 1:

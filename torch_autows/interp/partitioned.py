@@ -14,7 +14,9 @@ wait cannot pass yet. Mirrored from the generated code:
     mma_wait     wait until ``pending`` remain; the accumulator is retired
     store        store_wait(copies - 1); registers -> staging slot n % copies; fence; async TMA store
                  (read at store_wait)
-Counters ``n`` are per partition and group and run on across loops and tiles.
+    turn_wait    wait turn[me] with parity (turn_n & 1), ^ 1 for partition 0 (ping-pong)
+    turn_pass    arrive turn[to]; turn_n += 1
+Counters ``n`` are per partition and group and run on across loops and tiles, as does ``turn_n``.
 """
 from __future__ import annotations
 
@@ -74,6 +76,7 @@ class PartRun:
         self.loops: list[tuple[str, int]] = []
         self.wgmma: collections.deque = collections.deque()
         self.stores: list[StoreRead] = []
+        self.turn_n = 0
         self.has_store = any(o.kind == "store" for o in walk(part.body))
         self.produces = any(o.kind in ("acquire", "load") for o in walk(part.body))
         self.waiting = None
@@ -387,6 +390,26 @@ def _store(pr: PartRun, o: Op):
     pr.stores.append(rec)
 
 
-HANDLERS = {"acquire": _acquire, "wait_ready": _wait_ready, "get": _get, "load": _load, "release": _release,
+def _turn_wait(pr: PartRun, o: Op):
+    me, k = o.attr("me"), pr.turn_n
+    bar = pr.cta.turn(me, o.attr("turns"))
+    parity = (k & 1) ^ (1 if me == 0 else 0)
+    yield from pr.wait(bar, parity, o, "turn", me, k)
+    want = k if me == 0 else k + 1  # partition 0's k-th group follows the last one's (k-1)-th pass
+    if bar.completed != want:
+        pr.fail("wrong-phase", f"{pr.name} waited for its turn {k} on {bar.name} ({want} passes) but the wait "
+                f"passed with {bar.completed}: the parity matched a different turn", o)
+    pr.log(o, f"{bar.name} passed: turn {k}")
+
+
+def _turn_pass(pr: PartRun, o: Op):
+    err = pr.cta.turn(o.attr("to"), o.attr("turns")).arrive(pr.name)
+    if err:
+        pr.fail("over-arrive", err, o)
+    pr.turn_n += 1
+
+
+HANDLERS = {"turn_wait": _turn_wait, "turn_pass": _turn_pass,
+            "acquire": _acquire, "wait_ready": _wait_ready, "get": _get, "load": _load, "release": _release,
             "release_tail": _release_tail, "advance": _advance, "trans": _trans, "mma": _mma,
             "mma_wait": _mma_wait, "store": _store}

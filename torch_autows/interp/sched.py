@@ -29,6 +29,15 @@ RECOVERABLE = {"overwrite", "unfilled-read", "use-after-release", "wrong-phase",
                "release-before-retire", "unbalanced"}
 
 
+def _serpentine(program, t: int, nprog: int, tiles: int) -> int:
+    """The tile a persistent CTA runs at loop tile ``t`` (codegen.gluon._tile_lines: odd waves reversed)."""
+    if not program.grid.serpentine:
+        return t
+    wave0 = t // nprog * nprog
+    size = min(nprog, tiles - wave0)
+    return t + (t // nprog % 2) * (2 * wave0 + size - 1 - 2 * t)
+
+
 class TmaAgent:
     name = "tma"
     produces = False
@@ -157,7 +166,8 @@ class Run:
         self.violations = violations
         tiles = num_tiles(program, self.scalars)
         if program.grid.persistent:
-            self.ctas = [CTA(self, pid, list(range(pid, tiles, nprog))) for pid in range(min(nprog, tiles))]
+            self.ctas = [CTA(self, pid, [_serpentine(program, t, nprog, tiles) for t in range(pid, tiles, nprog)])
+                         for pid in range(min(nprog, tiles))]
         else:
             self.ctas = [CTA(self, pid, [pid]) for pid in range(tiles)]
         self.agents: list = []

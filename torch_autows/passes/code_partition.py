@@ -26,6 +26,17 @@ ops. Values early ops hand to late ops are carried as extra iter_args (``<x>_pre
 read their ring slot with ``get {lag=1}``, and the slot of step j-1 is released in step j
 (``release {lag=1, guard=False}``), the last one after the epilogue. Needs a trip count >= 1
 (``loop.min_trip``).
+
+Ping-pong (``options.pingpong``, for two or more compute partitions, i.e. data-partitioned consumers):
+the compute partitions take turns issuing their wgmma. Every run of mma issues with nothing that may
+block between them (an "issue group": a prologue's first mma; a steady step's Q K^T, the rescale and
+the deferred P V; an epilogue's mma) is
+wrapped in ``turn_wait {turns, me}`` ... ``turn_pass {turns, to}``; an mma that waits for itself is
+split into the issue, the pass and a ``mma_wait``, so a partition hands the turn over before it blocks.
+Partition i's k-th issue group waits until partition i-1 issued its k-th (partition 0: its (k-1)-th of
+the last one), so one partition's softmax runs while the other's wgmma occupy the tensor cores. Every
+compute partition runs the same issue groups per tile (data partitioning splits one tile's rows), so
+the turns stay balanced.
 """
 from __future__ import annotations
 
@@ -290,6 +301,66 @@ def _pipeline(loop: Op) -> list[Op] | None:
     return prologue + [new_loop] + epilogue + release
 
 
+_BLOCKING = ("mma_wait", "wait_ready", "acquire", "store", "turn_wait")
+
+
+def _take_turns(body: tuple[Op, ...], me: int, turns: int) -> tuple[Op, ...]:
+    """``body`` with every issue group of mmas wrapped in turn_wait / turn_pass (see the module docstring)."""
+    out: list[Op] = []
+    ops = list(body)
+    i = 0
+    while i < len(ops):
+        o = ops[i]
+        if o.body:
+            out.append(replace(o, body=_take_turns(o.body, me, turns)))
+            i += 1
+            continue
+        if o.kind != "mma":
+            out.append(o)
+            i += 1
+            continue
+        j = i  # the issue group ends at the last mma before anything that may block (or a nested body)
+        for k in range(i + 1, len(ops)):
+            if ops[k].kind in _BLOCKING or ops[k].body:
+                break
+            if ops[k].kind == "mma":
+                j = k
+        group, tail = ops[i:j + 1], []
+        last = group[-1]
+        if last.attr("wait", True) is not False and last.attr("pending", 0) == 0:
+            # issue, hand the turn over, then block on it; later ops read the retired value
+            r = last.results[0]
+            group[-1] = last.with_attrs(wait=False)
+            tail = [op("mma_wait", [Value(r.name + "_w", r.type)], [r.name], pending=0)]
+            ops[j + 1:] = [_reading(x, r.name, r.name + "_w") for x in ops[j + 1:]]
+        out += [op("turn_wait", turns=turns, me=me), *group, op("turn_pass", turns=turns, to=(me + 1) % turns), *tail]
+        i = j + 1
+    return tuple(out)
+
+
+def _reading(o: Op, old: str, new: str) -> Op:
+    """``o`` (and its body) reading ``new`` where it read ``old``."""
+    body = tuple(_reading(x, old, new) for x in o.body) if o.body else o.body
+    return replace(o, operands=tuple(new if x == old else x for x in o.operands), body=body)
+
+
+def _ping_pong(program: Program) -> Program:
+    """Turns between the compute partitions (those that issue mmas), when ``options.pingpong`` asks and
+    there are two or more; the turn mbarriers (8 B each) are added to ``smem_bytes``."""
+    compute = [p for p in program.partitions if any(o.kind == "mma" for o in walk(p.body))]
+    if not program.options.pingpong or len(compute) < 2:
+        return program
+    n = len(compute)
+    idx = {p.name: i for i, p in enumerate(compute)}
+    parts = tuple(replace(p, body=_take_turns(p.body, idx[p.name], n)) if p.name in idx else p
+                  for p in program.partitions)
+    smem = (program.smem_bytes or 0) + 8 * n
+    if smem > program.options.smem_limit:
+        raise PassError(f"code_partition: {n} ping-pong turn barriers do not fit ({smem} B of SMEM)")
+    note = f"code_partition: ping-pong: {', '.join(p.name for p in compute)} take turns issuing wgmma"
+    return replace(program, partitions=parts, smem_bytes=smem, notes=program.notes + (note,))
+
+
 def run(program: Program, options=None) -> Program:
     groups, chans = _groups(program)
     prog = replace(program, groups=tuple(groups), channels=tuple(chans))
@@ -300,4 +371,4 @@ def run(program: Program, options=None) -> Program:
         for n in o.attr("iter_args", ()):
             dmap[n] = o
     parts = tuple(replace(p, body=_partition_body(prog, p.name, chans, dmap)) for p in program.partitions)
-    return replace(prog, partitions=parts)
+    return _ping_pong(replace(prog, partitions=parts))

@@ -6,12 +6,12 @@ Guarantees: every buffer has ``count`` and ``offset``; buffers of one barrier ri
 (buffers.channel_groups) share one depth, at least 1 + the slots its readers may still hold while they
 wait for the next (async wgmma groups, plus deferred steps: buffers.slots_held; fewer slots deadlock:
 the producer would wait for a release the consumer only gives after its next wait); the ring held
-longest gets at most ``options.stages`` and every ring the same prefetch distance (depth - held - 1); a TMA store's staging buffer has
-``options.store_buffers`` copies (with 2, a tile's store drains while the next tile is staged); in a
-persistent kernel a channel filled once per tile (attention's Q) has ``options.tile_buffers`` copies
-(with 2, the producer loads the next tile's Q, then its K/V, while this tile still computes); two
-buffers share bytes only if their lifetimes cannot overlap, and then at the same offset (the later
-one is a reinterpretation of the earlier);
+longest gets at most ``options.stages`` and every ring the same prefetch distance (depth - held - 1);
+a TMA store's staging buffer has ``options.store_buffers`` copies (with 2, a tile's store drains while
+the next tile is staged); in a persistent kernel a channel filled once per tile (attention's Q) has
+``options.tile_buffers`` copies (with 2, the producer loads the next tile's Q, then its K/V, while
+this tile still computes); two buffers share bytes only if their lifetimes cannot overlap, and then at
+the same offset (the later one is a reinterpretation of the earlier);
 ``Program.smem_bytes`` (buffers + mbarriers) <= ``options.smem_limit`` (227 KB on sm_90), lowering
 the ring depth until it fits, then the per-tile copies, then the staging copies (each time the ring
 depth again from the top), else PassError.

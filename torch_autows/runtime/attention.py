@@ -25,11 +25,15 @@ LOG2E = 1.4426950408889634
 #: (V's one slot deeper: it is read a step late); P V of step j-1 runs under step j's softmax
 #: (defer_mma); only diagonal and tail blocks are masked (skip_mask).
 CONFIGS: dict[str, Options] = {
-    "ws_p_128x128": Options(block_m=128, block_n=128, stages=4, data_partition=2, persistent=True, defer_mma=True),
+    "ws_p_128x128": Options(block_m=128, block_n=128, stages=4, data_partition=2, persistent=True, defer_mma=True,
+                            serpentine=True),
     # Two Q copies: the producer loads the next tile's Q, then its K/V, while this tile still computes
     # (with one, it waits for this tile's end before the next tile's loads). Plans K 2 + V 3 at d=128.
     "ws_p_128x128_q2": Options(block_m=128, block_n=128, stages=4, data_partition=2, persistent=True,
-                               defer_mma=True, tile_buffers=2),
+                               defer_mma=True, tile_buffers=2, serpentine=True),
+    # The two consumers take turns issuing wgmma (ping-pong): one's softmax runs under the other's mma.
+    "ws_p_128x128_q2_pp": Options(block_m=128, block_n=128, stages=4, data_partition=2, persistent=True,
+                                  defer_mma=True, tile_buffers=2, serpentine=True, pingpong=True),
 }
 
 

@@ -46,7 +46,8 @@ def build(req: AttentionRequest, opts: Options) -> Program:
             Arg("q_rb", "scalar", "i32"), Arg("q_rh", "scalar", "i32"), Arg("q_ch", "scalar", "i32"),
             Arg("kv_rb", "scalar", "i32"), Arg("kv_rh", "scalar", "i32"), Arg("kv_ch", "scalar", "i32"))
     # Causal tiles differ in length (the KV loop stops at the diagonal): walk them longest first, all
-    # heads' last query tiles before any head's first, so a persistent grid ends with short tiles.
+    # heads' last query tiles before any head's first, so a persistent grid ends with short tiles
+    # (``serpentine`` then evens out what each CTA gets per wave).
     mi = "(cdiv(Sq,%d)-1-pid_m)" % BM if req.causal else "pid_m"
     row0 = "%s*%d" % (mi, BM)  # first query row of this tile inside its head
     q_row = "pid_bh*Sq+%s*%d" % (mi, BM)  # of o and lse ([B*Hq*Sq, D] and [B*Hq*Sq])
@@ -97,5 +98,5 @@ def build(req: AttentionRequest, opts: Options) -> Program:
     )
     name = f"attn_fwd_{dt}_d{D}_{BM}x{BN}" + ("_causal" if req.causal else "")
     tiles = (("pid_bh", "BH"), ("pid_m", "cdiv(Sq,%d)" % BM))
-    grid = Grid(tiles[::-1] if req.causal else tiles, opts.persistent, 1)
+    grid = Grid(tiles[::-1] if req.causal else tiles, opts.persistent, 1, opts.serpentine)
     return Program(name, args + (Arg("BH", "scalar", "i32"),), grid, opts, body)

@@ -87,4 +87,5 @@ def build(req: GemmRequest, opts: Options) -> Program:
         name += "_bias"
     if batched:
         name += "_batched"
-    return Program(name, tuple(args), Grid(tuple(tiles), opts.persistent, opts.group_m), opts, tuple(body))
+    grid = Grid(tuple(tiles), opts.persistent, opts.group_m, opts.serpentine)
+    return Program(name, tuple(args), grid, opts, tuple(body))
