@@ -33,3 +33,16 @@ def test_rows_view_addresses_every_element(shape):
         c = (h * ch)[..., None] + torch.arange(D)
         assert int(r.max()) < rows and int(c.max()) < cols, name
         assert torch.equal(flat[r, c], t), name
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5, 8), (1, 4, 7, 16)])
+def test_output_takes_qs_layout(shape):
+    from torch_autows.runtime.attention import _in_place, empty_out
+
+    B, H, S, D = shape
+    bshd = torch.randn(B, S, H, D).transpose(1, 2)
+    out = empty_out(bshd)
+    assert out.shape == bshd.shape and out.stride() == bshd.stride()
+    assert _in_place(out)[1:] == (S, 0, D)
+    assert empty_out(bshd.contiguous()).is_contiguous() and empty_out(bshd, 4).shape == (B, H, S, 4)
+    assert _in_place(torch.randn(B, H, S, 2 * D)[..., :D]) is None  # neither layout: not addressed in place

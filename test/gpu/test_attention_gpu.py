@@ -49,7 +49,10 @@ def test_attention_random(c):
 
     q, k, v = mk(hq, c["sq"], c["bshd"]), mk(c["hkv"], c["skv"], c["kv_bshd"]), mk(c["hkv"], c["skv"], c["bshd"])
     scale = c["scale"] if c["scale"] is not None else 1 / math.sqrt(c["d"])
-    out = torch.full((c["b"], hq, c["sq"], c["d"]), float("nan"), device="cuda", dtype=c["dtype"])
+    # out= in either layout (drawn with k's flag, independent of q's); out=None is q's layout (below)
+    out = torch.full((c["b"], c["sq"], hq, c["d"]) if c["kv_bshd"] else (c["b"], hq, c["sq"], c["d"]), float("nan"),
+                     device="cuda", dtype=c["dtype"])
+    out = out.transpose(1, 2) if c["kv_bshd"] else out
     lse = torch.full((c["b"], hq, c["sq"]), float("nan"), device="cuda")
     rt.attention(q, k, v, c["causal"], scale, config=c["config"], out=out, lse=lse)
     ref, ref_lse = torch_attention(q.float(), k.float(), v.float(), c["causal"], scale)
@@ -69,6 +72,10 @@ def test_ops_attention_served():
     assert fallback.counters["attention.autows"] == 1
     ref = torch.nn.functional.scaled_dot_product_attention(q.float(), q.float(), q.float(), is_causal=True)
     assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2)  # [B, S, H, D] as models produce it
+    out_t, _ = torch_autows.ops.attention(qt, qt, qt, is_causal=True)
+    assert out_t.transpose(1, 2).is_contiguous()  # written in q's layout: the transpose back is a view
+    torch.testing.assert_close(out_t, out)
 
 
 def test_head_dim_96_falls_back_with_reason(caplog):

@@ -59,7 +59,7 @@ class TestAttentionPasses(expecttest.TestCase):
     %l_col:f32[128,1] = expand(%l_f) {axis=1}
     %out_f:f32[128,64] = div0(%acc_f, %l_col)
     %out:bf16[128,64] = cast(%out_f)
-    store_ptr(%out) {arg='o', ld=64, row='pid_bh*Sq+(cdiv(Sq,128)-1-pid_m)*128', rows_valid='Sq-(cdiv(Sq,128)-1-pid_m)*128'}
+    store_ptr(%out) {arg='o', col='(pid_bh%Hq)*o_ch', ld='64+(Hq-1)*o_ch', row='(pid_bh//Hq)*o_rb+(pid_bh%Hq)*o_rh+(cdiv(Sq,128)-1-pid_m)*128', rows_valid='Sq-(cdiv(Sq,128)-1-pid_m)*128'}
     %lse_v:f32[128] = lse(%m_f, %l_f)
     store_vec(%lse_v) {arg='lse', offset='pid_bh*Sq+(cdiv(Sq,128)-1-pid_m)*128', valid='Sq-(cdiv(Sq,128)-1-pid_m)*128'}
   }""")
@@ -124,8 +124,8 @@ class TestAttentionPasses(expecttest.TestCase):
     %out_f_c1:f32[64,64] = div0(%acc_f_c1, %l_col_c1) [chain=1]
     %out_c0:bf16[64,64] = cast(%out_f_c0) [chain=0]
     %out_c1:bf16[64,64] = cast(%out_f_c1) [chain=1]
-    store_ptr(%out_c0) {arg='o', ld=64, row='pid_bh*Sq+(cdiv(Sq,128)-1-pid_m)*128', rows_valid='Sq-(cdiv(Sq,128)-1-pid_m)*128'} [chain=0]
-    store_ptr(%out_c1) {arg='o', ld=64, row='pid_bh*Sq+(cdiv(Sq,128)-1-pid_m)*128+64', rows_valid='Sq-(cdiv(Sq,128)-1-pid_m)*128-64'} [chain=1]
+    store_ptr(%out_c0) {arg='o', col='(pid_bh%Hq)*o_ch', ld='64+(Hq-1)*o_ch', row='(pid_bh//Hq)*o_rb+(pid_bh%Hq)*o_rh+(cdiv(Sq,128)-1-pid_m)*128', rows_valid='Sq-(cdiv(Sq,128)-1-pid_m)*128'} [chain=0]
+    store_ptr(%out_c1) {arg='o', col='(pid_bh%Hq)*o_ch', ld='64+(Hq-1)*o_ch', row='(pid_bh//Hq)*o_rb+(pid_bh%Hq)*o_rh+(cdiv(Sq,128)-1-pid_m)*128+64', rows_valid='Sq-(cdiv(Sq,128)-1-pid_m)*128-64'} [chain=1]
     %lse_v_c0:f32[64] = lse(%m_f_c0, %l_f_c0) [chain=0]
     %lse_v_c1:f32[64] = lse(%m_f_c1, %l_f_c1) [chain=1]
     store_vec(%lse_v_c0) {arg='lse', offset='pid_bh*Sq+(cdiv(Sq,128)-1-pid_m)*128', valid='Sq-(cdiv(Sq,128)-1-pid_m)*128'} [chain=0]
@@ -232,7 +232,7 @@ class TestAttentionPasses(expecttest.TestCase):
     %l_col_c0:f32[64,1] = expand(%l_f_c0) {axis=1} [chain=0 partition=consumer0]
     %out_f_c0:f32[64,64] = div0(%acc_f_c0, %l_col_c0) [chain=0 partition=consumer0]
     %out_c0:bf16[64,64] = cast(%out_f_c0) [chain=0 partition=consumer0]
-    store_ptr(%out_c0) {arg='o', ld=64, row='pid_bh*Sq+(cdiv(Sq,128)-1-pid_m)*128', rows_valid='Sq-(cdiv(Sq,128)-1-pid_m)*128'} [chain=0 partition=consumer0]
+    store_ptr(%out_c0) {arg='o', col='(pid_bh%Hq)*o_ch', ld='64+(Hq-1)*o_ch', row='(pid_bh//Hq)*o_rb+(pid_bh%Hq)*o_rh+(cdiv(Sq,128)-1-pid_m)*128', rows_valid='Sq-(cdiv(Sq,128)-1-pid_m)*128'} [chain=0 partition=consumer0]
     %lse_v_c0:f32[64] = lse(%m_f_c0, %l_f_c0) [chain=0 partition=consumer0]
     store_vec(%lse_v_c0) {arg='lse', offset='pid_bh*Sq+(cdiv(Sq,128)-1-pid_m)*128', valid='Sq-(cdiv(Sq,128)-1-pid_m)*128'} [chain=0 partition=consumer0]
   }
@@ -306,7 +306,7 @@ class TestAttentionPasses(expecttest.TestCase):
     %l_col_c1:f32[64,1] = expand(%l_f_c1) {axis=1} [chain=1 partition=consumer1]
     %out_f_c1:f32[64,64] = div0(%acc_f_c1, %l_col_c1) [chain=1 partition=consumer1]
     %out_c1:bf16[64,64] = cast(%out_f_c1) [chain=1 partition=consumer1]
-    store_ptr(%out_c1) {arg='o', ld=64, row='pid_bh*Sq+(cdiv(Sq,128)-1-pid_m)*128+64', rows_valid='Sq-(cdiv(Sq,128)-1-pid_m)*128-64'} [chain=1 partition=consumer1]
+    store_ptr(%out_c1) {arg='o', col='(pid_bh%Hq)*o_ch', ld='64+(Hq-1)*o_ch', row='(pid_bh//Hq)*o_rb+(pid_bh%Hq)*o_rh+(cdiv(Sq,128)-1-pid_m)*128+64', rows_valid='Sq-(cdiv(Sq,128)-1-pid_m)*128-64'} [chain=1 partition=consumer1]
     %lse_v_c1:f32[64] = lse(%m_f_c1, %l_f_c1) [chain=1 partition=consumer1]
     store_vec(%lse_v_c1) {arg='lse', offset='pid_bh*Sq+(cdiv(Sq,128)-1-pid_m)*128+64', valid='Sq-(cdiv(Sq,128)-1-pid_m)*128-64'} [chain=1 partition=consumer1]
   }

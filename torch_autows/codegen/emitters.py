@@ -129,8 +129,8 @@ def _store_ptr(ctx, o, indent):
     n = v(x)
     return [f"{n}_r = gl.arange(0, {bm}, layout={ctx._slice(1, L)})",
             f"{n}_c = gl.arange(0, {bn}, layout={ctx._slice(0, L)})",
-            f"{n}_p = {o.attr('arg')}_ptr + (({expr(o.attr('row'))} + {n}_r).to(gl.int64) * {expr(o.attr('ld'))})"
-            f"[:, None] + {n}_c[None, :]",
+            f"{n}_p = {o.attr('arg')}_ptr + (({expr(o.attr('row'))} + {n}_r).to(gl.int64) * ({expr(o.attr('ld'))}))"
+            f"[:, None] + ({expr(o.attr('col', 0))} + {n}_c)[None, :]",
             f"gl.store({n}_p, {n}, mask=({n}_r < {expr(o.attr('rows_valid'))})[:, None])"]
 
 

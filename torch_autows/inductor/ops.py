@@ -23,6 +23,7 @@ from torch import Tensor
 
 from .. import config
 from .. import ops as _kernels
+from ..runtime.attention import empty_out
 from ..runtime.fallback import Unsupported, note_fallback, note_served
 from .attention_grad import attention_backward, reference_attention
 
@@ -34,19 +35,24 @@ _SERVED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 @torch.library.custom_op("autows::attention", mutates_args=())
 def attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False, scale: float | None = None,
               enable_gqa: bool = False) -> tuple[Tensor, Tensor]:
-    """SDPA (no mask tensor, no dropout) returning ``(out [B, Hq, Sq, D], lse fp32 [B, Hq, Sq])``."""
+    """SDPA (no mask tensor, no dropout) returning ``(out [B, Hq, Sq, D], lse fp32 [B, Hq, Sq])``; ``out`` has
+    q's layout when q is a [B, S, H, D] tensor transposed (runtime.attention.empty_out), so the model's
+    transpose back is a view, and is contiguous otherwise."""
     if q.dtype in _SERVED_DTYPES:
         out, lse = _kernels.attention(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
     else:
         note_fallback("attention", f"dtype {q.dtype}: autows attention serves float16, bfloat16 and float32")
         out, lse = reference_attention(q, k, v, is_causal, scale if scale is not None else q.shape[-1] ** -0.5)
-    return out.contiguous(), lse.contiguous()
+    want = empty_out(q, v.shape[-1])
+    if out.stride() != want.stride():  # a fallback's layout: the fake promised empty_out's
+        out = want.copy_(out)
+    return out, lse.contiguous()
 
 
 @attention.register_fake
 def _attention_fake(q, k, v, is_causal=False, scale=None, enable_gqa=False):
     B, Hq, Sq, _ = q.shape
-    return q.new_empty((B, Hq, Sq, v.shape[-1])), q.new_empty((B, Hq, Sq), dtype=torch.float32)
+    return empty_out(q, v.shape[-1]), q.new_empty((B, Hq, Sq), dtype=torch.float32)
 
 
 def _attention_setup_context(ctx, inputs, output):

@@ -153,13 +153,16 @@ def _attention(program: Program, seed: int, shape) -> Instance:
         return t4.reshape(b * h * s, d).contiguous(), (h * s, s, 0)
 
     (q, qr), (k, kr), (v, _) = rows(q4, q_bshd), rows(k4, kv_bshd), rows(v4, kv_bshd)
-    tensors = {"q": q, "k": k, "v": v, "o": torch.full((B * Hq * Sq, D), float("nan")).to(dt),
+    o_bshd = rng.random() < 0.5  # the output in either layout, independent of q's
+    o_ref, orr = rows(out.to(dt), o_bshd)
+    tensors = {"q": q, "k": k, "v": v, "o": torch.full_like(o_ref, float("nan")),
                "lse": torch.full((B * Hq * Sq,), float("nan"))}
     scalars = {"Sq": Sq, "Skv": Skv, "Hq": Hq, "Hkv": Hkv, "G": Hq // Hkv, "qk_scale": scale * 1.4426950408889634,
-               "BH": B * Hq, **dict(zip(("q_rb", "q_rh", "q_ch"), qr)), **dict(zip(("kv_rb", "kv_rh", "kv_ch"), kr))}
+               "BH": B * Hq, **dict(zip(("q_rb", "q_rh", "q_ch"), qr)), **dict(zip(("kv_rb", "kv_rh", "kv_ch"), kr)),
+               **dict(zip(("o_rb", "o_rh", "o_ch"), orr))}
     desc = f"batch={B} Hq={Hq} Hkv={Hkv} Sq={Sq} Skv={Skv} D={D}" + (" causal" if causal else "") + \
-        (" q:BSHD" if q_bshd else "") + (" kv:BSHD" if kv_bshd else "")
-    ref = {"o": out.reshape(-1, D).to(dt), "lse": lse.reshape(-1)}
+        (" q:BSHD" if q_bshd else "") + (" kv:BSHD" if kv_bshd else "") + (" o:BSHD" if o_bshd else "")
+    ref = {"o": o_ref, "lse": lse.reshape(-1)}
     return Instance(desc, tensors, scalars, ref, {"o": 2 * TOL[program.arg("q").dtype], "lse": 1e-4})
 
 

@@ -65,15 +65,31 @@ def _plan(req: AttentionRequest, config: str):
     return program, launcher_for(program)
 
 
-def _rows_view(t: torch.Tensor):
-    """(tensor, rb, rh, ch) of a [B, H, S, D] tensor read as rows of sequence positions (see the template):
-    [B, H, S, D]-contiguous or [B, S, H, D]-contiguous (a transposed view) in place, else a copy."""
+def _in_place(t: torch.Tensor):
+    """(tensor, rb, rh, ch) of a [B, H, S, D] tensor addressed as rows of sequence positions (see the
+    template) without a copy: [B, H, S, D]-contiguous or [B, S, H, D]-contiguous (a transposed view);
+    None for any other layout."""
     B, H, S, D = t.shape
     if t.is_contiguous():
         return t, H * S, S, 0
     if t.transpose(1, 2).is_contiguous():
         return t, S, 0, D
-    return t.contiguous(), H * S, S, 0
+    return None
+
+
+def _rows_view(t: torch.Tensor):
+    """``_in_place(t)``, or a [B, H, S, D]-contiguous copy's."""
+    return _in_place(t) or _in_place(t.contiguous())
+
+
+def empty_out(q: torch.Tensor, d: int | None = None) -> torch.Tensor:
+    """The output for q: [B, Hq, Sq, D] in q's layout when q is [B, S, H, D]-contiguous (models transpose it
+    back to [B, S, H*D], which is then a view), else contiguous."""
+    B, H, S, D = q.shape
+    d = d or D
+    if not q.is_contiguous() and q.transpose(1, 2).is_contiguous():
+        return q.new_empty((B, S, H, d)).transpose(1, 2)
+    return q.new_empty((B, H, S, d))
 
 
 def _tma(view) -> Tma:
@@ -94,14 +110,18 @@ def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
     qv, kv, vv = _rows_view(q), _rows_view(k), _rows_view(v)
     if vv[1:] != kv[1:]:  # k and v share (rb, rh, ch): copy v into k's layout
         vv = _rows_view(v.transpose(1, 2).contiguous().transpose(1, 2) if kv[3] else v.contiguous())
-    out = out if out is not None else torch.empty((B, Hq, Sq, D), device=q.device, dtype=q.dtype)
+    given = out
+    out = out if out is not None and _in_place(out) is not None else empty_out(q)
     lse = lse if lse is not None else torch.empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
     config = config or choose_config(D, is_causal)
     program, launcher = _plan(AttentionRequest(D, DTYPES[q.dtype], bool(is_causal)), config)
     args = [_tma(view) for view in (qv, kv, vv)]
     BH = B * Hq
-    args += [out, lse, Sq, Skv, Hq, Hkv, Hq // Hkv, float(scale) * LOG2E, *qv[1:], *kv[1:], BH]
+    args += [out, lse, Sq, Skv, Hq, Hkv, Hq // Hkv, float(scale) * LOG2E, *qv[1:], *kv[1:], *_in_place(out)[1:], BH]
     tiles = BH * math.ceil(Sq / program.options.block_m)
     idx = dev.index(out.device)
     launcher(min(tiles, dev.num_sms(idx)) if program.grid.persistent else tiles, args, idx)
+    if given is not None and given is not out:  # an out= in neither layout: written through a copy
+        given.copy_(out)
+        out = given
     return out, lse

@@ -4,7 +4,10 @@ One output tile is BM query rows of one (batch, q-head). q, k and v are read thr
 whose rows are sequence positions: element (b, h, s, d) is at row ``b*rb + h*rh + s``, column
 ``h*ch + d``, with (rb, rh, ch) run-time scalars per tensor, so both the [B, H, S, D] layout
 (rb=H*S, rh=S, ch=0) and the [B, S, H, D] layout models produce before a transpose (rb=S, rh=0,
-ch=D) are read in place. GQA maps q-head h to kv-head h // (Hq // Hkv); o is written [B*Hq*Sq, D].
+ch=D) are read in place. GQA maps q-head h to kv-head h // (Hq // Hkv). o is written the same way
+through a pointer, with its own (o_rb, o_rh, o_ch) and rows of D + (Hq-1)*o_ch elements, so a caller
+can have the output in q's layout (a model's transpose back to [B, S, H*D] is then a view); lse is
+[B*Hq*Sq].
 A KV tile that runs past Skv reads other rows of the tensor (or TMA zeros): the ``mask`` op sets
 those scores to -inf, so their probabilities are exactly 0. Query rows past Sq are computed but never
 stored (``store_ptr``/``store_vec`` mask rows). Causal masking is top-left aligned (col <= row), as
@@ -44,13 +47,15 @@ def build(req: AttentionRequest, opts: Options) -> Program:
             Arg("Sq", "scalar", "i32"), Arg("Skv", "scalar", "i32"), Arg("Hq", "scalar", "i32"),
             Arg("Hkv", "scalar", "i32"), Arg("G", "scalar", "i32"), Arg("qk_scale", "scalar", "f32"),
             Arg("q_rb", "scalar", "i32"), Arg("q_rh", "scalar", "i32"), Arg("q_ch", "scalar", "i32"),
-            Arg("kv_rb", "scalar", "i32"), Arg("kv_rh", "scalar", "i32"), Arg("kv_ch", "scalar", "i32"))
+            Arg("kv_rb", "scalar", "i32"), Arg("kv_rh", "scalar", "i32"), Arg("kv_ch", "scalar", "i32"),
+            Arg("o_rb", "scalar", "i32"), Arg("o_rh", "scalar", "i32"), Arg("o_ch", "scalar", "i32"))
     # Causal tiles differ in length (the KV loop stops at the diagonal): walk them longest first, all
     # heads' last query tiles before any head's first, so a persistent grid ends with short tiles
     # (``serpentine`` then evens out what each CTA gets per wave).
     mi = "(cdiv(Sq,%d)-1-pid_m)" % BM if req.causal else "pid_m"
     row0 = "%s*%d" % (mi, BM)  # first query row of this tile inside its head
-    q_row = "pid_bh*Sq+%s*%d" % (mi, BM)  # of o and lse ([B*Hq*Sq, D] and [B*Hq*Sq])
+    lse_row = "pid_bh*Sq+%s*%d" % (mi, BM)  # of lse ([B*Hq*Sq])
+    o_row = "(pid_bh//Hq)*o_rb+(pid_bh%%Hq)*o_rh+%s*%d" % (mi, BM)
     q_at = ("(pid_bh//Hq)*q_rb+(pid_bh%%Hq)*q_rh+%s*%d" % (mi, BM), "(pid_bh%Hq)*q_ch")
     kv_at = ("(pid_bh//Hq)*kv_rb+((pid_bh%%Hq)//G)*kv_rh+j*%d" % BN, "((pid_bh%Hq)//G)*kv_ch")
     ub = "cdiv(Skv,%d)" % BN
@@ -92,9 +97,10 @@ def build(req: AttentionRequest, opts: Options) -> Program:
         op("expand", [Value("l_col", T("f32", (BM, 1)))], ["l_f"], axis=1),
         op("div0", [Value("out_f", acc_t)], ["acc_f", "l_col"]),
         op("cast", [Value("out", T(dt, (BM, D)))], ["out_f"]),
-        op("store_ptr", [], ["out"], arg="o", row=q_row, rows_valid="Sq-%s*%d" % (mi, BM), ld=D),
+        op("store_ptr", [], ["out"], arg="o", row=o_row, col="(pid_bh%Hq)*o_ch", ld="%d+(Hq-1)*o_ch" % D,
+           rows_valid="Sq-%s*%d" % (mi, BM)),
         op("lse", [Value("lse_v", row_t)], ["m_f", "l_f"]),
-        op("store_vec", [], ["lse_v"], arg="lse", offset=q_row, valid="Sq-%s*%d" % (mi, BM)),
+        op("store_vec", [], ["lse_v"], arg="lse", offset=lse_row, valid="Sq-%s*%d" % (mi, BM)),
     )
     name = f"attn_fwd_{dt}_d{D}_{BM}x{BN}" + ("_causal" if req.causal else "")
     tiles = (("pid_bh", "BH"), ("pid_m", "cdiv(Sq,%d)" % BM))
