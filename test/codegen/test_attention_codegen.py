@@ -30,11 +30,11 @@ def test_compiles_with_three_partitions(config, d, causal, dtype):
 
 
 def test_generated_attention_source_in_order():
-    program = pipeline.run(build(AttentionRequest(128, "bf16", True), CONFIGS["ws_p_128x128"]))
+    program = pipeline.run(build(AttentionRequest(128, "bf16", True), CONFIGS["ws_p_128x128_q2"]))
     src = gluon.generate(program)
     ordered = ["def consumer0(", "num_pid_m = gl.cdiv(Sq, 128)", "pid_m = first",
                "gl.full([64], float(\"-inf\"), gl.float32",
-               "mbarrier.wait(g1_ready.index(g1_s), (g1_n // 1) & 1)",  # Q once per tile, before the loop
+               "mbarrier.wait(g1_ready.index(g1_s), (g1_n // 2) & 1)",  # Q once per tile (2 copies), before the loop
                # prologue: step 0's Q K^T and softmax
                "v_s_c0_pro = warpgroup_mma(", "v_s_c0_pro = warpgroup_mma_wait(num_outstanding=0",
                "if (0 * 128 + 128 > Skv) | (0 * 128 + 127 > (gl.cdiv(Sq, 128) - 1 - pid_m) * 128):",

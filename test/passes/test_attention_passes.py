@@ -143,18 +143,17 @@ class TestAttentionPasses(expecttest.TestCase):
   partition consumer0 warps=4 regs=232
   partition consumer1 warps=4 regs=232
   partition producer warps=1 regs=40
-  buffer q_c0_smem: bf16[64,128]@smem value=%q_c0 count=1 offset=163840
-  buffer q_c1_smem: bf16[64,128]@smem value=%q_c1 count=1 offset=180224
-  buffer k_smem: bf16[128,128]@smem value=%k count=2 offset=98304
-  buffer v_smem: bf16[128,128]@smem value=%v count=3 offset=0
+  buffer q_c0_smem: bf16[64,128]@smem value=%q_c0 count=1 offset=196608
+  buffer q_c1_smem: bf16[64,128]@smem value=%q_c1 count=1 offset=212992
+  buffer k_smem: bf16[128,128]@smem value=%k count=3 offset=0
+  buffer v_smem: bf16[128,128]@smem value=%v count=3 offset=98304
   channel ch_k: %k producer -> consumer0,consumer1 buffer=k_smem group=g0
   channel ch_q_c0: %q_c0 producer -> consumer0 buffer=q_c0_smem group=g1
   channel ch_q_c1: %q_c1 producer -> consumer1 buffer=q_c1_smem group=g1
-  channel ch_v: %v producer -> consumer0,consumer1 buffer=v_smem group=g2
-  barriers g0: count=2 arrivals=2 bytes=32768 channels=ch_k
+  channel ch_v: %v producer -> consumer0,consumer1 buffer=v_smem group=g0
+  barriers g0: count=3 arrivals=2 bytes=65536 channels=ch_k,ch_v
   barriers g1: count=1 arrivals=2 bytes=32768 channels=ch_q_c0,ch_q_c1
-  barriers g2: count=3 arrivals=2 bytes=32768 channels=ch_v
-  smem 196704
+  smem 229440
   note 'memory_plan: ring depth 4 -> 3 to fit 232448 B of SMEM'
 """)
 
@@ -172,8 +171,6 @@ class TestAttentionPasses(expecttest.TestCase):
     %k_pro:bf16[128,64]@smem = get() {buffer='k_smem', group='g0'}
     %kt_c0_pro:bf16[64,128]@smem = trans(%k_pro) [chain=0 partition=consumer0 stage=1 order=2]
     %s_c0_pro:f32[64,128] = mma(%q_c0, %kt_c0_pro) {pending=0} [chain=0 partition=consumer0 stage=1 order=4]
-    release() {group='g0', lag=0}
-    advance() {group='g0'}
     %s_m_c0_pro:f32[64,128] = mask(%s_c0_pro) {causal=True, col='(0)*128', kv_len='Skv', row='(cdiv(Sq,128)-1-pid_m)*128'} [chain=0 partition=consumer0 stage=1 order=6]
     %s2_c0_pro:f32[64,128] = mulc(%s_m_c0_pro) {c='qk_scale'} [chain=0 partition=consumer0 stage=1 order=8]
     %mx_c0_pro:f32[64] = reduce_max(%s2_c0_pro) {axis=1} [chain=0 partition=consumer0 stage=1 order=10]
@@ -189,19 +186,16 @@ class TestAttentionPasses(expecttest.TestCase):
     %l_new_c0_pro:f32[64] = add(%la_c0_pro, %ps_c0_pro) [chain=0 partition=consumer0 stage=1 order=30]
     %a_col_c0_pro:f32[64,1] = expand(%alpha_c0_pro) {axis=1} [chain=0 partition=consumer0 stage=1 order=32]
     %p16_c0_pro:bf16[64,128] = cast(%p_c0_pro) [chain=0 partition=consumer0 stage=1 order=34]
-    wait_ready() {group='g2'}
-    advance() {group='g2'}
+    advance() {group='g0'}
     %m_f_c0:f32[64], %l_f_c0:f32[64], %acc_f_c0_loop:f32[64,64], %a_col_c0_last:f32[64,1], %p16_c0_last:bf16[64,128] = loop(%m_new_c0_pro, %l_new_c0_pro, %acc0_c0, %a_col_c0_pro, %p16_c0_pro) {iter_args=('m_c0', 'l_c0', 'acc_c0', 'a_col_c0_prev', 'p16_c0_prev'), lb=1, min_trip=1, ub='min(cdiv(Skv,128),cdiv((cdiv(Sq,128)-1-pid_m)*128+128,128))', var='j'} {
       wait_ready() {group='g0'}
       %k:bf16[128,64]@smem = get() {buffer='k_smem', group='g0'}
       %kt_c0:bf16[64,128]@smem = trans(%k) [chain=0 partition=consumer0 stage=1 order=2]
       %s_c0:f32[64,128] = mma(%q_c0, %kt_c0) {pending=0, wait=False} [chain=0 partition=consumer0 stage=1 order=4]
-      %v_prev:bf16[128,64]@smem = get() {buffer='v_smem', group='g2', lag=1}
+      %v_prev:bf16[128,64]@smem = get() {buffer='v_smem', group='g0', lag=1}
       %acc_s_c0:f32[64,64] = mul(%acc_c0, %a_col_c0_prev) [chain=0 partition=consumer0 stage=2 order=36]
       %acc_new_c0:f32[64,64] = mma(%p16_c0_prev, %v_prev, %acc_s_c0) {pending=0, wait=False} [chain=0 partition=consumer0 stage=2 order=38]
       %s_c0_r:f32[64,128] = mma_wait(%s_c0) {pending=1}
-      release() {group='g0', lag=0}
-      advance() {group='g0'}
       %s_m_c0:f32[64,128] = mask(%s_c0_r) {causal=True, col='j*128', kv_len='Skv', row='(cdiv(Sq,128)-1-pid_m)*128'} [chain=0 partition=consumer0 stage=1 order=6]
       %s2_c0:f32[64,128] = mulc(%s_m_c0) {c='qk_scale'} [chain=0 partition=consumer0 stage=1 order=8]
       %mx_c0:f32[64] = reduce_max(%s2_c0) {axis=1} [chain=0 partition=consumer0 stage=1 order=10]
@@ -217,16 +211,15 @@ class TestAttentionPasses(expecttest.TestCase):
       %l_new_c0:f32[64] = add(%la_c0, %ps_c0) [chain=0 partition=consumer0 stage=1 order=30]
       %a_col_c0:f32[64,1] = expand(%alpha_c0) {axis=1} [chain=0 partition=consumer0 stage=1 order=32]
       %p16_c0:bf16[64,128] = cast(%p_c0) [chain=0 partition=consumer0 stage=1 order=34]
-      wait_ready() {group='g2'}
       %acc_new_c0_done:f32[64,64] = mma_wait(%acc_new_c0, %p16_c0_prev) {pending=0}
-      release() {group='g2', guard=False, lag=1}
-      advance() {group='g2'}
+      release() {group='g0', guard=False, lag=1}
+      advance() {group='g0'}
       yield(%m_new_c0, %l_new_c0, %acc_new_c0_done, %a_col_c0, %p16_c0)
     }
-    %v_epi:bf16[128,64]@smem = get() {buffer='v_smem', group='g2', lag=1}
+    %v_epi:bf16[128,64]@smem = get() {buffer='v_smem', group='g0', lag=1}
     %acc_s_c0_epi:f32[64,64] = mul(%acc_f_c0_loop, %a_col_c0_last) [chain=0 partition=consumer0 stage=2 order=36]
     %acc_f_c0:f32[64,64] = mma(%p16_c0_last, %v_epi, %acc_s_c0_epi) {pending=0} [chain=0 partition=consumer0 stage=2 order=38]
-    release() {group='g2', guard=False, lag=1}
+    release() {group='g0', guard=False, lag=1}
     release() {group='g1', lag=0}
     advance() {group='g1'}
     %l_col_c0:f32[64,1] = expand(%l_f_c0) {axis=1} [chain=0 partition=consumer0]
@@ -246,8 +239,6 @@ class TestAttentionPasses(expecttest.TestCase):
     %k_pro:bf16[128,64]@smem = get() {buffer='k_smem', group='g0'}
     %kt_c1_pro:bf16[64,128]@smem = trans(%k_pro) [chain=1 partition=consumer1 stage=1 order=3]
     %s_c1_pro:f32[64,128] = mma(%q_c1, %kt_c1_pro) {pending=0} [chain=1 partition=consumer1 stage=1 order=5]
-    release() {group='g0', lag=0}
-    advance() {group='g0'}
     %s_m_c1_pro:f32[64,128] = mask(%s_c1_pro) {causal=True, col='(0)*128', kv_len='Skv', row='(cdiv(Sq,128)-1-pid_m)*128+64'} [chain=1 partition=consumer1 stage=1 order=7]
     %s2_c1_pro:f32[64,128] = mulc(%s_m_c1_pro) {c='qk_scale'} [chain=1 partition=consumer1 stage=1 order=9]
     %mx_c1_pro:f32[64] = reduce_max(%s2_c1_pro) {axis=1} [chain=1 partition=consumer1 stage=1 order=11]
@@ -263,19 +254,16 @@ class TestAttentionPasses(expecttest.TestCase):
     %l_new_c1_pro:f32[64] = add(%la_c1_pro, %ps_c1_pro) [chain=1 partition=consumer1 stage=1 order=31]
     %a_col_c1_pro:f32[64,1] = expand(%alpha_c1_pro) {axis=1} [chain=1 partition=consumer1 stage=1 order=33]
     %p16_c1_pro:bf16[64,128] = cast(%p_c1_pro) [chain=1 partition=consumer1 stage=1 order=35]
-    wait_ready() {group='g2'}
-    advance() {group='g2'}
+    advance() {group='g0'}
     %m_f_c1:f32[64], %l_f_c1:f32[64], %acc_f_c1_loop:f32[64,64], %a_col_c1_last:f32[64,1], %p16_c1_last:bf16[64,128] = loop(%m_new_c1_pro, %l_new_c1_pro, %acc0_c1, %a_col_c1_pro, %p16_c1_pro) {iter_args=('m_c1', 'l_c1', 'acc_c1', 'a_col_c1_prev', 'p16_c1_prev'), lb=1, min_trip=1, ub='min(cdiv(Skv,128),cdiv((cdiv(Sq,128)-1-pid_m)*128+128,128))', var='j'} {
       wait_ready() {group='g0'}
       %k:bf16[128,64]@smem = get() {buffer='k_smem', group='g0'}
       %kt_c1:bf16[64,128]@smem = trans(%k) [chain=1 partition=consumer1 stage=1 order=3]
       %s_c1:f32[64,128] = mma(%q_c1, %kt_c1) {pending=0, wait=False} [chain=1 partition=consumer1 stage=1 order=5]
-      %v_prev:bf16[128,64]@smem = get() {buffer='v_smem', group='g2', lag=1}
+      %v_prev:bf16[128,64]@smem = get() {buffer='v_smem', group='g0', lag=1}
       %acc_s_c1:f32[64,64] = mul(%acc_c1, %a_col_c1_prev) [chain=1 partition=consumer1 stage=2 order=37]
       %acc_new_c1:f32[64,64] = mma(%p16_c1_prev, %v_prev, %acc_s_c1) {pending=0, wait=False} [chain=1 partition=consumer1 stage=2 order=39]
       %s_c1_r:f32[64,128] = mma_wait(%s_c1) {pending=1}
-      release() {group='g0', lag=0}
-      advance() {group='g0'}
       %s_m_c1:f32[64,128] = mask(%s_c1_r) {causal=True, col='j*128', kv_len='Skv', row='(cdiv(Sq,128)-1-pid_m)*128+64'} [chain=1 partition=consumer1 stage=1 order=7]
       %s2_c1:f32[64,128] = mulc(%s_m_c1) {c='qk_scale'} [chain=1 partition=consumer1 stage=1 order=9]
       %mx_c1:f32[64] = reduce_max(%s2_c1) {axis=1} [chain=1 partition=consumer1 stage=1 order=11]
@@ -291,16 +279,15 @@ class TestAttentionPasses(expecttest.TestCase):
       %l_new_c1:f32[64] = add(%la_c1, %ps_c1) [chain=1 partition=consumer1 stage=1 order=31]
       %a_col_c1:f32[64,1] = expand(%alpha_c1) {axis=1} [chain=1 partition=consumer1 stage=1 order=33]
       %p16_c1:bf16[64,128] = cast(%p_c1) [chain=1 partition=consumer1 stage=1 order=35]
-      wait_ready() {group='g2'}
       %acc_new_c1_done:f32[64,64] = mma_wait(%acc_new_c1, %p16_c1_prev) {pending=0}
-      release() {group='g2', guard=False, lag=1}
-      advance() {group='g2'}
+      release() {group='g0', guard=False, lag=1}
+      advance() {group='g0'}
       yield(%m_new_c1, %l_new_c1, %acc_new_c1_done, %a_col_c1, %p16_c1)
     }
-    %v_epi:bf16[128,64]@smem = get() {buffer='v_smem', group='g2', lag=1}
+    %v_epi:bf16[128,64]@smem = get() {buffer='v_smem', group='g0', lag=1}
     %acc_s_c1_epi:f32[64,64] = mul(%acc_f_c1_loop, %a_col_c1_last) [chain=1 partition=consumer1 stage=2 order=37]
     %acc_f_c1:f32[64,64] = mma(%p16_c1_last, %v_epi, %acc_s_c1_epi) {pending=0} [chain=1 partition=consumer1 stage=2 order=39]
-    release() {group='g2', guard=False, lag=1}
+    release() {group='g0', guard=False, lag=1}
     release() {group='g1', lag=0}
     advance() {group='g1'}
     %l_col_c1:f32[64,1] = expand(%l_f_c1) {axis=1} [chain=1 partition=consumer1]
@@ -318,10 +305,8 @@ class TestAttentionPasses(expecttest.TestCase):
     loop() {iter_args=(), lb=0, min_trip=1, ub='min(cdiv(Skv,128),cdiv((cdiv(Sq,128)-1-pid_m)*128+128,128))', var='j'} {
       acquire() {group='g0'}
       %k:bf16[128,64]@smem = load() {arg='k', buffer='k_smem', coords=('(pid_bh//Hq)*kv_rb+((pid_bh%Hq)//G)*kv_rh+j*128', '((pid_bh%Hq)//G)*kv_ch'), group='g0'} [partition=producer stage=0 order=0]
+      %v:bf16[128,64]@smem = load() {arg='v', buffer='v_smem', coords=('(pid_bh//Hq)*kv_rb+((pid_bh%Hq)//G)*kv_rh+j*128', '((pid_bh%Hq)//G)*kv_ch'), group='g0'} [partition=producer stage=0 order=1]
       advance() {group='g0'}
-      acquire() {group='g2'}
-      %v:bf16[128,64]@smem = load() {arg='v', buffer='v_smem', coords=('(pid_bh//Hq)*kv_rb+((pid_bh%Hq)//G)*kv_rh+j*128', '((pid_bh%Hq)//G)*kv_ch'), group='g2'} [partition=producer stage=0 order=1]
-      advance() {group='g2'}
       yield()
     }
   }

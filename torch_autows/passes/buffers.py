@@ -63,15 +63,17 @@ def slots_held(program: Program, c: Channel) -> int:
     return held
 
 
-def channel_groups(program: Program) -> list[list[Channel]]:
+def channel_groups(program: Program, counts: dict[str, int] | None = None) -> list[list[Channel]]:
     """Channels that share one mbarrier ring: those filled in the same loop (or at top level) by the same
-    partition and held equally long by their readers (``slots_held``), in channel order. A channel read
-    a stage later (attention's V under defer_mma) gets its own ring, so it can be deeper than the others
-    and the earlier readers need not wait for it. memory_plan sizes the rings, code_partition lowers them."""
+    partition into buffers of the same depth (``counts``, default the buffers' ``count``), in channel
+    order. memory_plan sets the depths (it makes a ring read a stage later, attention's V under
+    defer_mma, deeper than the others only when one shared depth does not fit); code_partition lowers
+    the rings."""
     loop_of = _loops_of(program)
+    depth = counts or {b.name: b.count for b in program.buffers}
     keyed: dict[tuple, list[Channel]] = {}
     for c in program.channels:
-        keyed.setdefault((id(loop_of[c.value]), c.src, slots_held(program, c)), []).append(c)
+        keyed.setdefault((id(loop_of[c.value]), c.src, depth[c.buffer]), []).append(c)
     return list(keyed.values())
 
 

@@ -2,11 +2,14 @@
 
 Assumes: buffers ran (every SMEM value has a Buffer, cross-partition values have Channels);
 loop_schedule set ``pending`` on loop mmas.
-Guarantees: every buffer has ``count`` and ``offset``; buffers of one barrier ring
-(buffers.channel_groups) share one depth, at least 1 + the slots its readers may still hold while they
-wait for the next (async wgmma groups, plus deferred steps: buffers.slots_held; fewer slots deadlock:
-the producer would wait for a release the consumer only gives after its next wait); the ring held
-longest gets at most ``options.stages`` and every ring the same prefetch distance (depth - held - 1);
+Guarantees: every buffer has ``count`` and ``offset``; a ring buffer has at least 1 + the slots its
+readers may still hold while they wait for the next (async wgmma groups, plus deferred steps:
+buffers.slots_held; fewer slots deadlock: the producer would wait for a release the consumer only
+gives after its next wait); the ring held longest gets at most ``options.stages``. At each depth from
+there down, the buffers filled in one loop first share that depth (one barrier ring,
+buffers.channel_groups); if that does not fit, each gets the same prefetch distance (depth - held - 1),
+so a ring held fewer steps is shallower and gets its own barriers (attention's K 2 + V 3 at d=128 with
+two Q copies);
 a TMA store's staging buffer has ``options.store_buffers`` copies (with 2, a tile's store drains while
 the next tile is staged); in a persistent kernel a channel filled once per tile (attention's Q) has
 ``options.tile_buffers`` copies (with 2, the producer loads the next tile's Q, then its K/V, while
@@ -96,22 +99,29 @@ def _held(program: Program) -> dict[str, int]:
     return {c.buffer: slots_held(program, c) for c in program.channels}
 
 
-def plan(program: Program, depth: int, store_copies: int, tile_copies: int = 1):
+def _rings(program: Program) -> set[str]:
+    """Buffers of channels filled inside a loop (barrier rings walked once per step)."""
+    loop_of = _intervals(program.body)[1]
+    return {c.buffer for c in program.channels if loop_of.get(c.value) is not None}
+
+
+def plan(program: Program, depth: int, store_copies: int, tile_copies: int = 1, split: bool = False):
     """Buffers with counts and offsets for a ring depth, staging copies and per-tile channel copies, and
-    the SMEM they need with their mbarriers. ``depth`` is the count of the ring held longest; every ring
-    gets the same prefetch distance (count - held - 1), so one held fewer steps is that much shallower."""
+    the SMEM they need with their mbarriers. ``depth`` is the count of the ring held longest; the others
+    share it, or (``split``) get the same prefetch distance (count - held - 1), so one held fewer steps
+    is that much shallower."""
     held = _held(program)
     most = max(held.values(), default=0)
     iv, loop_of = _intervals(program.body)
     acc = _accessors(program)
-    rings = {c.buffer for c in program.channels if loop_of.get(c.value) is not None}
+    rings = _rings(program)
     stored = {o.operands[0] for o in walk(program.body) if o.kind == "store"}
 
     per_tile = {c.buffer for c in program.channels if loop_of.get(c.value) is None}
 
     def count(b) -> int:
         if b.name in rings:
-            return max(depth - (most - held[b.name]), held[b.name] + 1)
+            return max(depth - (most - held[b.name]), held[b.name] + 1) if split else depth
         if b.name in per_tile and program.grid.persistent:
             return tile_copies
         return store_copies if b.value in stored else 1
@@ -135,7 +145,7 @@ def plan(program: Program, depth: int, store_copies: int, tile_copies: int = 1):
     bufs = [by_name[b.name] for b in program.buffers]
     # a ready and an empty mbarrier (8 B each) per slot of every ring (see buffers.channel_groups)
     counts = {b.name: b.count for b in bufs}
-    barriers = sum(16 * counts[cs[0].buffer] for cs in channel_groups(program))
+    barriers = sum(16 * counts[cs[0].buffer] for cs in channel_groups(program, counts))
     return bufs, top + barriers
 
 
@@ -144,11 +154,15 @@ def run(program: Program, options=None) -> Program:
     lowest = max(_held(program).values(), default=0) + 1
     for copies in range(max(opts.store_buffers, 1), 0, -1):
         for tiles in range(max(opts.tile_buffers, 1), 0, -1):
-            for depth in range(max(opts.stages, lowest), lowest - 1, -1):
-                bufs, total = plan(program, depth, copies, tiles)
+            for depth, split in [(d, s) for d in range(max(opts.stages, lowest), lowest - 1, -1) for s in (0, 1)]:
+                bufs, total = plan(program, depth, copies, tiles, bool(split))
                 if total > opts.smem_limit:
                     continue
                 notes = program.notes
+                ring_bufs = [b for b in bufs if b.name in _rings(program)]
+                if split and len({b.count for b in ring_bufs}) > 1:
+                    rings = ", ".join(f"{b.name} {b.count}" for b in ring_bufs)
+                    notes += (f"memory_plan: rings held fewer steps made shallower ({rings}) to fit",)
                 if depth < opts.stages:
                     notes += (f"memory_plan: ring depth {opts.stages} -> {depth} to fit {opts.smem_limit} B of SMEM",)
                 if copies < opts.store_buffers:
