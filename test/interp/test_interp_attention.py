@@ -140,3 +140,18 @@ def test_serpentine_waves_are_a_permutation(tiles, nprog):
     # wave 1 reversed: CTA 0 gets the last tile of its second wave (here the shorter causal tiles)
     if tiles >= 2 * nprog:
         assert walked[0][:2] == [0, 2 * nprog - 1]
+
+
+def test_three_consumer_warpgroups():
+    """data_partition=3 (192 query rows, a warpgroup per 64, as FA3 runs d=64): the same passes, three
+    consumers sharing the K/V rings, both semantics equal to the reference."""
+    opts = replace(CONFIGS["ws_p_128x128_q2"], block_m=192, data_partition=3, producer_regs=24)
+    for causal in (False, True):
+        before = build(AttentionRequest(64, "bf16", causal), opts)
+        after = pipeline.run(before)
+        assert [p.name for p in after.partitions] == ["consumer0", "consumer1", "consumer2", "producer"]
+        for seed in range(3):
+            inst = make_instance(after, seed)
+            assert inst.matches(run_sequential(before, inst.inputs())), inst.desc
+            out = run_partitioned(after, inst.inputs(), policy="adversarial", seed=seed, nprog=2)
+            assert inst.matches(out), (inst.desc, inst.error(out))

@@ -224,8 +224,8 @@ def test_data_partition_factor_one_keeps_names():
 
 
 def test_data_partition_rejects_bad_factor():
-    with pytest.raises(PassError, match="use 1 or 2"):
-        data_partition.run(small_gemm(options=replace(SMALL, data_partition=3)))
+    with pytest.raises(PassError, match="use 1, 2 or 3"):
+        data_partition.run(small_gemm(options=replace(SMALL, data_partition=4)))
 
 
 def test_partition_schedule_needs_64_rows_per_consumer():

@@ -1,9 +1,9 @@
-"""data_partition: split the output tile along M into ``options.data_partition`` independent chains.
+"""data_partition: split the output tile along M into ``options.data_partition`` (1-3) independent chains.
 
 Assumes: a Program before partitioning (no chains, stages or partitions yet); outputs leave through
 ``store`` ops; every op kind's row/column structure is known (``_operand_axes`` below).
-Guarantees: every op that computes part of an output has ``chain`` = its chain index; with factor 2
-the split values are renamed ``<name>_c<i>`` with the split dimension halved and load/store
+Guarantees: every op that computes part of an output has ``chain`` = its chain index; with factor f > 1
+the split values are renamed ``<name>_c<i>`` with the split dimension divided by f and load/store
 coordinates offset; TMA ``load``s that no chain splits stay shared with ``chain=None``; cheap
 non-load ops that both chains need are replicated, so chains share no values except those loads.
 
@@ -76,8 +76,8 @@ def _split_axes(body: tuple[Op, ...]) -> dict[str, int]:
 def run(program: Program, options=None) -> Program:
     opts = options or program.options
     f = opts.data_partition
-    if f not in (1, 2):
-        raise PassError(f"data_partition: factor {f} not supported; use 1 or 2")
+    if f not in (1, 2, 3):
+        raise PassError(f"data_partition: factor {f} not supported; use 1, 2 or 3")
     split = _split_axes(program.body)
     types = value_types(program.body)
     for v, ax in split.items():
