@@ -39,6 +39,12 @@ def test_explain_attention_unsupported_head_dim():
     assert r.returncode == 2 and "head dim 96 not served" in r.stderr
 
 
+def test_explain_attention_config_for_another_head_dim():
+    r = subprocess.run([sys.executable, "-m", "torch_autows", "explain", "attention", "--d", "128", "--config",
+                        "ws_p3_192x64_q2"], capture_output=True, text=True)
+    assert r.returncode == 2 and "serves head dims (64,), not 128" in r.stderr
+
+
 def test_explain_unknown_config():
     assert main(["explain", "gemm", "--m", "8", "--n", "8", "--k", "8", "--config", "nope"]) == 2
 

@@ -32,7 +32,7 @@ def _attention(args) -> int:
     from .codegen import gluon
     from .ir import format_program
     from .passes import pipeline
-    from .runtime.attention import CONFIGS, choose_config
+    from .runtime.attention import CONFIGS, HEAD_DIMS, choose_config, serves
     from .templates.attention import AttentionRequest, build
 
     config = args.config or choose_config(args.d, args.causal)
@@ -43,6 +43,9 @@ def _attention(args) -> int:
         req = AttentionRequest(args.d, args.dtype, args.causal)
     except ValueError as e:
         print(f"{e}; torch_autows.ops.attention falls back to torch SDPA for it", file=sys.stderr)
+        return 2
+    if not serves(config, args.d):
+        print(f"config {config!r} serves head dims {HEAD_DIMS[config]}, not {args.d}", file=sys.stderr)
         return 2
     hkv = args.hkv or args.h
     print(f"# problem: B={args.b} Hq={args.h} Hkv={hkv} Sq={args.s} Skv={args.skv or args.s} D={args.d} "

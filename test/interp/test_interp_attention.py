@@ -15,7 +15,7 @@ from programs import violation_kinds
 from torch_autows.interp import POLICIES, Violation, make_instance, run_partitioned, run_sequential
 from torch_autows.ir import walk
 from torch_autows.passes import pipeline
-from torch_autows.runtime.attention import CONFIGS
+from torch_autows.runtime.attention import CONFIGS, serves
 from torch_autows.templates.attention import AttentionRequest, build
 
 SEEDS = 10
@@ -26,9 +26,10 @@ def _pair(d=64, dtype="bf16", causal=False, config="ws_p_128x128"):
     return before, pipeline.run(before)
 
 
-@pytest.mark.parametrize("config", CONFIGS)
-@pytest.mark.parametrize("d,dtype,causal", [(64, "bf16", False), (64, "bf16", True), (128, "bf16", False),
-                                            (128, "fp16", True)])
+@pytest.mark.parametrize("config,d,dtype,causal", [
+    (config, *c) for config in CONFIGS
+    for c in [(64, "bf16", False), (64, "bf16", True), (128, "bf16", False), (128, "fp16", True)]
+    if serves(config, c[0])])
 def test_attention_matches_torch_under_every_policy(config, d, dtype, causal):
     before, after = _pair(d, dtype, causal, config)
     for seed in range(SEEDS):
@@ -143,15 +144,10 @@ def test_serpentine_waves_are_a_permutation(tiles, nprog):
 
 
 def test_three_consumer_warpgroups():
-    """data_partition=3 (192 query rows, a warpgroup per 64, as FA3 runs d=64): the same passes, three
-    consumers sharing the K/V rings, both semantics equal to the reference."""
-    opts = replace(CONFIGS["ws_p_128x128_q2"], block_m=192, data_partition=3, producer_regs=24)
-    for causal in (False, True):
-        before = build(AttentionRequest(64, "bf16", causal), opts)
-        after = pipeline.run(before)
+    """data_partition=3 (192 query rows, a warpgroup per 64, as FA3 runs d=64): the same passes give three
+    consumers sharing one K/V ring (the matches-torch test above runs them under every policy)."""
+    for config in ("ws_p3_192x128_q2", "ws_p3_192x64_q2"):
+        _, after = _pair(64, "bf16", True, config)
         assert [p.name for p in after.partitions] == ["consumer0", "consumer1", "consumer2", "producer"]
-        for seed in range(3):
-            inst = make_instance(after, seed)
-            assert inst.matches(run_sequential(before, inst.inputs())), inst.desc
-            out = run_partitioned(after, inst.inputs(), policy="adversarial", seed=seed, nprog=2)
-            assert inst.matches(out), (inst.desc, inst.error(out))
+        assert {c.dsts for c in after.channels if c.buffer in ("k_smem", "v_smem")} == {
+            ("consumer0", "consumer1", "consumer2")}

@@ -34,7 +34,21 @@ CONFIGS: dict[str, Options] = {
     # The two consumers take turns issuing wgmma (ping-pong): one's softmax runs under the other's mma.
     "ws_p_128x128_q2_pp": Options(block_m=128, block_n=128, stages=4, data_partition=2, persistent=True,
                                   defer_mma=True, tile_buffers=2, serpentine=True, pingpong=True),
+    # d=64 only: 192 query rows, three consumer warpgroups sharing each K/V tile (FA3's d=64 shape), at 160
+    # registers each (producer 24). With P V deferred and 128 keys per step it spills, so either 128 keys
+    # without deferring, or 64 keys with it. Not picked yet: compiled and interpreted, not run on the H200.
+    "ws_p3_192x128_q2": Options(block_m=192, block_n=128, stages=4, data_partition=3, persistent=True,
+                                tile_buffers=2, serpentine=True, producer_regs=24),
+    "ws_p3_192x64_q2": Options(block_m=192, block_n=64, stages=4, data_partition=3, persistent=True,
+                               defer_mma=True, tile_buffers=2, serpentine=True, producer_regs=24),
 }
+
+#: Head dims a config serves (default: every one the template takes).
+HEAD_DIMS: dict[str, tuple[int, ...]] = {"ws_p3_192x128_q2": (64,), "ws_p3_192x64_q2": (64,)}
+
+
+def serves(config: str, d: int) -> bool:
+    return d in HEAD_DIMS.get(config, (64, 128))
 
 
 def choose_config(d: int, causal: bool) -> str:
@@ -114,6 +128,8 @@ def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
     out = out if out is not None and _in_place(out) is not None else empty_out(q)
     lse = lse if lse is not None else torch.empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
     config = config or choose_config(D, is_causal)
+    if not serves(config, D):
+        raise ValueError(f"attention config {config!r} serves head dims {HEAD_DIMS[config]}, not {D}")
     program, launcher = _plan(AttentionRequest(D, DTYPES[q.dtype], bool(is_causal)), config)
     args = [_tma(view) for view in (qv, kv, vv)]
     BH = B * Hq
