@@ -151,3 +151,13 @@ def test_three_consumer_warpgroups():
         assert [p.name for p in after.partitions] == ["consumer0", "consumer1", "consumer2", "producer"]
         assert {c.dsts for c in after.channels if c.buffer in ("k_smem", "v_smem")} == {
             ("consumer0", "consumer1", "consumer2")}
+
+
+def test_causal_tiles_grouped_per_head():
+    """group_m query tiles of a head back to back (L2 reuse of its K/V), still in serpentine waves."""
+    before = build(AttentionRequest(64, "bf16", True), replace(CONFIGS["ws_p_128x128_q2"], group_m=4))
+    after = pipeline.run(before)
+    assert after.grid.group == 4 and after.grid.serpentine
+    inst = make_instance(after, 0, shape=(2, 3, 3, 700, 700))  # 6 heads x 6 query tiles over 5 CTAs
+    out = run_partitioned(after, inst.inputs(), policy="adversarial", seed=0, nprog=5)
+    assert inst.matches(out), inst.error(out)

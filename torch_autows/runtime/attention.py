@@ -26,21 +26,21 @@ LOG2E = 1.4426950408889634
 #: (defer_mma); only diagonal and tail blocks are masked (skip_mask).
 CONFIGS: dict[str, Options] = {
     "ws_p_128x128": Options(block_m=128, block_n=128, stages=4, data_partition=2, persistent=True, defer_mma=True,
-                            serpentine=True),
+                            serpentine=True, group_m=1),
     # Two Q copies: the producer loads the next tile's Q, then its K/V, while this tile still computes
     # (with one, it waits for this tile's end before the next tile's loads). Plans K 2 + V 3 at d=128.
     "ws_p_128x128_q2": Options(block_m=128, block_n=128, stages=4, data_partition=2, persistent=True,
-                               defer_mma=True, tile_buffers=2, serpentine=True),
+                               defer_mma=True, tile_buffers=2, serpentine=True, group_m=1),
     # The two consumers take turns issuing wgmma (ping-pong): one's softmax runs under the other's mma.
     "ws_p_128x128_q2_pp": Options(block_m=128, block_n=128, stages=4, data_partition=2, persistent=True,
-                                  defer_mma=True, tile_buffers=2, serpentine=True, pingpong=True),
+                                  defer_mma=True, tile_buffers=2, serpentine=True, group_m=1, pingpong=True),
     # d=64 only: 192 query rows, three consumer warpgroups sharing each K/V tile (FA3's d=64 shape), at 160
     # registers each (producer 24). With P V deferred and 128 keys per step it spills, so either 128 keys
     # without deferring, or 64 keys with it. Not picked yet: compiled and interpreted, not run on the H200.
     "ws_p3_192x128_q2": Options(block_m=192, block_n=128, stages=4, data_partition=3, persistent=True,
-                                tile_buffers=2, serpentine=True, producer_regs=24),
+                                tile_buffers=2, serpentine=True, group_m=1, producer_regs=24),
     "ws_p3_192x64_q2": Options(block_m=192, block_n=64, stages=4, data_partition=3, persistent=True,
-                               defer_mma=True, tile_buffers=2, serpentine=True, producer_regs=24),
+                               defer_mma=True, tile_buffers=2, serpentine=True, group_m=1, producer_regs=24),
 }
 
 #: Head dims a config serves (default: every one the template takes).

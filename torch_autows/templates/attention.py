@@ -104,5 +104,7 @@ def build(req: AttentionRequest, opts: Options) -> Program:
     )
     name = f"attn_fwd_{dt}_d{D}_{BM}x{BN}" + ("_causal" if req.causal else "")
     tiles = (("pid_bh", "BH"), ("pid_m", "cdiv(Sq,%d)" % BM))
-    grid = Grid(tiles[::-1] if req.causal else tiles, opts.persistent, 1, opts.serpentine)
+    # causal: ``group_m`` query tiles of a head run back to back (1: every head's longest tile first)
+    grid = (Grid(tiles[::-1], opts.persistent, opts.group_m, opts.serpentine) if req.causal
+            else Grid(tiles, opts.persistent, 1, opts.serpentine))
     return Program(name, args + (Arg("BH", "scalar", "i32"),), grid, opts, body)

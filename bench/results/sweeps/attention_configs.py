@@ -18,8 +18,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch_autows.bench.cases import select
 from torch_autows.runtime import attention as rta
 
-#: Extra variants: name -> (base config, Options overrides).
-VARIANTS = {"q2_forward": ("ws_p_128x128_q2", {"serpentine": False})}
+#: Extra variants: name -> (base config, Options overrides). The serpentine JSON was written with
+#: {"q2_forward": ("ws_p_128x128_q2", {"serpentine": False})}; next to measure: causal tiles grouped per head.
+VARIANTS = {"q2_forward": ("ws_p_128x128_q2", {"serpentine": False}),
+            "q2_g4": ("ws_p_128x128_q2", {"group_m": 4}), "q2_g8": ("ws_p_128x128_q2", {"group_m": 8})}
 ROUNDS = 3
 
 
