@@ -50,7 +50,7 @@ def test_generated_attention_source_in_order():
                "v_s_c0_r = warpgroup_mma_wait(num_outstanding=1, deps=(v_s_c0,))",
                "mbarrier.arrive(g0_empty.index(g0_s))", "g0_n += 1",  # K's slot freed once Q K^T retires
                "gl.where(gl.arange(0, 128, layout=MMA_N128_S0)[None, :] < v_s_m_c0_lim[:, None]",  # causal mask
-               "gl.max(v_s2_c0, axis=1)", "gl.exp2(",
+               "gl.max(v_s_m_c0, axis=1)", "gl.exp2(",
                "mbarrier.wait(g2_ready.index(g2_s), (g2_n // 3) & 1)",
                "v_acc_new_c0_done, _ = warpgroup_mma_wait(num_outstanding=0, deps=(v_acc_new_c0, v_p16_c0_prev))",
                "mbarrier.arrive(g2_empty.index((g2_n + 2) % 3))", "g2_n += 1",

@@ -27,7 +27,7 @@ def _cases(n=220, seed=1):
         out.append(dict(b=rng.choice([1, 2]), hkv=hkv, g=rng.choice([1, 2, 4]), sq=rng.choice(seqs),
                         skv=rng.choice(seqs), d=rng.choice([64, 128]), causal=rng.random() < 0.5,
                         dtype=rng.choice([torch.bfloat16, torch.float16]), bshd=rng.random() < 0.25,
-                        kv_bshd=rng.random() < 0.25, scale=rng.choice([None, 0.3])))
+                        kv_bshd=rng.random() < 0.25, scale=rng.choice([None, 0.3, 0.0, -0.3])))
         configs = [n for n in rt.CONFIGS if rt.serves(n, out[-1]["d"])]  # every config in turn
         out[-1]["config"] = configs[i % len(configs)]
     return out

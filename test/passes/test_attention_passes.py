@@ -37,15 +37,15 @@ class TestAttentionPasses(expecttest.TestCase):
       %v:bf16[128,64]@smem = load() {arg='v', coords=('(pid_bh//Hq)*kv_rb+((pid_bh%Hq)//G)*kv_rh+j*128', '((pid_bh%Hq)//G)*kv_ch')}
       %kt:bf16[64,128]@smem = trans(%k)
       %s:f32[128,128] = mma(%q, %kt)
-      %s_m:f32[128,128] = mask(%s) {causal=True, col='j*128', kv_len='Skv', row='(cdiv(Sq,128)-1-pid_m)*128'}
-      %s2:f32[128,128] = mulc(%s_m) {c='qk_scale'}
-      %mx:f32[128] = reduce_max(%s2) {axis=1}
+      %s2:f32[128,128] = mulc(%s) {c='qk_scale'}
+      %s_m:f32[128,128] = mask(%s2) {causal=True, col='j*128', kv_len='Skv', row='(cdiv(Sq,128)-1-pid_m)*128'}
+      %mx:f32[128] = reduce_max(%s_m) {axis=1}
       %m_new:f32[128] = max(%m, %mx)
       %m_use:f32[128] = fin0(%m_new)
       %dm:f32[128] = sub(%m, %m_use)
       %alpha:f32[128] = exp2(%dm)
       %m_col:f32[128,1] = expand(%m_use) {axis=1}
-      %sd:f32[128,128] = sub(%s2, %m_col)
+      %sd:f32[128,128] = sub(%s_m, %m_col)
       %p:f32[128,128] = exp2(%sd)
       %ps:f32[128] = reduce_sum(%p) {axis=1}
       %la:f32[128] = mul(%l, %alpha)
@@ -82,12 +82,12 @@ class TestAttentionPasses(expecttest.TestCase):
       %kt_c1:bf16[64,128]@smem = trans(%k) [chain=1]
       %s_c0:f32[64,128] = mma(%q_c0, %kt_c0) [chain=0]
       %s_c1:f32[64,128] = mma(%q_c1, %kt_c1) [chain=1]
-      %s_m_c0:f32[64,128] = mask(%s_c0) {causal=True, col='j*128', kv_len='Skv', row='(cdiv(Sq,128)-1-pid_m)*128'} [chain=0]
-      %s_m_c1:f32[64,128] = mask(%s_c1) {causal=True, col='j*128', kv_len='Skv', row='(cdiv(Sq,128)-1-pid_m)*128+64'} [chain=1]
-      %s2_c0:f32[64,128] = mulc(%s_m_c0) {c='qk_scale'} [chain=0]
-      %s2_c1:f32[64,128] = mulc(%s_m_c1) {c='qk_scale'} [chain=1]
-      %mx_c0:f32[64] = reduce_max(%s2_c0) {axis=1} [chain=0]
-      %mx_c1:f32[64] = reduce_max(%s2_c1) {axis=1} [chain=1]
+      %s2_c0:f32[64,128] = mulc(%s_c0) {c='qk_scale'} [chain=0]
+      %s2_c1:f32[64,128] = mulc(%s_c1) {c='qk_scale'} [chain=1]
+      %s_m_c0:f32[64,128] = mask(%s2_c0) {causal=True, col='j*128', kv_len='Skv', row='(cdiv(Sq,128)-1-pid_m)*128'} [chain=0]
+      %s_m_c1:f32[64,128] = mask(%s2_c1) {causal=True, col='j*128', kv_len='Skv', row='(cdiv(Sq,128)-1-pid_m)*128+64'} [chain=1]
+      %mx_c0:f32[64] = reduce_max(%s_m_c0) {axis=1} [chain=0]
+      %mx_c1:f32[64] = reduce_max(%s_m_c1) {axis=1} [chain=1]
       %m_new_c0:f32[64] = max(%m_c0, %mx_c0) [chain=0]
       %m_new_c1:f32[64] = max(%m_c1, %mx_c1) [chain=1]
       %m_use_c0:f32[64] = fin0(%m_new_c0) [chain=0]
@@ -98,8 +98,8 @@ class TestAttentionPasses(expecttest.TestCase):
       %alpha_c1:f32[64] = exp2(%dm_c1) [chain=1]
       %m_col_c0:f32[64,1] = expand(%m_use_c0) {axis=1} [chain=0]
       %m_col_c1:f32[64,1] = expand(%m_use_c1) {axis=1} [chain=1]
-      %sd_c0:f32[64,128] = sub(%s2_c0, %m_col_c0) [chain=0]
-      %sd_c1:f32[64,128] = sub(%s2_c1, %m_col_c1) [chain=1]
+      %sd_c0:f32[64,128] = sub(%s_m_c0, %m_col_c0) [chain=0]
+      %sd_c1:f32[64,128] = sub(%s_m_c1, %m_col_c1) [chain=1]
       %p_c0:f32[64,128] = exp2(%sd_c0) [chain=0]
       %p_c1:f32[64,128] = exp2(%sd_c1) [chain=1]
       %ps_c0:f32[64] = reduce_sum(%p_c0) {axis=1} [chain=0]
@@ -171,15 +171,15 @@ class TestAttentionPasses(expecttest.TestCase):
     %k_pro:bf16[128,64]@smem = get() {buffer='k_smem', group='g0'}
     %kt_c0_pro:bf16[64,128]@smem = trans(%k_pro) [chain=0 partition=consumer0 stage=1 order=2]
     %s_c0_pro:f32[64,128] = mma(%q_c0, %kt_c0_pro) {pending=0} [chain=0 partition=consumer0 stage=1 order=4]
-    %s_m_c0_pro:f32[64,128] = mask(%s_c0_pro) {causal=True, col='(0)*128', kv_len='Skv', row='(cdiv(Sq,128)-1-pid_m)*128'} [chain=0 partition=consumer0 stage=1 order=6]
-    %s2_c0_pro:f32[64,128] = mulc(%s_m_c0_pro) {c='qk_scale'} [chain=0 partition=consumer0 stage=1 order=8]
-    %mx_c0_pro:f32[64] = reduce_max(%s2_c0_pro) {axis=1} [chain=0 partition=consumer0 stage=1 order=10]
+    %s2_c0_pro:f32[64,128] = mulc(%s_c0_pro) {c='qk_scale'} [chain=0 partition=consumer0 stage=1 order=6]
+    %s_m_c0_pro:f32[64,128] = mask(%s2_c0_pro) {causal=True, col='(0)*128', kv_len='Skv', row='(cdiv(Sq,128)-1-pid_m)*128'} [chain=0 partition=consumer0 stage=1 order=8]
+    %mx_c0_pro:f32[64] = reduce_max(%s_m_c0_pro) {axis=1} [chain=0 partition=consumer0 stage=1 order=10]
     %m_new_c0_pro:f32[64] = max(%m0_c0, %mx_c0_pro) [chain=0 partition=consumer0 stage=1 order=12]
     %m_use_c0_pro:f32[64] = fin0(%m_new_c0_pro) [chain=0 partition=consumer0 stage=1 order=14]
     %dm_c0_pro:f32[64] = sub(%m0_c0, %m_use_c0_pro) [chain=0 partition=consumer0 stage=1 order=16]
     %alpha_c0_pro:f32[64] = exp2(%dm_c0_pro) [chain=0 partition=consumer0 stage=1 order=18]
     %m_col_c0_pro:f32[64,1] = expand(%m_use_c0_pro) {axis=1} [chain=0 partition=consumer0 stage=1 order=20]
-    %sd_c0_pro:f32[64,128] = sub(%s2_c0_pro, %m_col_c0_pro) [chain=0 partition=consumer0 stage=1 order=22]
+    %sd_c0_pro:f32[64,128] = sub(%s_m_c0_pro, %m_col_c0_pro) [chain=0 partition=consumer0 stage=1 order=22]
     %p_c0_pro:f32[64,128] = exp2(%sd_c0_pro) [chain=0 partition=consumer0 stage=1 order=24]
     %ps_c0_pro:f32[64] = reduce_sum(%p_c0_pro) {axis=1} [chain=0 partition=consumer0 stage=1 order=26]
     %la_c0_pro:f32[64] = mul(%l0_c0, %alpha_c0_pro) [chain=0 partition=consumer0 stage=1 order=28]
@@ -196,15 +196,15 @@ class TestAttentionPasses(expecttest.TestCase):
       %acc_s_c0:f32[64,64] = mul(%acc_c0, %a_col_c0_prev) [chain=0 partition=consumer0 stage=2 order=36]
       %acc_new_c0:f32[64,64] = mma(%p16_c0_prev, %v_prev, %acc_s_c0) {pending=0, wait=False} [chain=0 partition=consumer0 stage=2 order=38]
       %s_c0_r:f32[64,128] = mma_wait(%s_c0) {pending=1}
-      %s_m_c0:f32[64,128] = mask(%s_c0_r) {causal=True, col='j*128', kv_len='Skv', row='(cdiv(Sq,128)-1-pid_m)*128'} [chain=0 partition=consumer0 stage=1 order=6]
-      %s2_c0:f32[64,128] = mulc(%s_m_c0) {c='qk_scale'} [chain=0 partition=consumer0 stage=1 order=8]
-      %mx_c0:f32[64] = reduce_max(%s2_c0) {axis=1} [chain=0 partition=consumer0 stage=1 order=10]
+      %s2_c0:f32[64,128] = mulc(%s_c0_r) {c='qk_scale'} [chain=0 partition=consumer0 stage=1 order=6]
+      %s_m_c0:f32[64,128] = mask(%s2_c0) {causal=True, col='j*128', kv_len='Skv', row='(cdiv(Sq,128)-1-pid_m)*128'} [chain=0 partition=consumer0 stage=1 order=8]
+      %mx_c0:f32[64] = reduce_max(%s_m_c0) {axis=1} [chain=0 partition=consumer0 stage=1 order=10]
       %m_new_c0:f32[64] = max(%m_c0, %mx_c0) [chain=0 partition=consumer0 stage=1 order=12]
       %m_use_c0:f32[64] = fin0(%m_new_c0) [chain=0 partition=consumer0 stage=1 order=14]
       %dm_c0:f32[64] = sub(%m_c0, %m_use_c0) [chain=0 partition=consumer0 stage=1 order=16]
       %alpha_c0:f32[64] = exp2(%dm_c0) [chain=0 partition=consumer0 stage=1 order=18]
       %m_col_c0:f32[64,1] = expand(%m_use_c0) {axis=1} [chain=0 partition=consumer0 stage=1 order=20]
-      %sd_c0:f32[64,128] = sub(%s2_c0, %m_col_c0) [chain=0 partition=consumer0 stage=1 order=22]
+      %sd_c0:f32[64,128] = sub(%s_m_c0, %m_col_c0) [chain=0 partition=consumer0 stage=1 order=22]
       %p_c0:f32[64,128] = exp2(%sd_c0) [chain=0 partition=consumer0 stage=1 order=24]
       %ps_c0:f32[64] = reduce_sum(%p_c0) {axis=1} [chain=0 partition=consumer0 stage=1 order=26]
       %la_c0:f32[64] = mul(%l_c0, %alpha_c0) [chain=0 partition=consumer0 stage=1 order=28]
@@ -239,15 +239,15 @@ class TestAttentionPasses(expecttest.TestCase):
     %k_pro:bf16[128,64]@smem = get() {buffer='k_smem', group='g0'}
     %kt_c1_pro:bf16[64,128]@smem = trans(%k_pro) [chain=1 partition=consumer1 stage=1 order=3]
     %s_c1_pro:f32[64,128] = mma(%q_c1, %kt_c1_pro) {pending=0} [chain=1 partition=consumer1 stage=1 order=5]
-    %s_m_c1_pro:f32[64,128] = mask(%s_c1_pro) {causal=True, col='(0)*128', kv_len='Skv', row='(cdiv(Sq,128)-1-pid_m)*128+64'} [chain=1 partition=consumer1 stage=1 order=7]
-    %s2_c1_pro:f32[64,128] = mulc(%s_m_c1_pro) {c='qk_scale'} [chain=1 partition=consumer1 stage=1 order=9]
-    %mx_c1_pro:f32[64] = reduce_max(%s2_c1_pro) {axis=1} [chain=1 partition=consumer1 stage=1 order=11]
+    %s2_c1_pro:f32[64,128] = mulc(%s_c1_pro) {c='qk_scale'} [chain=1 partition=consumer1 stage=1 order=7]
+    %s_m_c1_pro:f32[64,128] = mask(%s2_c1_pro) {causal=True, col='(0)*128', kv_len='Skv', row='(cdiv(Sq,128)-1-pid_m)*128+64'} [chain=1 partition=consumer1 stage=1 order=9]
+    %mx_c1_pro:f32[64] = reduce_max(%s_m_c1_pro) {axis=1} [chain=1 partition=consumer1 stage=1 order=11]
     %m_new_c1_pro:f32[64] = max(%m0_c1, %mx_c1_pro) [chain=1 partition=consumer1 stage=1 order=13]
     %m_use_c1_pro:f32[64] = fin0(%m_new_c1_pro) [chain=1 partition=consumer1 stage=1 order=15]
     %dm_c1_pro:f32[64] = sub(%m0_c1, %m_use_c1_pro) [chain=1 partition=consumer1 stage=1 order=17]
     %alpha_c1_pro:f32[64] = exp2(%dm_c1_pro) [chain=1 partition=consumer1 stage=1 order=19]
     %m_col_c1_pro:f32[64,1] = expand(%m_use_c1_pro) {axis=1} [chain=1 partition=consumer1 stage=1 order=21]
-    %sd_c1_pro:f32[64,128] = sub(%s2_c1_pro, %m_col_c1_pro) [chain=1 partition=consumer1 stage=1 order=23]
+    %sd_c1_pro:f32[64,128] = sub(%s_m_c1_pro, %m_col_c1_pro) [chain=1 partition=consumer1 stage=1 order=23]
     %p_c1_pro:f32[64,128] = exp2(%sd_c1_pro) [chain=1 partition=consumer1 stage=1 order=25]
     %ps_c1_pro:f32[64] = reduce_sum(%p_c1_pro) {axis=1} [chain=1 partition=consumer1 stage=1 order=27]
     %la_c1_pro:f32[64] = mul(%l0_c1, %alpha_c1_pro) [chain=1 partition=consumer1 stage=1 order=29]
@@ -264,15 +264,15 @@ class TestAttentionPasses(expecttest.TestCase):
       %acc_s_c1:f32[64,64] = mul(%acc_c1, %a_col_c1_prev) [chain=1 partition=consumer1 stage=2 order=37]
       %acc_new_c1:f32[64,64] = mma(%p16_c1_prev, %v_prev, %acc_s_c1) {pending=0, wait=False} [chain=1 partition=consumer1 stage=2 order=39]
       %s_c1_r:f32[64,128] = mma_wait(%s_c1) {pending=1}
-      %s_m_c1:f32[64,128] = mask(%s_c1_r) {causal=True, col='j*128', kv_len='Skv', row='(cdiv(Sq,128)-1-pid_m)*128+64'} [chain=1 partition=consumer1 stage=1 order=7]
-      %s2_c1:f32[64,128] = mulc(%s_m_c1) {c='qk_scale'} [chain=1 partition=consumer1 stage=1 order=9]
-      %mx_c1:f32[64] = reduce_max(%s2_c1) {axis=1} [chain=1 partition=consumer1 stage=1 order=11]
+      %s2_c1:f32[64,128] = mulc(%s_c1_r) {c='qk_scale'} [chain=1 partition=consumer1 stage=1 order=7]
+      %s_m_c1:f32[64,128] = mask(%s2_c1) {causal=True, col='j*128', kv_len='Skv', row='(cdiv(Sq,128)-1-pid_m)*128+64'} [chain=1 partition=consumer1 stage=1 order=9]
+      %mx_c1:f32[64] = reduce_max(%s_m_c1) {axis=1} [chain=1 partition=consumer1 stage=1 order=11]
       %m_new_c1:f32[64] = max(%m_c1, %mx_c1) [chain=1 partition=consumer1 stage=1 order=13]
       %m_use_c1:f32[64] = fin0(%m_new_c1) [chain=1 partition=consumer1 stage=1 order=15]
       %dm_c1:f32[64] = sub(%m_c1, %m_use_c1) [chain=1 partition=consumer1 stage=1 order=17]
       %alpha_c1:f32[64] = exp2(%dm_c1) [chain=1 partition=consumer1 stage=1 order=19]
       %m_col_c1:f32[64,1] = expand(%m_use_c1) {axis=1} [chain=1 partition=consumer1 stage=1 order=21]
-      %sd_c1:f32[64,128] = sub(%s2_c1, %m_col_c1) [chain=1 partition=consumer1 stage=1 order=23]
+      %sd_c1:f32[64,128] = sub(%s_m_c1, %m_col_c1) [chain=1 partition=consumer1 stage=1 order=23]
       %p_c1:f32[64,128] = exp2(%sd_c1) [chain=1 partition=consumer1 stage=1 order=25]
       %ps_c1:f32[64] = reduce_sum(%p_c1) {axis=1} [chain=1 partition=consumer1 stage=1 order=27]
       %la_c1:f32[64] = mul(%l_c1, %alpha_c1) [chain=1 partition=consumer1 stage=1 order=29]

@@ -135,7 +135,8 @@ def _attention(program: Program, seed: int, shape) -> Instance:
     dt = TORCH_DTYPE[program.arg("q").dtype]
     gen = torch.Generator().manual_seed(seed)
     q4, k4, v4 = (torch.randn((B, h, s, D), generator=gen).to(dt) for h, s in ((Hq, Sq), (Hkv, Skv), (Hkv, Skv)))
-    scale = D ** -0.5
+    # SDPA's default scale, or the edge cases a caller may pass: 0 (uniform rows) and negative
+    scale = random.Random(f"scale{seed}").choice((D ** -0.5, D ** -0.5, 0.0, -0.3))
     s4 = q4.float() @ k4.float().repeat_interleave(Hq // Hkv, 1).transpose(2, 3)
     s4 = s4 * scale
     if causal:  # top-left aligned, like F.scaled_dot_product_attention(is_causal=True)
@@ -161,7 +162,8 @@ def _attention(program: Program, seed: int, shape) -> Instance:
                "BH": B * Hq, **dict(zip(("q_rb", "q_rh", "q_ch"), qr)), **dict(zip(("kv_rb", "kv_rh", "kv_ch"), kr)),
                **dict(zip(("o_rb", "o_rh", "o_ch"), orr))}
     desc = f"batch={B} Hq={Hq} Hkv={Hkv} Sq={Sq} Skv={Skv} D={D}" + (" causal" if causal else "") + \
-        (" q:BSHD" if q_bshd else "") + (" kv:BSHD" if kv_bshd else "") + (" o:BSHD" if o_bshd else "")
+        (" q:BSHD" if q_bshd else "") + (" kv:BSHD" if kv_bshd else "") + (" o:BSHD" if o_bshd else "") + \
+        (f" scale={scale}" if scale != D ** -0.5 else "")
     ref = {"o": o_ref, "lse": lse.reshape(-1)}
     return Instance(desc, tensors, scalars, ref, {"o": 2 * TOL[program.arg("q").dtype], "lse": 1e-4})
 
