@@ -155,6 +155,7 @@ class TestAttentionPasses(expecttest.TestCase):
   barriers g1: count=1 arrivals=2 bytes=32768 channels=ch_q_c0,ch_q_c1
   smem 229440
   note 'memory_plan: ring depth 4 -> 3 to fit 232448 B of SMEM'
+  note 'code_partition: ping-pong off: consumer0, consumer1 issue wgmma independently'
 """)
 
     def test_code_partition_waits_q_once_per_tile(self):

@@ -348,8 +348,11 @@ def _ping_pong(program: Program) -> Program:
     """Turns between the compute partitions (those that issue mmas), when ``options.pingpong`` asks and
     there are two or more; the turn mbarriers (8 B each) are added to ``smem_bytes``."""
     compute = [p for p in program.partitions if any(o.kind == "mma" for o in walk(p.body))]
-    if not program.options.pingpong or len(compute) < 2:
+    if len(compute) < 2:
         return program
+    if not program.options.pingpong:  # the decision is printed either way
+        note = f"code_partition: ping-pong off: {', '.join(p.name for p in compute)} issue wgmma independently"
+        return replace(program, notes=program.notes + (note,))
     n = len(compute)
     idx = {p.name: i for i, p in enumerate(compute)}
     parts = tuple(replace(p, body=_take_turns(p.body, idx[p.name], n)) if p.name in idx else p
