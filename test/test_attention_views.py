@@ -46,3 +46,13 @@ def test_output_takes_qs_layout(shape):
     assert _in_place(out)[1:] == (S, 0, D)
     assert empty_out(bshd.contiguous()).is_contiguous() and empty_out(bshd, 4).shape == (B, H, S, 4)
     assert _in_place(torch.randn(B, H, S, 2 * D)[..., :D]) is None  # neither layout: not addressed in place
+
+
+def test_raw_max_only_for_positive_scales():
+    from torch_autows.runtime.attention import CONFIGS, options_for
+
+    assert options_for("ws_p_128x128_q2_rm", 0.125).raw_max
+    for scale in (0.0, -0.3):  # max on unscaled scores is wrong there: the scaled form is built instead
+        o = options_for("ws_p_128x128_q2_rm", scale)
+        assert not o.raw_max and o == CONFIGS["ws_p_128x128_q2"]
+    assert options_for("ws_p_128x128_q2", -1.0) is CONFIGS["ws_p_128x128_q2"]

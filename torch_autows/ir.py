@@ -150,6 +150,7 @@ class Options:
     skip_mask: bool = True  # mask only blocks a mask can change (a uniform branch around it)
     defer_mma: bool = False  # issue a dependent mma (attention's P V) one step late, under the next step's work
     pingpong: bool = False
+    raw_max: bool = False  # attention: running max on unscaled scores, scale folded into exp2's FFMA (scale > 0)
     # persistent CTAs take every other wave of tiles in reverse order: with tiles sorted longest first
     # (causal attention), CTA 0 no longer gets the longest tile of every wave
     serpentine: bool = False  # compute partitions take turns issuing wgmma (one's softmax under the other's mma)

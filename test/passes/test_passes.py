@@ -50,7 +50,7 @@ program gemm_bf16_nn_128x64x32_bias
   arg N: i32
   arg K: i32
   grid (pid_m: cdiv(M,128), pid_n: cdiv(N,64)) persistent=True group=8
-  options block_m=128 block_n=64 block_k=32 stages=3 data_partition=2 persistent=True group_m=8 mma_pending=1 store_buffers=1 tile_buffers=1 skip_mask=True defer_mma=False pingpong=False serpentine=False producer_warps=1 producer_regs=40 smem_limit=232448 regs_per_sm=65536
+  options block_m=128 block_n=64 block_k=32 stages=3 data_partition=2 persistent=True group_m=8 mma_pending=1 store_buffers=1 tile_buffers=1 skip_mask=True defer_mma=False pingpong=False raw_max=False serpentine=False producer_warps=1 producer_regs=40 smem_limit=232448 regs_per_sm=65536
   body {
     %acc0:f32[128,64] = zeros()
     %acc_out:f32[128,64] = loop(%acc0) {iter_args=('acc',), lb=0, ub='cdiv(K,32)', var='k'} {

@@ -137,6 +137,8 @@ def _attention(program: Program, seed: int, shape) -> Instance:
     q4, k4, v4 = (torch.randn((B, h, s, D), generator=gen).to(dt) for h, s in ((Hq, Sq), (Hkv, Skv), (Hkv, Skv)))
     # SDPA's default scale, or the edge cases a caller may pass: 0 (uniform rows) and negative
     scale = random.Random(f"scale{seed}").choice((D ** -0.5, D ** -0.5, 0.0, -0.3))
+    if o.raw_max:  # that form holds for positive scales only (the runtime builds the other one for the rest)
+        scale = abs(scale) or D ** -0.5
     s4 = q4.float() @ k4.float().repeat_interleave(Hq // Hkv, 1).transpose(2, 3)
     s4 = s4 * scale
     if causal:  # top-left aligned, like F.scaled_dot_product_attention(is_causal=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import replace
 
 import torch
 
@@ -32,6 +33,9 @@ CONFIGS: dict[str, Options] = {
     "ws_p_128x128_q2": Options(block_m=128, block_n=128, stages=4, data_partition=2, persistent=True,
                                defer_mma=True, tile_buffers=2, serpentine=True, group_m=1),
     # The two consumers take turns issuing wgmma (ping-pong): one's softmax runs under the other's mma.
+    # The running max on unscaled scores (one FFMA per score in the softmax; positive scales only).
+    "ws_p_128x128_q2_rm": Options(block_m=128, block_n=128, stages=4, data_partition=2, persistent=True,
+                                  defer_mma=True, tile_buffers=2, serpentine=True, group_m=1, raw_max=True),
     "ws_p_128x128_q2_pp": Options(block_m=128, block_n=128, stages=4, data_partition=2, persistent=True,
                                   defer_mma=True, tile_buffers=2, serpentine=True, group_m=1, pingpong=True),
     # d=64 only: 192 query rows, three consumer warpgroups sharing each K/V tile (FA3's d=64 shape), at 160
@@ -71,11 +75,18 @@ def support_reason(q, k, v, is_causal=False, scale=None, *, check_device: bool =
     return dev.alignment_reason(q=q, k=k, v=v)
 
 
+def options_for(config: str, scale: float) -> Options:
+    """The config's options for a call: ``raw_max`` (max on unscaled scores) holds for positive scales
+    only, so any other scale gets the scaled form."""
+    opts = CONFIGS[config]
+    return replace(opts, raw_max=False) if opts.raw_max and not scale > 0 else opts
+
+
 @functools.lru_cache(maxsize=64)
-def _plan(req: AttentionRequest, config: str):
+def _plan(req: AttentionRequest, opts: Options):
     from ..passes import pipeline
 
-    program = pipeline.run(build(req, CONFIGS[config]))
+    program = pipeline.run(build(req, opts))
     return program, launcher_for(program)
 
 
@@ -130,7 +141,7 @@ def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
     config = config or choose_config(D, is_causal)
     if not serves(config, D):
         raise ValueError(f"attention config {config!r} serves head dims {HEAD_DIMS[config]}, not {D}")
-    program, launcher = _plan(AttentionRequest(D, DTYPES[q.dtype], bool(is_causal)), config)
+    program, launcher = _plan(AttentionRequest(D, DTYPES[q.dtype], bool(is_causal)), options_for(config, scale))
     args = [_tma(view) for view in (qv, kv, vv)]
     BH = B * Hq
     args += [out, lse, Sq, Skv, Hq, Hkv, Hq // Hkv, float(scale) * LOG2E, *qv[1:], *kv[1:], *_in_place(out)[1:], BH]

@@ -13,10 +13,12 @@ those scores to -inf, so their probabilities are exactly 0. Query rows past Sq a
 stored (``store_ptr``/``store_vec`` mask rows). Causal masking is top-left aligned (col <= row), as
 ``F.scaled_dot_product_attention(is_causal=True)``; the KV loop stops after the diagonal block.
 
-Online softmax in base 2 (``qk_scale`` = scale * log2 e): per KV block, m' = max(m, rowmax(s)),
-p = exp2(s - m'), l' = l * exp2(m - m') + rowsum(p), acc' = acc * exp2(m - m') + p V. A row with
+Online softmax in base 2 (``qk_scale`` = scale * log2 e, applied before the mask): per KV block,
+m' = max(m, rowmax(s)), p = exp2(s - m'), l' = l * exp2(m - m') + rowsum(p), acc' = acc * exp2(m - m') + p V. A row with
 every score masked keeps m = -inf; ``fin0`` turns that -inf into 0 inside the exponentials so no
-NaN appears, and the epilogue writes 0 for such rows (lse = -inf), with no 0/0.
+NaN appears, and the epilogue writes 0 for such rows (lse = -inf), with no 0/0. With
+``options.raw_max`` (positive scales only; the runtime builds the other form for the rest) m is kept
+on unscaled scores and p = exp2(s*c - m*c), one FFMA per score instead of a multiply and a subtract.
 """
 from __future__ import annotations
 
@@ -62,21 +64,38 @@ def build(req: AttentionRequest, opts: Options) -> Program:
     if req.causal:  # blocks strictly right of the diagonal are fully masked: skip them
         ub = "min(cdiv(Skv,%d),cdiv(%s*%d+%d,%d))" % (BN, mi, BM, BM, BN)
     s_t, row_t, acc_t = T("f32", (BM, BN)), T("f32", (BM,)), T("f32", (BM, D))
+    if opts.raw_max:  # m on raw scores; the scale folds into one FFMA per score: exp2(s*c - m*c), for c > 0
+        scores = (
+            op("mask", [Value("s_m", s_t)], ["s"], row=row0, col="j*%d" % BN, kv_len="Skv", causal=req.causal),
+            op("reduce_max", [Value("mx", row_t)], ["s_m"], axis=1),
+            op("max", [Value("m_new", row_t)], ["m", "mx"]),
+            op("fin0", [Value("m_use", row_t)], ["m_new"]),
+            op("sub", [Value("dm_raw", row_t)], ["m", "m_use"]),
+            op("mulc", [Value("dm", row_t)], ["dm_raw"], c="qk_scale"),
+            op("exp2", [Value("alpha", row_t)], ["dm"]),
+            op("mulc", [Value("m_sc", row_t)], ["m_use"], c="qk_scale"),
+            op("expand", [Value("m_col", T("f32", (BM, 1)))], ["m_sc"], axis=1),
+            op("mulc", [Value("s2", s_t)], ["s_m"], c="qk_scale"),  # only feeds the sub: ptxas fuses an FFMA
+            op("sub", [Value("sd", s_t)], ["s2", "m_col"]),
+        )
+    else:  # scale, then mask: a masked score is -inf for any scale (0 * -inf would be NaN, -c * -inf +inf)
+        scores = (
+            op("mulc", [Value("s2", s_t)], ["s"], c="qk_scale"),
+            op("mask", [Value("s_m", s_t)], ["s2"], row=row0, col="j*%d" % BN, kv_len="Skv", causal=req.causal),
+            op("reduce_max", [Value("mx", row_t)], ["s_m"], axis=1),
+            op("max", [Value("m_new", row_t)], ["m", "mx"]),
+            op("fin0", [Value("m_use", row_t)], ["m_new"]),
+            op("sub", [Value("dm", row_t)], ["m", "m_use"]),
+            op("exp2", [Value("alpha", row_t)], ["dm"]),
+            op("expand", [Value("m_col", T("f32", (BM, 1)))], ["m_use"], axis=1),
+            op("sub", [Value("sd", s_t)], ["s_m", "m_col"]),
+        )
     loop_body = (
         op("load", [Value("k", T(dt, (BN, D), "smem"))], arg="k", coords=kv_at),
         op("load", [Value("v", T(dt, (BN, D), "smem"))], arg="v", coords=kv_at),
         op("trans", [Value("kt", T(dt, (D, BN), "smem"))], ["k"]),
         op("mma", [Value("s", s_t)], ["q", "kt"]),
-        # scale, then mask: a masked score is -inf for any scale (0 * -inf would be NaN, -c * -inf +inf)
-        op("mulc", [Value("s2", s_t)], ["s"], c="qk_scale"),
-        op("mask", [Value("s_m", s_t)], ["s2"], row=row0, col="j*%d" % BN, kv_len="Skv", causal=req.causal),
-        op("reduce_max", [Value("mx", row_t)], ["s_m"], axis=1),
-        op("max", [Value("m_new", row_t)], ["m", "mx"]),
-        op("fin0", [Value("m_use", row_t)], ["m_new"]),
-        op("sub", [Value("dm", row_t)], ["m", "m_use"]),
-        op("exp2", [Value("alpha", row_t)], ["dm"]),
-        op("expand", [Value("m_col", T("f32", (BM, 1)))], ["m_use"], axis=1),
-        op("sub", [Value("sd", s_t)], ["s_m", "m_col"]),
+        *scores,
         op("exp2", [Value("p", s_t)], ["sd"]),
         op("reduce_sum", [Value("ps", row_t)], ["p"], axis=1),
         op("mul", [Value("la", row_t)], ["l", "alpha"]),
@@ -100,7 +119,8 @@ def build(req: AttentionRequest, opts: Options) -> Program:
         op("cast", [Value("out", T(dt, (BM, D)))], ["out_f"]),
         op("store_ptr", [], ["out"], arg="o", row=o_row, col="(pid_bh%Hq)*o_ch", ld="%d+(Hq-1)*o_ch" % D,
            rows_valid="Sq-%s*%d" % (mi, BM)),
-        op("lse", [Value("lse_v", row_t)], ["m_f", "l_f"]),
+        *((op("mulc", [Value("m_fs", row_t)], ["m_f"], c="qk_scale"),) if opts.raw_max else ()),
+        op("lse", [Value("lse_v", row_t)], ["m_fs" if opts.raw_max else "m_f", "l_f"]),
         op("store_vec", [], ["lse_v"], arg="lse", offset=lse_row, valid="Sq-%s*%d" % (mi, BM)),
     )
     name = f"attn_fwd_{dt}_d{D}_{BM}x{BN}" + ("_causal" if req.causal else "")
