@@ -141,19 +141,19 @@ class Options:
     block_n: int = 256
     block_k: int = 64
     stages: int = 4  # wanted copies of each pipelined buffer; memory_plan may lower it to fit SMEM
-    data_partition: int = 2  # 1 or 2 chains along M
+    data_partition: int = 2  # 1, 2 or 3 chains along M (a consumer warpgroup set each)
     persistent: bool = True
-    group_m: int = 8
+    group_m: int = 8  # rows of tiles walked together (L2 reuse); attention: causal query tiles per head
     mma_pending: int = 1  # async wgmma groups left in flight inside a loop
     store_buffers: int = 1  # staging copies per TMA-stored tile: 2 lets a store drain under the next tile
     tile_buffers: int = 1  # copies of a per-tile channel (attention's Q): 2 lets the next tile's loads start early
     skip_mask: bool = True  # mask only blocks a mask can change (a uniform branch around it)
     defer_mma: bool = False  # issue a dependent mma (attention's P V) one step late, under the next step's work
-    pingpong: bool = False
+    pingpong: bool = False  # compute partitions take turns issuing wgmma (one's softmax under the other's mma)
     raw_max: bool = False  # attention: running max on unscaled scores, scale folded into exp2's FFMA (scale > 0)
     # persistent CTAs take every other wave of tiles in reverse order: with tiles sorted longest first
     # (causal attention), CTA 0 no longer gets the longest tile of every wave
-    serpentine: bool = False  # compute partitions take turns issuing wgmma (one's softmax under the other's mma)
+    serpentine: bool = False
     producer_warps: int = 1
     producer_regs: int = 40
     smem_limit: int = 232448  # 227 KB per CTA on sm_90

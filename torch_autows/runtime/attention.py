@@ -2,7 +2,8 @@
 
 ``support_reason(q, k, v, is_causal, scale)`` says why a call cannot run the generated kernel (None:
 it can; works on fake tensors). ``attention`` raises ``Unsupported`` with that reason, else runs
-templates.attention -> passes.pipeline -> codegen.gluon and returns (out, lse).
+templates.attention -> passes.pipeline -> codegen.gluon and returns (out, lse); ``out`` is in q's
+layout when q is a transposed [B, S, H, D] tensor (``empty_out``), or the ``out=`` given.
 """
 from __future__ import annotations
 
