@@ -154,8 +154,9 @@ def run(program: Program, options=None) -> Program:
     lowest = max(_held(program).values(), default=0) + 1
     for copies in range(max(opts.store_buffers, 1), 0, -1):
         for tiles in range(max(opts.tile_buffers, 1), 0, -1):
-            for depth, split in [(d, s) for d in range(max(opts.stages, lowest), lowest - 1, -1) for s in (0, 1)]:
-                bufs, total = plan(program, depth, copies, tiles, bool(split))
+            depths = range(max(opts.stages, lowest), lowest - 1, -1)
+            for depth, split in ((d, s) for d in depths for s in (False, True)):  # shared first, then split
+                bufs, total = plan(program, depth, copies, tiles, split)
                 if total > opts.smem_limit:
                     continue
                 notes = program.notes
