@@ -71,6 +71,10 @@ def test_lse_gradient():
 def test_opcheck():
     q, k, v = _inputs(torch.float32, 4, 2)
     torch.library.opcheck(attention.default, (q, k, v, True, None, True))
+    # [B, S, H, D] views as models produce them: the output takes q's layout, in the fake as in the kernel
+    qt, kt, vt = (t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for t in (q, k, v))
+    torch.library.opcheck(attention.default, (qt, kt, vt, True, None, True))
+    assert attention(qt, kt, vt, True, None, True)[0].transpose(1, 2).is_contiguous()
     a, b, bias = torch.randn(8, 16, requires_grad=True), torch.randn(16, 4, requires_grad=True), torch.randn(4)
     torch.library.opcheck(torch.ops.autows.gemm.default, (a, b, bias, None))
     torch.library.opcheck(torch.ops.autows.bmm.default, (a[None].detach(), b[None].detach(), None))
