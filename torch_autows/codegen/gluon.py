@@ -79,7 +79,6 @@ def _partition_fn(program: Program, part) -> list[str]:
     if program.grid.persistent:
         body.append("    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):")
         ind = 2
-
     else:
         body.append("    tile = gl.program_id(0)")
         ind = 1

@@ -44,23 +44,27 @@ def _loops_of(program: Program) -> dict[str, Op | None]:
     return loop_of
 
 
-def slots_held(program: Program, c: Channel) -> int:
-    """Ring slots of channel ``c`` its readers may still hold while they wait for the next one: async
-    wgmma groups left in flight on it (``pending``) plus the stages its latest reader runs behind the
-    loop's first compute stage (loop_schedule's ``defer_mma``: P V of step j-1 reads its V slot during
-    step j). Readers of a ``trans`` view of the slot count as readers. 0 for a channel filled once per tile."""
-    loop = _loops_of(program).get(c.value)
-    if loop is None:
-        return 0
-    first = min([o.stage for o in loop.body if o.stage is not None and o.kind != "load"] or [0])
-    views, held = {c.value}, 0
-    for o in loop.body:  # body order: a view is defined before its readers
-        if not views.intersection(o.operands):
+def slots_held(program: Program) -> dict[str, int]:
+    """Ring buffer (of a channel filled inside a loop) -> the slots its readers may still hold while they
+    wait for the next one: async wgmma groups left in flight on it (``pending``) plus the stages its
+    latest reader runs behind the loop's first compute stage (loop_schedule's ``defer_mma``: P V of step
+    j-1 reads its V slot during step j). Readers of a ``trans`` view of the slot count as readers."""
+    loop_of = _loops_of(program)
+    out = {}
+    for c in program.channels:
+        loop = loop_of.get(c.value)
+        if loop is None:
             continue
-        if o.kind == "trans":
-            views.add(o.results[0].name)
-        held = max(held, o.attr("pending", 0) + (first if o.stage is None else o.stage) - first)
-    return held
+        first = min([o.stage for o in loop.body if o.stage is not None and o.kind != "load"] or [0])
+        views, held = {c.value}, 0
+        for o in loop.body:  # body order: a view is defined before its readers
+            if not views.intersection(o.operands):
+                continue
+            if o.kind == "trans":
+                views.add(o.results[0].name)
+            held = max(held, o.attr("pending", 0) + (first if o.stage is None else o.stage) - first)
+        out[c.buffer] = held
+    return out
 
 
 def channel_groups(program: Program, counts: dict[str, int] | None = None) -> list[list[Channel]]:

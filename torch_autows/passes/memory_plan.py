@@ -94,33 +94,21 @@ def _compatible(x, y, program, iv, acc, loop_of) -> bool:
     return (not program.grid.persistent) and ring and len(xr) == 1 and yw == yr == xr
 
 
-def _held(program: Program) -> dict[str, int]:
-    """Ring buffer -> slots its readers may still hold while they wait for the next (buffers.slots_held)."""
-    return {c.buffer: slots_held(program, c) for c in program.channels}
-
-
-def _rings(program: Program) -> set[str]:
-    """Buffers of channels filled inside a loop (barrier rings walked once per step)."""
-    loop_of = _intervals(program.body)[1]
-    return {c.buffer for c in program.channels if loop_of.get(c.value) is not None}
-
-
 def plan(program: Program, depth: int, store_copies: int, tile_copies: int = 1, split: bool = False):
     """Buffers with counts and offsets for a ring depth, staging copies and per-tile channel copies, and
     the SMEM they need with their mbarriers. ``depth`` is the count of the ring held longest; the others
     share it, or (``split``) get the same prefetch distance (count - held - 1), so one held fewer steps
     is that much shallower."""
-    held = _held(program)
+    held = slots_held(program)  # its keys are the rings: buffers filled inside a loop
     most = max(held.values(), default=0)
     iv, loop_of = _intervals(program.body)
     acc = _accessors(program)
-    rings = _rings(program)
     stored = {o.operands[0] for o in walk(program.body) if o.kind == "store"}
 
     per_tile = {c.buffer for c in program.channels if loop_of.get(c.value) is None}
 
     def count(b) -> int:
-        if b.name in rings:
+        if b.name in held:
             return max(depth - (most - held[b.name]), held[b.name] + 1) if split else depth
         if b.name in per_tile and program.grid.persistent:
             return tile_copies
@@ -151,7 +139,8 @@ def plan(program: Program, depth: int, store_copies: int, tile_copies: int = 1, 
 
 def run(program: Program, options=None) -> Program:
     opts = options or program.options
-    lowest = max(_held(program).values(), default=0) + 1
+    held = slots_held(program)
+    lowest = max(held.values(), default=0) + 1
     for copies in range(max(opts.store_buffers, 1), 0, -1):
         for tiles in range(max(opts.tile_buffers, 1), 0, -1):
             depths = range(max(opts.stages, lowest), lowest - 1, -1)
@@ -160,7 +149,7 @@ def run(program: Program, options=None) -> Program:
                 if total > opts.smem_limit:
                     continue
                 notes = program.notes
-                ring_bufs = [b for b in bufs if b.name in _rings(program)]
+                ring_bufs = [b for b in bufs if b.name in held]
                 if split and len({b.count for b in ring_bufs}) > 1:
                     rings = ", ".join(f"{b.name} {b.count}" for b in ring_bufs)
                     notes += (f"memory_plan: rings held fewer steps made shallower ({rings}) to fit",)

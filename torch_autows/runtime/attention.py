@@ -33,10 +33,10 @@ CONFIGS: dict[str, Options] = {
     # (with one, it waits for this tile's end before the next tile's loads). Plans K 2 + V 3 at d=128.
     "ws_p_128x128_q2": Options(block_m=128, block_n=128, stages=4, data_partition=2, persistent=True,
                                defer_mma=True, tile_buffers=2, serpentine=True, group_m=1),
-    # The two consumers take turns issuing wgmma (ping-pong): one's softmax runs under the other's mma.
     # The running max on unscaled scores (one FFMA per score in the softmax; positive scales only).
     "ws_p_128x128_q2_rm": Options(block_m=128, block_n=128, stages=4, data_partition=2, persistent=True,
                                   defer_mma=True, tile_buffers=2, serpentine=True, group_m=1, raw_max=True),
+    # The two consumers take turns issuing wgmma (ping-pong): one's softmax runs under the other's mma.
     "ws_p_128x128_q2_pp": Options(block_m=128, block_n=128, stages=4, data_partition=2, persistent=True,
                                   defer_mma=True, tile_buffers=2, serpentine=True, group_m=1, pingpong=True),
     # d=64 only: 192 query rows, three consumer warpgroups sharing each K/V tile (FA3's d=64 shape), at 160
@@ -113,7 +113,8 @@ def empty_out(q: torch.Tensor, d: int | None = None) -> torch.Tensor:
     back to [B, S, H*D], which is then a view), else contiguous."""
     B, H, S, D = q.shape
     d = d or D
-    if not q.is_contiguous() and q.transpose(1, 2).is_contiguous():
+    view = _in_place(q)
+    if view is not None and view[3]:  # ch != 0: q is read as [B, S, H, D]
         return q.new_empty((B, S, H, d)).transpose(1, 2)
     return q.new_empty((B, H, S, d))
 
@@ -137,7 +138,10 @@ def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
     if vv[1:] != kv[1:]:  # k and v share (rb, rh, ch): copy v into k's layout
         vv = _rows_view(v.transpose(1, 2).contiguous().transpose(1, 2) if kv[3] else v.contiguous())
     given = out
-    out = out if out is not None and _in_place(out) is not None else empty_out(q)
+    ov = _in_place(out) if out is not None else None
+    if ov is None:  # none given, or in neither layout (then written through a copy, below)
+        out = empty_out(q)
+        ov = _in_place(out)
     lse = lse if lse is not None else torch.empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
     config = config or choose_config(D, is_causal)
     if not serves(config, D):
@@ -145,11 +149,11 @@ def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
     program, launcher = _plan(AttentionRequest(D, DTYPES[q.dtype], bool(is_causal)), options_for(config, scale))
     args = [_tma(view) for view in (qv, kv, vv)]
     BH = B * Hq
-    args += [out, lse, Sq, Skv, Hq, Hkv, Hq // Hkv, float(scale) * LOG2E, *qv[1:], *kv[1:], *_in_place(out)[1:], BH]
+    args += [out, lse, Sq, Skv, Hq, Hkv, Hq // Hkv, float(scale) * LOG2E, *qv[1:], *kv[1:], *ov[1:], BH]
     tiles = BH * math.ceil(Sq / program.options.block_m)
     idx = dev.index(out.device)
     launcher(min(tiles, dev.num_sms(idx)) if program.grid.persistent else tiles, args, idx)
-    if given is not None and given is not out:  # an out= in neither layout: written through a copy
+    if given is not None and given is not out:
         given.copy_(out)
         out = given
     return out, lse
