@@ -16,6 +16,7 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from torch_autows.bench.cases import select
+from torch_autows.bench.runner import rel_err
 from torch_autows.runtime import attention as rta
 
 #: Extra variants: name -> (base config, Options overrides). The serpentine JSON was written with
@@ -48,7 +49,7 @@ def main():
             try:
                 out, _ = run()
                 torch.cuda.synchronize()
-                row[name + "_err"] = round(((out.float() - ref).norm() / ref.norm()).item(), 5)
+                row[name + "_err"] = round(rel_err(out, ref), 5)
                 fns[name] = run
             except Exception as e:  # recorded, not fatal
                 row[name] = repr(e)[:300]
