@@ -35,7 +35,7 @@ def _attention(args) -> int:
     from .runtime.attention import CONFIGS, HEAD_DIMS, choose_config, serves
     from .templates.attention import AttentionRequest, build
 
-    config = args.config or choose_config(args.d, args.causal)
+    config = args.config or choose_config(args.d, args.causal, args.skv or args.s)
     if config not in CONFIGS:
         print(f"unknown config {config!r}; choose one of {sorted(CONFIGS)}", file=sys.stderr)
         return 2

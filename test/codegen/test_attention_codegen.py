@@ -16,7 +16,8 @@ from torch_autows.templates.attention import AttentionRequest, build
 @pytest.mark.parametrize("config,d,causal,dtype", [c for c in itertools.product(
     CONFIGS, (64, 128), (False, True), ("bf16", "fp16")) if serves(c[0], c[1])])
 def test_compiles_with_three_partitions(config, d, causal, dtype):
-    assert choose_config(d, causal) in CONFIGS and serves(choose_config(d, causal), d)
+    for skv in (1, 4096, 8192, 65536):
+        assert choose_config(d, causal, skv) in CONFIGS and serves(choose_config(d, causal, skv), d)
     program = pipeline.run(build(AttentionRequest(d, dtype, causal), CONFIGS[config]))
     kernel = compile_offline(program)
     s = summary(program, kernel)

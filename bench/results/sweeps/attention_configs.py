@@ -1,6 +1,7 @@
 """Attention configs (every runtime config plus named variants) against cuDNN on the BENCH.md grid, one process.
 
-Run on the GPU machine: ``PYTHONPATH=. OUT=<dir> python bench/results/sweeps/attention_configs.py [glob ...]``.
+Run on the GPU machine: ``PYTHONPATH=. OUT=<dir> python bench/results/sweeps/attention_configs.py [glob ...]``;
+``CONFIGS=a,b`` in the environment times only these configs and variants (default: every one).
 Writes ``sweep_attn_configs.json``: per case and variant the median TFLOP/s of ``ROUNDS`` interleaved
 timings (cuDNN and every variant once per round, so clock and power drift hit all alike) and the relative
 error against fp32 math SDPA.
@@ -19,17 +20,28 @@ from torch_autows.bench.cases import select
 from torch_autows.bench.runner import rel_err
 from torch_autows.runtime import attention as rta
 
-#: Extra variants: name -> (base config, Options overrides). The serpentine JSON was written with
-#: {"q2_forward": ("ws_p_128x128_q2", {"serpentine": False})}; next to measure: causal tiles grouped per head.
+#: Extra variants: name -> (base config, Options overrides); with CONFIGS= these reproduce the JSONs' names.
+#: -configs-2: every config plus q2_forward, q2_g4, q2_g8 (the serpentine JSON had q2_forward only).
+#: -configs-3: CONFIGS=ws_p_128x128_q2,ws_p_128x128_q2_rm,ws_p_128x128_q2_rm_g8,q2_rm_g4,q2_rm_g16,
+#:             ws_p3_192x128_q2,ws_p3_192x128_q2_rm,p3_rm_g8 (q2_rm_g16 is today's ws_p_128x128_q2_rm_g16,
+#:             p3_rm_g8 today's ws_p3_192x128_q2_rm_g8).
 VARIANTS = {"q2_forward": ("ws_p_128x128_q2", {"serpentine": False}),
-            "q2_g4": ("ws_p_128x128_q2", {"group_m": 4}), "q2_g8": ("ws_p_128x128_q2", {"group_m": 8})}
+            "q2_g4": ("ws_p_128x128_q2", {"group_m": 4}), "q2_g8": ("ws_p_128x128_q2", {"group_m": 8}),
+            "ws_p_128x128_q2_rm_g8": ("ws_p_128x128_q2_rm", {"group_m": 8}),
+            "q2_rm_g4": ("ws_p_128x128_q2_rm", {"group_m": 4}), "q2_rm_g16": ("ws_p_128x128_q2_rm", {"group_m": 16}),
+            "ws_p3_192x128_q2_rm": ("ws_p3_192x128_q2_rm_g8", {"group_m": 1}),
+            "p3_rm_g8": ("ws_p3_192x128_q2_rm_g8", {})}
 ROUNDS = 3
 
 
 def main():
     for name, (base, kw) in VARIANTS.items():
         rta.CONFIGS[name] = replace(rta.CONFIGS[base], **kw)
+        if base in rta.HEAD_DIMS:
+            rta.HEAD_DIMS[name] = rta.HEAD_DIMS[base]
     names = list(rta.CONFIGS)
+    if os.environ.get("CONFIGS"):
+        names = [n for n in os.environ["CONFIGS"].split(",") if n in rta.CONFIGS]
     rows = []
     for c in select("attention", sys.argv[1:] or None):
         b, hq, hkv, s, d, causal = c.batch, c.heads, c.kv_heads, c.seqlen, c.head_dim, c.causal
@@ -62,8 +74,8 @@ def main():
         print(json.dumps(row), flush=True)
         rows.append(row)
         del q, k, v, ref
-    with open(os.path.join(os.environ.get("OUT", "."), "sweep_attn_configs.json"), "w") as f:
-        json.dump(rows, f, indent=1)
+        with open(os.path.join(os.environ.get("OUT", "."), "sweep_attn_configs.json"), "w") as f:
+            json.dump(rows, f, indent=1)  # after every case, so a cut-short run still leaves its rows
 
 
 if __name__ == "__main__":
