@@ -61,6 +61,8 @@ def _step(fn, inputs, train: bool):
     if not train:
         with torch.no_grad():
             return fn(*inputs)
+    for t in [*inputs, *fn.parameters()]:  # a training step starts from cleared grads (CUDA graphs need it:
+        t.grad = None                        # accumulating reads a graph output a later replay overwrote)
     out = fn(*inputs)
     out = out[0] if isinstance(out, tuple) else getattr(out, "logits", out)
     out.float().square().mean().backward()
