@@ -27,6 +27,14 @@ def test_heuristic_picks_known_configs_for_the_gemm_set():
     assert {choose_config(*s) for s in GEMM_SET} <= set(CONFIGS)
 
 
+def test_heuristic_counts_waves():
+    # 8192 x 768: 192 tiles of 128x256 take 2 rounds on 132 SMs (4 units), 384 of 128x128 take 3 (3.3 units)
+    assert choose_config(8192, 768, 3072) == "ws_p_128x128"
+    assert choose_config(8192, 768, 3072, sms=192) == "ws_p_128x256"  # one round each: the wider tile
+    assert choose_config(4096, 4096, 4096) == "ws_p_128x256"  # 512 vs 1024 tiles: both about 4 rounds per unit
+    assert choose_config(1 << 20, 64, 64) == "ws_p_128x128"  # narrow N
+
+
 @pytest.mark.parametrize("config,variant", itertools.product(CONFIGS, VARIANTS))
 def test_compiles_to_sm90a_with_ws_structure(config, variant):
     ta, tb, bias, batch, dt, odt = VARIANTS[variant]

@@ -36,9 +36,21 @@ CONFIGS: dict[str, Options] = {
 }
 
 
-def choose_config(m: int, n: int, k: int) -> str:
-    """Heuristic: 128x256 tiles unless N is narrow or the 128x256 grid leaves most SMs idle."""
-    if n <= 128 or -(-m // 128) * -(-n // 256) < 66:
+#: Throughput of a 128x128 tile relative to 128x256 when both fill every SM: 644 against 706 TFLOP/s at
+#: 4096^3 on the H200 (sweeps/2026-11-30-h200-gemm-configs.json, both at 3.9 waves).
+_EFF_128x128 = 0.91
+
+
+def choose_config(m: int, n: int, k: int, sms: int = 132) -> str:
+    """The tile with the least estimated time: a persistent CTA runs ceil(tiles / SMs) tiles, so the cost is
+    that many tiles of the tile's area at its throughput. 128x256 wins on big grids; 128x128 where the
+    last wave of 128x256 tiles would leave many SMs idle (e.g. N=768 at M=8192: 2 rounds of 256-wide tiles
+    against 3 of 128-wide ones, 4 against 3.3 units) and for narrow N."""
+    def cost(bn: int, eff: float) -> float:
+        tiles = -(-m // 128) * -(-n // bn)
+        return -(-tiles // sms) * bn / eff
+
+    if n <= 128 or cost(128, _EFF_128x128) < cost(256, 1.0):
         return "ws_p_128x128"
     return "ws_p_128x256"
 
