@@ -44,6 +44,21 @@ def test_post_grad_rewrite_fuses_bias_and_keeps_epilogue(pretend):
     assert all(n.args[2] is not None for n in fused) and "val" in fused[0].meta
 
 
+def test_post_grad_rewrite_of_chained_gemms(pretend):
+    # x @ w1 @ w2 (+ bias): the second site's operand is the first site, rewritten before it
+    x, w1, w2, bias = torch.randn(8, 16), torch.randn(16, 16), torch.randn(16, 4), torch.randn(4)
+
+    def f(x, w1, w2, bias):
+        return torch.mm(torch.mm(x, w1), w2) + bias, torch.addmm(bias, torch.mm(x, w1), w2)
+
+    gm = _aten_graph(f, x, w1, w2, bias)
+    sites = rewrite_gemms(gm.graph)  # lints the graph: no use of an erased node
+    gm.recompile()
+    assert [s.reason for s in sites] == [None] * 4 and aten.mm.default not in _ops(gm)
+    for got, ref in zip(gm(x, w1, w2, bias), f(x, w1, w2, bias)):
+        torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
 def test_post_grad_reasons(pretend, log_warnings):
     a, b = torch.randn(8, 16), torch.randn(16, 4)
 
@@ -113,3 +128,4 @@ def test_max_autotune_offers_our_choice(pretend, monkeypatch):
     torch.testing.assert_close(f(a, b), torch.relu(a @ b))
     assert ("mm", "autows_mm") in seen and ("mm", "mm") in seen
     assert target.site_counters["gemm.choice"] == 1 and target.site_counters["gemm.rewritten"] == 0
+

@@ -108,7 +108,8 @@ def rewrite_gemms(graph: fx.Graph) -> list[GemmSite]:
             continue
         is_bmm = s.node.target is aten.bmm.default
         fn = torch.ops.autows.bmm.default if is_bmm else torch.ops.autows.gemm.default
-        args = (s.a, s.b, None) if is_bmm else (s.a, s.b, s.bias, None)
+        a, b, bias = _operands(s)
+        args = (a, b, None) if is_bmm else (a, b, bias, None)
         with graph.inserting_before(s.node):
             new = graph.call_function(fn, args)
         new.meta.update({k: s.node.meta[k] for k in ("stack_trace", "seq_nr") if k in s.node.meta})
@@ -123,6 +124,17 @@ def rewrite_gemms(graph: fx.Graph) -> list[GemmSite]:
         target.site_counters["gemm.rewritten"] += 1
     graph.lint()
     return sites
+
+
+def _operands(s: GemmSite):
+    """(a, b, bias) as the graph has them now: an operand that was itself a GEMM site rewritten earlier
+    (``x @ w1 @ w2``) is the new node by now, while ``s.a`` / ``s.b`` still name the erased one."""
+    src = s.fused[0] if s.fused else s.node
+    if src.target is aten.addmm.default:
+        return src.args[1], src.args[2], src.args[0]
+    if s.fused:
+        return src.args[0], src.args[1], next(x for x in s.node.args if x is not src)
+    return src.args[0], src.args[1], None
 
 
 def _fake(fn, args):
