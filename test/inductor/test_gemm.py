@@ -129,3 +129,24 @@ def test_max_autotune_offers_our_choice(pretend, monkeypatch):
     assert ("mm", "autows_mm") in seen and ("mm", "mm") in seen
     assert target.site_counters["gemm.choice"] == 1 and target.site_counters["gemm.rewritten"] == 0
 
+
+def test_rewritten_gemms_lower_to_direct_extern_calls(pretend):
+    # max-autotune off: the wrapper calls our extern kernels into planned buffers, not the custom op
+    # through the dispatcher (lowering.py); on CPU they then fall back to torch at run time.
+    from torch._inductor.utils import run_and_get_code
+
+    from torch_autows.runtime import fallback
+
+    def f(a, b, bias, x):
+        return F.gelu(torch.addmm(bias, a, b)), torch.mm(a, b) + bias, torch.bmm(x, x.transpose(1, 2)), a @ b
+
+    a, b, bias, x = (t.bfloat16() for t in (torch.randn(64, 32), torch.randn(32, 48), torch.randn(48),
+                                             torch.randn(2, 128, 64)))
+    outs, code = run_and_get_code(torch.compile(f, backend="autows"), a, b, bias, x)
+    src = "\n".join(code)
+    assert src.count("extern_kernels.autows_addmm(") == 2 and "extern_kernels.autows_mm(" in src
+    assert "extern_kernels.autows_bmm(" in src and "torch.ops.autows" not in src
+    for got, ref in zip(outs, f(a, b, bias, x)):
+        torch.testing.assert_close(got, ref, atol=2e-2, rtol=2e-2)
+    assert target.site_counters["gemm.rewritten"] == 4 and fallback.counters["gemm.fallback"] == 3
+    assert fallback.counters["bmm.fallback"] == 1

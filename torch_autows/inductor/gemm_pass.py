@@ -17,6 +17,10 @@ GPU, meaning the bias add would have run inside the next pointwise kernel). Ever
 it would have after cuBLAS. A 2-D bias, ``alpha``/``beta`` != 1 or a dtype change in the add are left to
 Inductor with a logged reason.
 
+The ops inserted here are lowered to direct ``extern_kernels.autows_*`` calls (lowering.py), the same
+calls max-autotune makes when our choice wins, so no dispatcher sits between Inductor's wrapper and the
+launcher.
+
 Runs in ``post_grad_custom_post_pass``: after Inductor's own post-grad patterns (mm_plus_mm, addmm
 (un)fusion), so we only take what is still a plain GEMM; on forward and backward graphs alike.
 """
@@ -99,7 +103,7 @@ def rewrite_gemms(graph: fx.Graph) -> list[GemmSite]:
     """Replace servable GEMMs by our ops (max-autotune off only); log why the others stay."""
     if max_autotune_on():
         return []
-    from . import ops  # noqa: F401  (registers torch.ops.autows.*)
+    from . import lowering  # noqa: F401  (registers torch.ops.autows.* and their lowerings)
 
     sites = find_gemm_sites(graph)
     for s in sites:

@@ -1,0 +1,50 @@
+"""Inductor lowerings of ``autows::gemm`` / ``autows::bmm``: a direct call of our extern kernel.
+
+Without a lowering, Inductor runs a custom op as a ``FallbackKernel``: the compiled wrapper calls
+``torch.ops.autows.gemm.default(...)``, which goes through the dispatcher and the ``custom_op`` layers
+(autograd wrapper, redispatch, the Python impl) before our launcher, about 30 us of host time per call
+on a CPU where the launcher itself takes 20; small models, with many short GEMMs, wait on that. The
+lowering emits what max-autotune already emits when our choice wins: ``extern_kernels.autows_mm(a, b,
+out=buf)`` (choices.py) into a buffer Inductor plans like any other, so the wrapper calls our Python
+function directly and Inductor can reuse the buffer.
+
+Same semantics as the op: ``gemm_into`` re-checks the real tensors and falls back to torch with a
+logged reason. Not used under ``cpp_wrapper`` (no Python to call) or for an ``out_dtype`` other than
+the operands' (our rewrite never passes one): those keep the custom op's fallback kernel.
+"""
+from __future__ import annotations
+
+import torch
+from torch._inductor import ir
+from torch._inductor.kernel.mm_common import mm_args
+from torch._inductor.lowering import fallback_handler, register_lowering
+from torch._inductor.virtualized import V
+
+from . import ops  # noqa: F401  (registers torch.ops.autows.*)
+from .choices import extern_choice
+
+_GEMM, _BMM = torch.ops.autows.gemm.default, torch.ops.autows.bmm.default
+
+
+def _as_op(op, *args):
+    """The custom op's own fallback kernel (the path without this lowering)."""
+    return fallback_handler(op, add_to_fallback_set=False)(*args)
+
+
+@register_lowering(_GEMM, type_promotion_kind=None)
+def _lower_gemm(a, b, bias=None, out_dtype=None):
+    if V.graph.cpp_wrapper or (out_dtype is not None and out_dtype != a.get_dtype()):
+        return _as_op(_GEMM, a, b, bias, out_dtype)
+    _, _, _, layout, a, b = mm_args(a, b)
+    if bias is None:
+        return extern_choice("mm").bind((a, b), layout).output_node()
+    bias = ir.ExternKernel.require_stride1(ir.ExternKernel.realize_input(bias))
+    return extern_choice("addmm").bind((bias, a, b), layout, alpha=1, beta=1).output_node()
+
+
+@register_lowering(_BMM, type_promotion_kind=None)
+def _lower_bmm(a, b, out_dtype=None):
+    if V.graph.cpp_wrapper or (out_dtype is not None and out_dtype != a.get_dtype()):
+        return _as_op(_BMM, a, b, out_dtype)
+    _, _, _, layout, a, b = mm_args(a, b)
+    return extern_choice("bmm").bind((a, b), layout).output_node()
