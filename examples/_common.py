@@ -95,7 +95,9 @@ def run(name: str, make_model, make_inputs, args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     base = make_model().eval()
     ref_model = copy.deepcopy(base).to(args.device)
-    model = copy.deepcopy(base).to(args.device, dtype)
+    model = copy.deepcopy(base).to(args.device)
+    for p in model.parameters():  # parameters only, as loading a checkpoint in bf16 does: `.to(dtype)` would
+        p.data = p.data.to(dtype)  # also round float buffers such as Llama's RoPE inv_freq (positions drift)
     if args.train:
         model.train()
     inputs = make_inputs(args.device, dtype)
