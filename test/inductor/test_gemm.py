@@ -150,3 +150,17 @@ def test_rewritten_gemms_lower_to_direct_extern_calls(pretend):
         torch.testing.assert_close(got, ref, atol=2e-2, rtol=2e-2)
     assert target.site_counters["gemm.rewritten"] == 4 and fallback.counters["gemm.fallback"] == 3
     assert fallback.counters["bmm.fallback"] == 1
+
+
+def test_direct_extern_calls_with_a_dynamic_dim(pretend):
+    # mark_dynamic on the token dim: the lowering's output buffer takes the symbolic size
+    from torch._inductor.utils import run_and_get_code
+
+    w, bias = torch.randn(32, 48).bfloat16(), torch.randn(48).bfloat16()
+    f = torch.compile(lambda x: torch.addmm(bias, x, w).relu(), backend="autows")
+    for m in (64, 80):
+        x = torch.randn(m, 32).bfloat16()
+        torch._dynamo.mark_dynamic(x, 0)
+        out, (code, *_) = run_and_get_code(f, x)
+        torch.testing.assert_close(out, torch.addmm(bias, x, w).relu(), atol=2e-2, rtol=2e-2)
+        assert "extern_kernels.autows_addmm(" in code and "empty_strided_cpu((s" in code  # [M, 48], M symbolic
