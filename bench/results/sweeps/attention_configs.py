@@ -30,7 +30,10 @@ VARIANTS = {"q2_forward": ("ws_p_128x128_q2", {"serpentine": False}),
             "ws_p_128x128_q2_rm_g8": ("ws_p_128x128_q2_rm", {"group_m": 8}),
             "q2_rm_g4": ("ws_p_128x128_q2_rm", {"group_m": 4}), "q2_rm_g16": ("ws_p_128x128_q2_rm", {"group_m": 16}),
             "ws_p3_192x128_q2_rm": ("ws_p3_192x128_q2_rm_g8", {"group_m": 1}),
-            "p3_rm_g8": ("ws_p3_192x128_q2_rm_g8", {})}
+            "p3_rm_g8": ("ws_p3_192x128_q2_rm_g8", {}),
+            # next: 64 keys per step for short (causal) sequences, less masked work on the diagonal
+            "q2_rm_g16_bn64": ("ws_p_128x128_q2_rm_g16", {"block_n": 64}),
+            "q2_rm_g16_bn64_s6": ("ws_p_128x128_q2_rm_g16", {"block_n": 64, "stages": 6})}
 ROUNDS = 3
 
 
