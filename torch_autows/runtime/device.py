@@ -22,11 +22,16 @@ def capability(device_index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device_index)
 
 
-def is_real(t) -> bool:
-    """A tensor with real storage (not a fake/meta one that Inductor traces with)."""
+@functools.cache
+def _fake_tensor_type():
     from torch._subclasses.fake_tensor import FakeTensor
 
-    return not isinstance(t, FakeTensor) and t.device.type != "meta"
+    return FakeTensor
+
+
+def is_real(t) -> bool:
+    """A tensor with real storage (not a fake/meta one that Inductor traces with)."""
+    return not isinstance(t, _fake_tensor_type()) and t.device.type != "meta"
 
 
 def sm90_reason(device: torch.device, check_device: bool = True) -> str | None:
