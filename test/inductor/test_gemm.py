@@ -164,3 +164,18 @@ def test_direct_extern_calls_with_a_dynamic_dim(pretend):
         out, (code, *_) = run_and_get_code(f, x)
         torch.testing.assert_close(out, torch.addmm(bias, x, w).relu(), atol=2e-2, rtol=2e-2)
         assert "extern_kernels.autows_addmm(" in code and "empty_strided_cpu((s" in code  # [M, 48], M symbolic
+
+
+def test_direct_extern_calls_forward_and_backward(pretend):
+    # training: the backward graph's GEMMs (dX = dY W, dW = dY^T X) take the same lowering
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(32, 48).bfloat16()
+    ref = torch.nn.Linear(32, 48).bfloat16()
+    ref.load_state_dict(lin.state_dict())
+    x = torch.randn(64, 32).bfloat16().requires_grad_()
+    xr = x.detach().clone().requires_grad_()
+    torch.compile(lin, backend="autows")(x).float().square().mean().backward()
+    ref(xr).float().square().mean().backward()
+    for got, want in ((x.grad, xr.grad), (lin.weight.grad, ref.weight.grad), (lin.bias.grad, ref.bias.grad)):
+        torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+    assert target.site_counters["gemm.rewritten"] >= 3  # the forward addmm and two backward mms
