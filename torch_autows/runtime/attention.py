@@ -26,32 +26,30 @@ LOG2E = 1.4426950408889634
 #: Two consumer warpgroups own 64 query rows each; a producer warp streams K and V through SMEM rings
 #: (V's one slot deeper: it is read a step late); P V of step j-1 runs under step j's softmax
 #: (defer_mma); only diagonal and tail blocks are masked (skip_mask).
+_ONE_Q = Options(block_m=128, block_n=128, stages=4, data_partition=2, persistent=True, defer_mma=True,
+                 serpentine=True, group_m=1)
+# Two Q copies: the producer loads the next tile's Q, then its K/V, while this tile still computes
+# (with one, it waits for this tile's end before the next tile's loads). Plans K 2 + V 3 at d=128.
+_Q2 = replace(_ONE_Q, tile_buffers=2)
+# d=64 only: 192 query rows, three consumer warpgroups sharing each K/V tile (FA3's d=64 shape), at 160
+# registers each (producer 24). With P V deferred and 128 keys per step it spills, so either 128 keys
+# without deferring, or 64 keys with it.
+_P3 = Options(block_m=192, block_n=128, stages=4, data_partition=3, persistent=True, tile_buffers=2,
+              serpentine=True, group_m=1, producer_regs=24)
 CONFIGS: dict[str, Options] = {
-    "ws_p_128x128": Options(block_m=128, block_n=128, stages=4, data_partition=2, persistent=True, defer_mma=True,
-                            serpentine=True, group_m=1),
-    # Two Q copies: the producer loads the next tile's Q, then its K/V, while this tile still computes
-    # (with one, it waits for this tile's end before the next tile's loads). Plans K 2 + V 3 at d=128.
-    "ws_p_128x128_q2": Options(block_m=128, block_n=128, stages=4, data_partition=2, persistent=True,
-                               defer_mma=True, tile_buffers=2, serpentine=True, group_m=1),
+    "ws_p_128x128": _ONE_Q,
+    "ws_p_128x128_q2": _Q2,
     # The running max on unscaled scores (one FFMA per score in the softmax; positive scales only).
-    "ws_p_128x128_q2_rm": Options(block_m=128, block_n=128, stages=4, data_partition=2, persistent=True,
-                                  defer_mma=True, tile_buffers=2, serpentine=True, group_m=1, raw_max=True),
+    "ws_p_128x128_q2_rm": replace(_Q2, raw_max=True),
     # raw_max, and a head's causal query tiles back to back in groups of 16 (group_m): the CTAs of a wave
-    # share K/V in L2. Non-causal grids ignore group_m.
-    "ws_p_128x128_q2_rm_g16": Options(block_m=128, block_n=128, stages=4, data_partition=2, persistent=True,
-                                      defer_mma=True, tile_buffers=2, serpentine=True, group_m=16, raw_max=True),
+    # share K/V in L2. Non-causal grids ignore group_m. Picked, except d=64 from 8192 keys.
+    "ws_p_128x128_q2_rm_g16": replace(_Q2, raw_max=True, group_m=16),
     # The two consumers take turns issuing wgmma (ping-pong): one's softmax runs under the other's mma.
-    "ws_p_128x128_q2_pp": Options(block_m=128, block_n=128, stages=4, data_partition=2, persistent=True,
-                                  defer_mma=True, tile_buffers=2, serpentine=True, group_m=1, pingpong=True),
-    # d=64 only: 192 query rows, three consumer warpgroups sharing each K/V tile (FA3's d=64 shape), at 160
-    # registers each (producer 24). With P V deferred and 128 keys per step it spills, so either 128 keys
-    # without deferring, or 64 keys with it. Not picked yet: compiled and interpreted, not run on the H200.
-    "ws_p3_192x128_q2": Options(block_m=192, block_n=128, stages=4, data_partition=3, persistent=True,
-                                tile_buffers=2, serpentine=True, group_m=1, producer_regs=24),
-    "ws_p3_192x128_q2_rm_g8": Options(block_m=192, block_n=128, stages=4, data_partition=3, persistent=True,
-                                      tile_buffers=2, serpentine=True, group_m=8, producer_regs=24, raw_max=True),
-    "ws_p3_192x64_q2": Options(block_m=192, block_n=64, stages=4, data_partition=3, persistent=True,
-                               defer_mma=True, tile_buffers=2, serpentine=True, group_m=1, producer_regs=24),
+    "ws_p_128x128_q2_pp": replace(_Q2, pingpong=True),
+    "ws_p3_192x128_q2": _P3,
+    # Picked for d=64 from 8192 keys.
+    "ws_p3_192x128_q2_rm_g8": replace(_P3, raw_max=True, group_m=8),
+    "ws_p3_192x64_q2": replace(_P3, block_n=64, defer_mma=True),
 }
 
 #: Head dims a config serves (default: every one the template takes).
