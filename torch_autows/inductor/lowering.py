@@ -26,6 +26,11 @@ from .choices import extern_choice
 _GEMM, _BMM = torch.ops.autows.gemm.default, torch.ops.autows.bmm.default
 
 
+def _direct(a, out_dtype) -> bool:
+    """Whether the direct call serves it: a Python wrapper to call from, and the operands' dtype out."""
+    return not V.graph.cpp_wrapper and out_dtype in (None, a.get_dtype())
+
+
 def _as_op(op, *args):
     """The custom op's own fallback kernel (the path without this lowering)."""
     return fallback_handler(op, add_to_fallback_set=False)(*args)
@@ -33,7 +38,7 @@ def _as_op(op, *args):
 
 @register_lowering(_GEMM, type_promotion_kind=None)
 def _lower_gemm(a, b, bias=None, out_dtype=None):
-    if V.graph.cpp_wrapper or (out_dtype is not None and out_dtype != a.get_dtype()):
+    if not _direct(a, out_dtype):
         return _as_op(_GEMM, a, b, bias, out_dtype)
     _, _, _, layout, a, b = mm_args(a, b)
     if bias is None:
@@ -44,7 +49,7 @@ def _lower_gemm(a, b, bias=None, out_dtype=None):
 
 @register_lowering(_BMM, type_promotion_kind=None)
 def _lower_bmm(a, b, out_dtype=None):
-    if V.graph.cpp_wrapper or (out_dtype is not None and out_dtype != a.get_dtype()):
+    if not _direct(a, out_dtype):
         return _as_op(_BMM, a, b, out_dtype)
     _, _, _, layout, a, b = mm_args(a, b)
     return extern_choice("bmm").bind((a, b), layout).output_node()

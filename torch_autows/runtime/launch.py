@@ -124,11 +124,17 @@ def _specialization(arg):
     return _native_specialize(arg, False, True, True)
 
 
+@functools.cache
+def _knobs():
+    from triton import knobs  # imported on first launch, not with this module (it loads without triton)
+
+    return knobs
+
+
 def _hooks_installed() -> bool:
     """Has anyone (a profiler such as proton) installed a launch hook? Triton 3.6 keeps the hooks in
     an always-present ``HookChain``; an empty chain is no hook."""
-    from triton import knobs
-
+    knobs = _knobs()
     return any(h is not None and getattr(h, "calls", True) for h in (knobs.runtime.launch_enter_hook,
                                                                      knobs.runtime.launch_exit_hook))
 
