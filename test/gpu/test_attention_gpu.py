@@ -2,8 +2,8 @@
 
 Sequence lengths with tails (1, 17, 1000, 4097), Sq != Skv, causal (top-left, as torch), GQA, bf16 and
 fp16, head dims 64/128, [B, S, H, D] views transposed to [B, H, S, D] (q/v and k independently, so k
-and v may differ in layout), every runtime config in turn; out and lse both checked; outputs poisoned
-with NaN before each run.
+and v may differ in layout; at odd lengths sliced from a fused QKV projection, rows 3*H*D apart), every
+runtime config in turn; out and lse both checked; outputs poisoned with NaN before each run.
 """
 from __future__ import annotations
 
@@ -44,6 +44,8 @@ def test_attention_random(c):
     hq = c["hkv"] * c["g"]
 
     def mk(h, s, bshd):
+        if bshd and s % 2:  # odd lengths: sliced from a fused [B, S, 3, H, D] projection (rows 3*H*D apart)
+            return torch.randn(c["b"], s, 3, h, c["d"], device="cuda", dtype=c["dtype"]).permute(2, 0, 3, 1, 4)[1]
         if bshd:  # as models produce them: [B, S, H, D] viewed as [B, H, S, D]
             return torch.randn(c["b"], s, h, c["d"], device="cuda", dtype=c["dtype"]).transpose(1, 2)
         return torch.randn(c["b"], h, s, c["d"], device="cuda", dtype=c["dtype"])

@@ -104,15 +104,31 @@ def _plan(req: AttentionRequest, opts: Options):
     return program, launcher_for(program)
 
 
-def _in_place(t: torch.Tensor):
-    """(tensor, rb, rh, ch) of a [B, H, S, D] tensor addressed as rows of sequence positions (see the
-    template) without a copy: [B, H, S, D]-contiguous or [B, S, H, D]-contiguous (a transposed view);
-    None for any other layout."""
+def _in_place(t: torch.Tensor, bshd_first: bool = False):
+    """(tensor, rb, rh, ch, ld) of a [B, H, S, D] tensor addressed as rows of sequence positions (see the
+    template) with a row pitch of ``ld`` elements, without a copy; None when it cannot be.
+
+    Two row orders: [B, H, S, D] (rb=H*S, rh=S, ch=0; rows of D) and [B, S, H, D], the layout models
+    transpose (rb=S, rh=0, ch=D; rows of H*D). Rows may be longer than that (``ld``), as for q, k and v
+    sliced from one fused QKV projection [B, S, 3, H, D]. TMA needs ``ld`` a multiple of 16 bytes.
+    With a length-1 dim both orders may fit; ``bshd_first`` says which to try first."""
     B, H, S, D = t.shape
-    if t.is_contiguous():
-        return t, H * S, S, 0
-    if t.transpose(1, 2).is_contiguous():
-        return t, S, 0, D
+    sb, sh, ss, sd = t.stride()
+    if D > 1 and sd != 1:
+        return None
+    forms = [(H * S, S, 0, D, ((S, ss), (H, sh), (B, sb))), (S, 0, D, H * D, ((S, ss), (B, sb)))]
+    for rb, rh, ch, cols, order in forms[::-1] if bshd_first else forms:
+        if ch and H > 1 and sh != D:
+            continue
+        ld, ok, rows = None, True, 1  # the pitch: the stride of the innermost row dim with more than one entry
+        for n, st in order:
+            if n > 1:
+                ld = st // rows if ld is None and st % rows == 0 else ld
+                ok = ok and ld is not None and st == rows * ld
+            rows *= n
+        ld = cols if ld is None else ld
+        if ok and ld >= cols and (ld * t.element_size()) % 16 == 0:
+            return t, rb, rh, ch, ld
     return None
 
 
@@ -121,8 +137,19 @@ def _rows_view(t: torch.Tensor):
     return _in_place(t) or _in_place(t.contiguous())
 
 
+def _kv_views(k: torch.Tensor, v: torch.Tensor):
+    """Row views of k and v with the same (rb, rh, ch), which the kernel shares between them: v in place if
+    it can be read in k's row order, else a copy of v in that order."""
+    kv = _rows_view(k)
+    bshd = bool(kv[3])
+    vv = _in_place(v, bshd)
+    if vv is None or vv[1:4] != kv[1:4]:
+        vv = _in_place(v.transpose(1, 2).contiguous().transpose(1, 2) if bshd else v.contiguous(), bshd)
+    return kv, vv
+
+
 def empty_out(q: torch.Tensor, d: int | None = None) -> torch.Tensor:
-    """The output for q: [B, Hq, Sq, D] in q's layout when q is [B, S, H, D]-contiguous (models transpose it
+    """The output for q: [B, Hq, Sq, D] in q's layout when q is read as [B, S, H, D] rows (models transpose it
     back to [B, S, H*D], which is then a view), else contiguous."""
     B, H, S, D = q.shape
     d = d or D
@@ -132,12 +159,18 @@ def empty_out(q: torch.Tensor, d: int | None = None) -> torch.Tensor:
     return q.new_empty((B, H, S, d))
 
 
+def _out_view(out: torch.Tensor):
+    """``_in_place(out)`` when its rows are packed (the kernel stores O with a pitch it derives), else None."""
+    view = _in_place(out)
+    B, H, S, D = out.shape
+    return view if view is not None and view[4] == (H * D if view[3] else D) else None
+
+
 def _tma(view) -> Tma:
-    """The 2-D TMA argument of a ``_rows_view``: B*rb rows of D (or, [B, S, H, D], H*D) columns."""
-    t, rb, _, ch = view
+    """The 2-D TMA argument of a ``_rows_view``: B*rb rows of D (or, [B, S, H, D], H*D) columns, ld apart."""
+    t, rb, _, ch, ld = view
     B, H, S, D = t.shape
-    cols = H * D if ch else D
-    return Tma(t, (B * rb, cols), (cols, 1))
+    return Tma(t, (B * rb, H * D if ch else D), (ld, 1))
 
 
 def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
@@ -147,14 +180,12 @@ def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
         raise Unsupported(why)
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
-    qv, kv, vv = _rows_view(q), _rows_view(k), _rows_view(v)
-    if vv[1:] != kv[1:]:  # k and v share (rb, rh, ch): copy v into k's layout
-        vv = _rows_view(v.transpose(1, 2).contiguous().transpose(1, 2) if kv[3] else v.contiguous())
+    qv, (kv, vv) = _rows_view(q), _kv_views(k, v)
     given = out
-    ov = _in_place(out) if out is not None else None
+    ov = _out_view(out) if out is not None else None
     if ov is None:  # none given, or in neither layout (then written through a copy, below)
         out = empty_out(q)
-        ov = _in_place(out)
+        ov = _out_view(out)
     lse = lse if lse is not None else torch.empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
     config = config or choose_config(D, is_causal, Skv)
     if not serves(config, D):
@@ -162,7 +193,7 @@ def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
     program, launcher = _plan(AttentionRequest(D, DTYPES[q.dtype], bool(is_causal)), options_for(config, scale))
     args = [_tma(view) for view in (qv, kv, vv)]
     BH = B * Hq
-    args += [out, lse, Sq, Skv, Hq, Hkv, Hq // Hkv, float(scale) * LOG2E, *qv[1:], *kv[1:], *ov[1:], BH]
+    args += [out, lse, Sq, Skv, Hq, Hkv, Hq // Hkv, float(scale) * LOG2E, *qv[1:4], *kv[1:4], *ov[1:4], BH]
     tiles = BH * math.ceil(Sq / program.options.block_m)
     idx = dev.index(out.device)
     launcher(min(tiles, dev.num_sms(idx)) if program.grid.persistent else tiles, args, idx)
