@@ -173,8 +173,29 @@ def _tma(view) -> Tma:
     return Tma(t, (B * rb, H * D if ch else D), (ld, 1))
 
 
+#: A call's metadata -> (launch.Bound, out's allocation (shape, transposed), lse shape), for calls that read
+#: q, k, v and write out in place: a repeated call passes only addresses (see runtime.gemm._BOUND).
+_BOUND: dict[tuple, tuple] = {}
+_BOUND_MAX = 256
+
+
+def _new(q, shape, transposed: bool, dtype=None) -> torch.Tensor:
+    t = torch.empty(shape, device=q.device, dtype=dtype or q.dtype)
+    return t.transpose(1, 2) if transposed else t
+
+
 def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
               out: torch.Tensor | None = None, lse: torch.Tensor | None = None):
+    key = (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, v.shape, v.stride(), v.dtype,
+           is_causal, scale, config, out is not None and (out.shape, out.stride(), out.dtype),
+           lse is not None and (lse.shape, lse.stride(), lse.dtype))
+    hit = _BOUND.get(key)
+    if hit is not None:
+        bound, out_alloc, lse_shape = hit
+        o = out if out is not None else _new(q, *out_alloc)
+        m = lse if lse is not None else _new(q, lse_shape, False, torch.float32)
+        if bound(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), m.data_ptr()):
+            return o, m
     why = support_reason(q, k, v, is_causal, scale)
     if why:
         raise Unsupported(why)
@@ -196,7 +217,15 @@ def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
     args += [out, lse, Sq, Skv, Hq, Hkv, Hq // Hkv, float(scale) * LOG2E, *qv[1:4], *kv[1:4], *ov[1:4], BH]
     tiles = BH * math.ceil(Sq / program.options.block_m)
     idx = dev.index(out.device)
-    launcher(min(tiles, dev.num_sms(idx)) if program.grid.persistent else tiles, args, idx)
+    grid = min(tiles, dev.num_sms(idx)) if program.grid.persistent else tiles
+    launcher(grid, args, idx)
+    if qv[0] is q and kv[0] is k and vv[0] is v and (given is None or given is out):  # no copies were made
+        bound = launcher.bind(grid, args, idx)
+        if bound is not None:
+            if len(_BOUND) >= _BOUND_MAX:
+                _BOUND.clear()
+            bshd = bool(qv[3])  # empty_out's layout
+            _BOUND[key] = (bound, ((B, Sq, Hq, D) if bshd else (B, Hq, Sq, D), bshd), (B, Hq, Sq))
     if given is not None and given is not out:
         given.copy_(out)
         out = given

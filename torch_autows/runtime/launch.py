@@ -20,6 +20,10 @@ The direct path uses two Triton 3.6 internals: the C launcher kept in the closur
 the scalar and pointer arguments (1 becomes a constant; divisibility by 16 and alignment become
 attributes), so the direct state is kept per specialisation key, computed with Triton's own
 ``native_specialize_impl``; a new key takes the ``kernel[grid]`` path once.
+
+``Launcher.bind`` goes one step further for the runtimes' per-shape caches: a ``Bound`` launch has the
+kernel, grid, scalars and each descriptor's shape and strides fixed, so a call passes only the tensors'
+addresses (one list copy, a map lookup per descriptor, the C launcher).
 """
 from __future__ import annotations
 
@@ -81,6 +85,19 @@ class Launcher:
         stream = torch._C._cuda_getCurrentRawStream(device_index)
         raw(grid, 1, 1, stream, function, coop, pdl, None, None, packed, None, None, None, *flat)
 
+    def bind(self, grid: int, args: list, device_index: int) -> Bound | None:
+        """This launch with only the tensors' addresses left open (``Bound``), or None where the direct path
+        is not in use for its specialisation (yet: the first call of a key compiles through kernel[grid])
+        or a tensor is not 16-byte aligned (alignment is part of the specialisation)."""
+        key = (device_index, *(_specialization(a) for a in args if not isinstance(a, Tma)))
+        state = self._direct.get(key)
+        if state is None or state is False:
+            return None
+        tensors = [a.tensor if isinstance(a, Tma) else a for a in args if isinstance(a, (Tma, torch.Tensor))]
+        if any(t.data_ptr() % 16 for t in tensors):
+            return None
+        return Bound(state, grid, args, device_index)
+
     def _map(self, a: Tma, slot: int, meta):
         key = (slot, a.tensor.data_ptr(), a.shape, a.strides)
         m = self._maps.get(key)
@@ -108,6 +125,78 @@ class Launcher:
             if len(self._direct) >= _MAP_CACHE_MAX:
                 self._direct.clear()
             self._direct[key] = _direct_state(compiled, len(self.descs))
+
+
+class _At:
+    """What ``make_tensordesc_arg`` reads of a descriptor argument, with the tensor given by its address."""
+
+    __slots__ = ("addr", "shape", "strides")
+    padding = "zero"
+
+    def __init__(self, addr: int, shape: tuple, strides: tuple):
+        self.addr, self.shape, self.strides = addr, shape, strides
+
+    @property
+    def base(self):
+        return self
+
+    def data_ptr(self) -> int:
+        return self.addr
+
+
+class Bound:
+    """One kernel launch with the kernel, grid, scalars and descriptor shapes fixed (``Launcher.bind``).
+
+    ``bound(*addresses)`` takes the data pointers of the launch's tensor arguments (descriptor and pointer
+    arguments, in argument order) and launches on the current stream; it returns False, launching nothing,
+    when it cannot serve the call (an address not 16-byte aligned, which would change the kernel's
+    specialisation, or a launch hook installed): the caller then takes the ``Launcher`` path. Each
+    descriptor's ``CUtensorMap`` is cached by address, as ``Launcher`` does."""
+
+    __slots__ = ("_raw", "_head", "_mid", "_flat", "_slots", "_device")
+
+    def __init__(self, state, grid: int, args: list, device_index: int):
+        raw, function, packed, coop, pdl, metas = state
+        from triton.backends.nvidia.driver import make_tensordesc_arg
+
+        self._raw, self._head, self._device = raw, (grid, 1, 1), device_index
+        self._mid = (function, coop, pdl, None, None, packed, None, None, None)
+        self._flat: list = []
+        self._slots: list[tuple] = []  # (position in flat, address -> CUtensorMap (None: a pointer), meta, Tma)
+        desc = 0
+        for a in args:
+            if isinstance(a, Tma):
+                entry = make_tensordesc_arg(a, metas[desc])  # [map, *shape, *strides]
+                self._slots.append((len(self._flat), {a.tensor.data_ptr(): entry[0]}, metas[desc],
+                                    (a.shape, a.strides)))
+                self._flat += entry
+                desc += 1
+            elif isinstance(a, torch.Tensor):
+                self._slots.append((len(self._flat), None, None, None))
+                self._flat.append(a.data_ptr())
+            else:
+                self._flat.append(a)
+
+    def __call__(self, *addrs: int) -> bool:
+        if _hooks_installed():
+            return False
+        flat = self._flat.copy()
+        for (pos, maps, meta, at), addr in zip(self._slots, addrs):
+            if addr & 15:
+                return False
+            if maps is None:
+                flat[pos] = addr
+                continue
+            m = maps.get(addr)
+            if m is None:
+                from triton.backends.nvidia.driver import make_tensordesc_arg
+
+                if len(maps) >= 64:
+                    maps.clear()
+                m = maps[addr] = make_tensordesc_arg(_At(addr, *at), meta)[0]
+            flat[pos] = m
+        self._raw(*self._head, torch._C._cuda_getCurrentRawStream(self._device), *self._mid, *flat)
+        return True
 
 
 _native_specialize = None

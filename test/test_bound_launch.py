@@ -1,0 +1,148 @@
+"""The runtimes' per-shape cache of bound launches (launch.Bound), checked on CPU with the GPU faked.
+
+A repeated call with the same shapes, strides and dtypes passes only its tensors' addresses. What reaches
+the C launcher must be exactly what the full path (support checks, config choice, plan, ``Launcher``)
+sends for the same tensors: that is compared argument by argument, for GEMM, bmm and attention (q, k, v
+read in place from a fused QKV projection)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from triton import knobs
+
+from torch_autows.runtime import attention as rta
+from torch_autows.runtime import device as dev
+from torch_autows.runtime import gemm as rtg
+from torch_autows.runtime import launch
+from torch_autows.runtime.fallback import Unsupported
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """CPU tensors pass the device checks; compiling is skipped (the first call of a key records a direct
+    state, as kernel[grid] would); the C launcher and CUtensorMap encoding are logged instead of run."""
+    import triton.backends.nvidia.driver as driver
+
+    log = []
+
+    def raw(*args):  # a pointer goes to the C launcher as a tensor or its address: the same to it
+        log.append(tuple(x.data_ptr() if isinstance(x, torch.Tensor) else x for x in args))
+
+    def slow(self, grid, args, key, first):
+        log.append("slow")
+        if first:
+            self._direct[key] = (raw, "function", "packed", False, False, [f"meta{i}" for i in range(len(self.descs))])
+
+    def encode(a, meta):  # a map names the address, shape and strides it was encoded for
+        return [("map", a.base.data_ptr(), tuple(a.shape), tuple(a.strides), meta), *a.shape, *a.strides]
+
+    monkeypatch.setattr(launch.Launcher, "_slow", slow)
+    monkeypatch.setattr(driver, "make_tensordesc_arg", encode)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda i: 7, raising=False)
+    monkeypatch.setattr(dev, "sm90_reason", lambda device, check_device=True: None)
+    monkeypatch.setattr(dev, "index", lambda device: 0)
+    monkeypatch.setattr(dev, "num_sms", lambda i: 132)
+    _forget()
+    yield log
+    _forget()  # no faked launcher state may outlive the test
+
+
+def _forget():
+    for rt in (rtg, rta):
+        rt._BOUND.clear()
+        rt._plan.cache_clear()  # the Launchers, with their direct states
+
+
+def _bound_vs_full(log, cache: dict, call, make_inputs):
+    """Call once (compiles), then with fresh inputs through the bound launch and through the full path."""
+    call(*make_inputs())
+    assert log == ["slow"] and len(cache) == 1
+    inputs = make_inputs()
+    call(*inputs)                   # bound
+    saved = dict(cache)
+    cache.clear()
+    call(*inputs)                   # full path, direct launcher
+    cache.update(saved)
+    assert len(log) == 3 and log[1] == log[2], (log[1], log[2])
+    return log[1]
+
+
+def test_gemm_bound_launch_matches_the_full_path(fake_gpu):
+    def inputs():
+        return (torch.randn(256, 64).bfloat16(), torch.randn(96, 64).bfloat16().t(), torch.randn(96).bfloat16(),
+                torch.empty(256, 96).bfloat16())
+
+    def call(a, b, bias, out):
+        assert rtg.gemm(a, b, bias, torch.bfloat16, out=out) is out
+
+    args = _bound_vs_full(fake_gpu, rtg._BOUND, call, inputs)
+    assert args[3] == 7 and args[:3] == (2 * 1, 1, 1)  # 2x1 tiles of 128x128 on 132 SMs; the current stream
+    maps = [x for x in args[13:] if isinstance(x, tuple)]
+    assert [m[2] for m in maps] == [(256, 64), (96, 64), (256, 96)]  # a, b read as its transpose, c
+
+
+def test_bmm_bound_launch_matches_the_full_path(fake_gpu):
+    def inputs():
+        return torch.randn(2, 128, 64).half(), torch.randn(2, 64, 32).half(), torch.empty(2, 128, 32).half()
+
+    args = _bound_vs_full(fake_gpu, rtg._BOUND, lambda a, b, out: rtg.bmm(a, b, torch.half, out=out), inputs)
+    assert [x[2] for x in args[13:] if isinstance(x, tuple)] == [(256, 64), (128, 32), (256, 32)]
+
+
+def test_attention_bound_launch_matches_the_full_path(fake_gpu):
+    def inputs():  # q, k, v sliced from one fused projection [B, S, 3, H, D]: read in place, no copies
+        q, k, v = torch.randn(2, 100, 3, 4, 64).bfloat16().permute(2, 0, 3, 1, 4)
+        return q, k, v, rta.empty_out(q), torch.empty(2, 4, 100)
+
+    def call(q, k, v, out, lse):
+        assert rta.attention(q, k, v, True, 0.125, out=out, lse=lse) == (out, lse)
+
+    args = _bound_vs_full(fake_gpu, rta._BOUND, call, inputs)
+    assert [x[2:4] for x in args[13:] if isinstance(x, tuple)] == [((200, 256), (768, 1))] * 3
+
+
+def test_attention_bound_allocates_the_outputs_of_the_full_path(fake_gpu):
+    q, k, v = torch.randn(2, 100, 3, 4, 64).bfloat16().permute(2, 0, 3, 1, 4)
+    o1, l1 = rta.attention(q, k, v, True, 0.125)  # full path
+    o2, l2 = rta.attention(q, k, v, True, 0.125)  # bound
+    assert fake_gpu[0] == "slow" and len(fake_gpu) == 2
+    assert o1.shape == o2.shape == (2, 4, 100, 64) and o1.stride() == o2.stride() == (25600, 64, 256, 1)
+    assert l1.shape == l2.shape == (2, 4, 100) and l1.stride() == l2.stride() and l2.dtype == torch.float32
+
+
+def test_attention_with_copies_is_not_bound(fake_gpu):
+    q = torch.randn(1, 2, 64, 64).bfloat16()
+    k_d_strided = torch.randn(1, 2, 64, 64).bfloat16().transpose(2, 3).contiguous().transpose(2, 3)
+    rta.attention(q, k_d_strided, q, False, 0.125)
+    assert not rta._BOUND  # k is copied: the copy must be made on every call
+    rta.attention(q, q, q, False, 0.125)
+    assert len(rta._BOUND) == 1
+
+
+def test_gemm_bound_allocates_the_output_of_the_full_path(fake_gpu):
+    a, b = torch.randn(256, 64).bfloat16(), torch.randn(64, 96).bfloat16()
+    c1 = rtg.gemm(a, b, None, torch.float32)  # full path
+    c2 = rtg.gemm(a, b, None, torch.float32)  # bound
+    assert len(fake_gpu) == 2 and c1.shape == c2.shape == (256, 96) and c2.is_contiguous()
+    assert c2.dtype == torch.float32 and c2.data_ptr() in [x[1] for x in fake_gpu[1][13:] if isinstance(x, tuple)]
+
+
+def test_misaligned_address_takes_the_full_path(fake_gpu):
+    b = torch.randn(64, 128).bfloat16()
+    rtg.gemm(torch.randn(128, 64).bfloat16(), b, None, torch.bfloat16)
+    base = torch.randn(128 * 64 + 8).bfloat16()
+    a = base[1:1 + 128 * 64].view(128, 64)  # same shape and strides, 2 bytes off 16-byte alignment
+    with pytest.raises(Unsupported, match="16-byte aligned"):
+        rtg.gemm(a, b, None, torch.bfloat16)
+    assert fake_gpu == ["slow"]  # nothing launched for it
+
+
+def test_launch_hook_takes_the_kernel_grid_path(fake_gpu):
+    a, b = torch.randn(128, 64).bfloat16(), torch.randn(64, 128).bfloat16()
+    rtg.gemm(a, b, None, torch.bfloat16)
+    knobs.runtime.launch_enter_hook.add(hook := (lambda *args: None))
+    try:
+        rtg.gemm(a, b, None, torch.bfloat16)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert fake_gpu == ["slow", "slow"]  # a profiler's hook sees every launch
