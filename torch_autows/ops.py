@@ -10,6 +10,7 @@ the reason once (logger ``torch_autows``).
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -130,23 +131,38 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
     if Hq % Hkv != 0:
         raise ValueError(f"attention: q heads ({Hq}) must be a multiple of k/v heads ({Hkv})")
     scale = float(scale) if scale is not None else 1.0 / math.sqrt(D)
+    out, lse, _ = run_attention(q, k, v, is_causal, scale)
+    return out, lse
+
+
+@functools.cache
+def _attention_runtime():
+    """``torch_autows.runtime.attention``, or None where it cannot be imported (no triton); looked up once."""
+    try:
+        from .runtime import attention as rt
+    except ImportError:
+        return None
+    return rt
+
+
+def run_attention(q, k, v, is_causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """``attention`` for arguments already checked (the compiled graph's op calls this): (out, lse, served),
+    served False where torch ran it (then ``out`` is contiguous)."""
     if config.attention:
-        try:
-            from .runtime import attention as rt
-        except ImportError:
-            rt = None
+        rt = _attention_runtime()
         if rt is None:
             note_fallback("attention", "no generated attention kernel in this build of torch_autows")
         else:
             try:
-                out = rt.attention(q, k, v, is_causal, scale)
-                note_served("attention")
-                return out
+                out, lse = rt.attention(q, k, v, is_causal, scale)
             except Unsupported as e:
                 note_fallback("attention", str(e))
+            else:
+                note_served("attention")
+                return out, lse, True
     else:
         note_fallback("attention", "disabled by torch_autows.config.attention = False (TORCH_AUTOWS_ATTENTION=0)")
-    return torch_attention(q, k, v, is_causal, scale)
+    return (*torch_attention(q, k, v, is_causal, scale), False)
 
 
 def torch_attention(q, k, v, is_causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:

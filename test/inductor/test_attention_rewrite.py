@@ -193,3 +193,28 @@ def test_missing_runtime_is_a_reason(monkeypatch, capture):
     monkeypatch.setattr(target, "attention_support_fn", lambda: (lambda q, k, v, c, s: "head_dim 8 too small"))
     (gm,) = capture(sdpa_causal, *_qkv())
     assert find_attention_sites(gm.graph)[0].reason == "head_dim 8 too small"
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_attention_lowers_to_a_direct_extern_call(train, pretend):
+    # the compiled wrapper calls the op's body (extern_kernels.autows_attention), not torch.ops.autows through
+    # the dispatcher and custom-op layers (lowering.py); on CPU it then falls back to torch at run time
+    from torch._inductor.utils import run_and_get_code
+
+    def f(x, w):
+        q, k, v = (x @ w).view(2, 64, 3, 4, 32).permute(2, 0, 3, 1, 4)  # a fused QKV projection
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(2, 64, 128)
+
+    x = torch.randn(2, 64, 128, requires_grad=train)
+    w = torch.randn(128, 384, requires_grad=train) / 12
+    out, code = run_and_get_code(torch.compile(f, backend="autows"), x, w)
+    src = "\n".join(code)
+    assert "extern_kernels.autows_attention(" in src and "torch.ops.autows.attention.default(" not in src
+    ref = f(x, w)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    if train:
+        gx, gw = torch.autograd.grad(out.square().sum(), (x, w))
+        rx, rw = torch.autograd.grad(ref.square().sum(), (x, w))
+        torch.testing.assert_close(gx, rx, atol=1e-3, rtol=1e-3)
+        torch.testing.assert_close(gw, rw, atol=1e-3, rtol=1e-3)
+    assert target.site_counters["attention.rewritten"] == 1

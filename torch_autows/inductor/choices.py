@@ -28,7 +28,7 @@ from torch._inductor.virtualized import V
 
 from . import passes, target
 from .gemm_pass import max_autotune_on
-from .ops import gemm_into
+from .ops import attention_impl, gemm_into
 
 log = logging.getLogger("torch_autows")
 
@@ -50,19 +50,21 @@ def autows_bmm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor) -> None:
     gemm_into(out, a, b)
 
 
-_KERNELS = {"mm": autows_mm, "addmm": autows_addmm, "bmm": autows_bmm}
+_KERNELS = {"mm": autows_mm, "addmm": autows_addmm, "bmm": autows_bmm,
+            "attention": attention_impl}  # not a GEMM choice: the attention lowering's kernel name (lowering.py)
 _CHOICES: dict[str, ExternKernelChoice] = {}
 
 
 def extern_choice(op: str) -> ExternKernelChoice:
-    """The ``ExternKernelChoice`` for "mm" / "addmm" / "bmm", created once per process."""
+    """The ``ExternKernelChoice`` for "mm" / "addmm" / "bmm" ("attention": only its name, registered in
+    ``extern_kernels``), created once per process."""
     if op not in _CHOICES:
         fn, name = _KERNELS[op], f"autows_{op}"
         lookup = getattr(ExternKernelChoice, "lookup", None)  # 2.13; 2.11 only has the extern_kernels module
         existing = lookup(name) if lookup else None
         if existing is None and hasattr(extern_kernels, name):
             delattr(extern_kernels, name)  # module re-import on 2.11: re-register under the same name
-        _CHOICES[op] = existing or ExternKernelChoice(fn, None, name=name, has_out_variant=True)
+        _CHOICES[op] = existing or ExternKernelChoice(fn, None, name=name, has_out_variant=op != "attention")
     return _CHOICES[op]
 
 

@@ -1,4 +1,5 @@
-"""Inductor lowerings of ``autows::gemm`` / ``autows::bmm``: a direct call of our extern kernel.
+"""Inductor lowerings of ``autows::gemm`` / ``autows::bmm`` / ``autows::attention``: direct calls of our
+extern kernels.
 
 Without a lowering, Inductor runs a custom op as a ``FallbackKernel``: the compiled wrapper calls
 ``torch.ops.autows.gemm.default(...)``, which goes through the dispatcher and the ``custom_op`` layers
@@ -11,6 +12,12 @@ function directly and Inductor can reuse the buffer.
 Same semantics as the op: ``gemm_into`` re-checks the real tensors and falls back to torch with a
 logged reason. Not used under ``cpp_wrapper`` (no Python to call) or for an ``out_dtype`` other than
 the operands' (our rewrite never passes one): those keep the custom op's fallback kernel.
+
+Attention returns two tensors (out, lse), which the extern-choice form (one ``out=`` buffer) cannot
+express: its lowering keeps Inductor's fallback node for the op (same schema, outputs, layouts and
+buffer handling) and only names ``extern_kernels.autows_attention`` (``ops.attention_impl``, the op's
+body) as the function the wrapper calls. Measured on the H200: 107 us of host time per call through the
+op against 55 for the runtime itself.
 """
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ from . import ops  # noqa: F401  (registers torch.ops.autows.*)
 from .choices import extern_choice
 
 _GEMM, _BMM = torch.ops.autows.gemm.default, torch.ops.autows.bmm.default
+_ATTENTION = torch.ops.autows.attention.default
 
 
 def _direct(a, out_dtype) -> bool:
@@ -31,9 +39,9 @@ def _direct(a, out_dtype) -> bool:
     return not V.graph.cpp_wrapper and out_dtype in (None, a.get_dtype())
 
 
-def _as_op(op, *args):
+def _as_op(op, *args, **kwargs):
     """The custom op's own fallback kernel (the path without this lowering)."""
-    return fallback_handler(op, add_to_fallback_set=False)(*args)
+    return fallback_handler(op, add_to_fallback_set=False)(*args, **kwargs)
 
 
 @register_lowering(_GEMM, type_promotion_kind=None)
@@ -53,3 +61,21 @@ def _lower_bmm(a, b, out_dtype=None):
         return _as_op(_BMM, a, b, out_dtype)
     _, _, _, layout, a, b = mm_args(a, b)
     return extern_choice("bmm").bind((a, b), layout).output_node()
+
+
+def _fallback_node(x):
+    """The FallbackKernel behind a lowered output (TensorBox -> StorageBox -> MultiOutput -> kernel), or None."""
+    while x is not None and not isinstance(x, ir.MultiOutput):
+        x = getattr(x, "data", None)
+    node = x.inputs[0] if x is not None and x.inputs else None
+    return node if isinstance(node, ir.FallbackKernel) else None
+
+
+@register_lowering(_ATTENTION, type_promotion_kind=None)
+def _lower_attention(*args, **kwargs):
+    outs = _as_op(_ATTENTION, *args, **kwargs)
+    node = _fallback_node(outs[0])
+    if node is not None and node.op_overload is _ATTENTION and not V.graph.cpp_wrapper:
+        extern_choice("attention")  # registered at import; the wrapper looks the name up in extern_kernels
+        node.python_kernel_name = "extern_kernels.autows_attention"
+    return outs

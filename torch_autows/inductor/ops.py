@@ -34,21 +34,34 @@ _SERVED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # --- attention ---
 
 
+def attention_impl(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False, scale: float | None = None,
+                   enable_gqa: bool = False) -> tuple[Tensor, Tensor]:
+    """The body of ``autows::attention``. Compiled graphs call it directly (``extern_kernels.autows_attention``,
+    lowering.py), skipping the dispatcher and custom-op layers; the arguments were checked when the graph was
+    traced (they are an SDPA call's), so it goes straight to the runtime."""
+    if k.shape[1] != q.shape[1] and not enable_gqa:
+        raise ValueError(f"autows::attention: q has {q.shape[1]} heads and k/v {k.shape[1]}; pass enable_gqa=True")
+    scale = scale if scale is not None else q.shape[-1] ** -0.5
+    if q.dtype in _SERVED_DTYPES:
+        out, lse, served = _kernels.run_attention(q, k, v, is_causal, scale)
+        if served:  # in empty_out's layout already
+            return out, lse
+    else:
+        note_fallback("attention", f"dtype {q.dtype}: autows attention serves float16, bfloat16 and float32")
+        out, lse = reference_attention(q, k, v, is_causal, scale)
+    want = empty_out(q, v.shape[-1])
+    if out.stride() != want.stride():  # a fallback's layout: the fake promised empty_out's
+        out = want.copy_(out)
+    return out, lse.contiguous()
+
+
 @torch.library.custom_op("autows::attention", mutates_args=())
 def attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False, scale: float | None = None,
               enable_gqa: bool = False) -> tuple[Tensor, Tensor]:
     """SDPA (no mask tensor, no dropout) returning ``(out [B, Hq, Sq, D], lse fp32 [B, Hq, Sq])``; ``out`` has
     q's layout when q is a [B, S, H, D] tensor transposed (runtime.attention.empty_out), so the model's
     transpose back is a view, and is contiguous otherwise."""
-    if q.dtype in _SERVED_DTYPES:
-        out, lse = _kernels.attention(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
-    else:
-        note_fallback("attention", f"dtype {q.dtype}: autows attention serves float16, bfloat16 and float32")
-        out, lse = reference_attention(q, k, v, is_causal, scale if scale is not None else q.shape[-1] ** -0.5)
-    want = empty_out(q, v.shape[-1])
-    if out.stride() != want.stride():  # a fallback's layout: the fake promised empty_out's
-        out = want.copy_(out)
-    return out, lse.contiguous()
+    return attention_impl(q, k, v, is_causal, scale, enable_gqa)
 
 
 @attention.register_fake

@@ -95,10 +95,11 @@ class AutoWSPreGradPass(_Chained):
 
 
 class AutoWSPostGradPass(_Chained):
-    """Installs the GEMM choices handler; with max-autotune off, rewrites GEMMs to autows::gemm/bmm."""
+    """Installs the GEMM choices handler and our ops' lowerings; with max-autotune off, rewrites GEMMs to
+    autows::gemm/bmm."""
 
     def ours(self, graph: torch.fx.Graph) -> None:
-        from . import choices
+        from . import choices, lowering  # noqa: F401  (lowering: registers the ops' lowerings)
         from .gemm_pass import rewrite_gemms
 
         choices.ensure_installed()
