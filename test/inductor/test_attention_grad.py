@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_autows.inductor.ops  # noqa: F401  (registers torch.ops.autows.*)
-from torch_autows.inductor.attention_grad import flash_backward_ok
+from torch_autows.inductor.attention_grad import cudnn_backward_ok, flash_backward_ok
 
 attention = torch.ops.autows.attention
 
@@ -84,9 +84,21 @@ def test_flash_backward_only_where_contract_matches():
     q = torch.empty(1, 2, 8, 64, dtype=torch.float16)
     k = torch.empty(1, 2, 16, 64, dtype=torch.float16)
     assert not flash_backward_ok(q, k, False, None)  # CPU: never
+    assert not cudnn_backward_ok(q, k, False, None)
     if torch.cuda.is_available():
         qc, kc = q.cuda(), k.cuda()
         assert flash_backward_ok(qc, kc, False, None)
         assert not flash_backward_ok(qc, kc, True, None)             # causal, Sq != Skv: alignment differs
         assert not flash_backward_ok(qc, qc, False, torch.ones(1))   # grad into lse
         assert not flash_backward_ok(qc.float(), kc.float(), False, None)
+
+
+def test_cudnn_backward_call_matches_the_op_schema():
+    # the call the cuDNN path makes, on meta tensors (no GPU): grouped k/v heads as they are, lse as [B, H, S, 1]
+    from torch_autows.inductor.attention_grad import _cudnn_backward
+
+    q = torch.empty(2, 8, 64, 128, device="meta", dtype=torch.bfloat16)
+    k = torch.empty(2, 2, 64, 128, device="meta", dtype=torch.bfloat16).transpose(1, 2).contiguous().transpose(1, 2)
+    out, lse = torch.empty_like(q), torch.empty(2, 8, 64, device="meta")
+    dq, dk, dv = _cudnn_backward(torch.empty_like(q), q, k, k, out, lse, True, 0.1)
+    assert dq.shape == q.shape and dk.shape == dv.shape == k.shape

@@ -1,8 +1,13 @@
 """Backward of ``autows::attention``: gradients of ``(out, lse) = attention(q, k, v)`` from the saved out and lse.
 
-Two implementations, chosen per call from static facts (device, dtype, shapes: nothing that needs a
-host sync, so both are CUDA-graph safe and trace with symbolic sizes):
+Three implementations, chosen per call from static facts (device, dtype, shapes: nothing that needs a
+host sync, so all are CUDA-graph safe and trace with symbolic sizes):
 
+* ``aten._scaled_dot_product_cudnn_attention_backward`` (what Inductor's default path runs for SDPA on
+  Hopper) on sm_90 with cuDNN 9 when the flash contract below holds and head_dim <= 128. It takes grouped
+  k/v heads and strided [B, S, H, D] views as they are. Measured on the H200 for a Llama training step
+  (4 x 1024, 16/4 heads, d128, 2 layers): the flash path's expanded k/v, contiguous copies and kernels
+  took 0.62 ms of GPU time per step, cuDNN's 0.35 (the step: 4.45 -> 4.10 ms; Inductor's 4.03).
 * ``aten._scaled_dot_product_flash_attention_backward`` on CUDA fp16/bf16 when its contract matches
   ours: same natural-log lse of the scaled scores, top-left causal mask (it only agrees with ours when
   Sq == Skv), head_dim % 8 == 0 and <= 256, and no gradient flowing into lse.
@@ -41,6 +46,23 @@ def flash_backward_ok(q: torch.Tensor, k: torch.Tensor, is_causal: bool, grad_ls
     return (q.is_cuda and torch.version.hip is None and q.dtype in _FLASH_DTYPES and grad_lse is None
             and isinstance(D, int) and D % 8 == 0 and D <= 256
             and (not is_causal or q.shape[2] == k.shape[2]))
+
+
+def cudnn_backward_ok(q: torch.Tensor, k: torch.Tensor, is_causal: bool, grad_lse) -> bool:
+    """Whether cuDNN's SDPA backward computes our gradients for this call (grouped k/v heads included)."""
+    if not flash_backward_ok(q, k, is_causal, grad_lse) or q.shape[-1] > 128:
+        return False
+    version = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return bool(version and version >= 90000) and torch.cuda.get_device_capability(q.device) == (9, 0)
+
+
+def _cudnn_backward(grad_out, q, k, v, out, lse, is_causal: bool, scale: float):
+    if grad_out.stride() != out.stride():  # cuDNN reads dO with O's strides
+        grad_out = torch.empty_like(out).copy_(grad_out)
+    seed = torch.zeros((), dtype=torch.long, device=q.device)  # unused: dropout_p == 0
+    return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+        grad_out, q, k, v, out, lse.unsqueeze(-1), seed, seed, None, None, None, q.shape[2], k.shape[2], 0.0,
+        is_causal, scale=scale)
 
 
 def _flash_backward(grad_out, q, k, v, out, lse, is_causal: bool, scale: float):
@@ -98,6 +120,9 @@ def _math_backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale
 
 def attention_backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: float):
     """(dq, dk, dv) for ``attention(q, k, v, is_causal, scale)``; k/v may have fewer heads than q (GQA)."""
+    if grad_out is not None and cudnn_backward_ok(q, k, is_causal, grad_lse):
+        dq, dk, dv = _cudnn_backward(grad_out, q, k, v, out, lse, is_causal, scale)
+        return dq, dk, dv
     group = q.shape[1] // k.shape[1]
     ke, ve = _expand_kv(k, group), _expand_kv(v, group)
     if grad_out is not None and flash_backward_ok(q, k, is_causal, grad_lse):
