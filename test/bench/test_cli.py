@@ -93,3 +93,13 @@ def test_module_entry_point():
                          env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "model: 2 case(s), 4 peer(s)" in res.stdout
+
+
+def test_model_timing_defaults_take_several_long_rounds():
+    # a model forward takes ~50 ms: do_bench's 100 ms default would time it about twice
+    from torch_autows.bench.__main__ import build_parser
+
+    model = build_parser().parse_args(["model"])
+    assert (model.repeat, model.warmup, model.rep) == (3, 200, 1000)
+    gemm = build_parser().parse_args(["gemm"])
+    assert (gemm.repeat, gemm.warmup, gemm.rep) == (1, 25, 100)
