@@ -96,7 +96,7 @@ class Launcher:
         tensors = [a.tensor if isinstance(a, Tma) else a for a in args if isinstance(a, (Tma, torch.Tensor))]
         if any(t.data_ptr() % 16 for t in tensors):
             return None
-        return Bound(state, grid, args, device_index)
+        return Bound(state, grid, args, device_index, self._map)
 
     def _map(self, a: Tma, slot: int, meta):
         key = (slot, a.tensor.data_ptr(), a.shape, a.strides)
@@ -155,10 +155,8 @@ class Bound:
 
     __slots__ = ("_raw", "_head", "_mid", "_flat", "_slots", "_device")
 
-    def __init__(self, state, grid: int, args: list, device_index: int):
+    def __init__(self, state, grid: int, args: list, device_index: int, encode):
         raw, function, packed, coop, pdl, metas = state
-        from triton.backends.nvidia.driver import make_tensordesc_arg
-
         self._raw, self._head, self._device = raw, (grid, 1, 1), device_index
         self._mid = (function, coop, pdl, None, None, packed, None, None, None)
         self._flat: list = []
@@ -166,7 +164,7 @@ class Bound:
         desc = 0
         for a in args:
             if isinstance(a, Tma):
-                entry = make_tensordesc_arg(a, metas[desc])  # [map, *shape, *strides]
+                entry = encode(a, desc, metas[desc])  # [map, *shape, *strides], from the Launcher's cache
                 self._slots.append((len(self._flat), {a.tensor.data_ptr(): entry[0]}, metas[desc],
                                     (a.shape, a.strides)))
                 self._flat += entry
