@@ -16,8 +16,8 @@ the operands' (our rewrite never passes one): those keep the custom op's fallbac
 Attention returns two tensors (out, lse), which the extern-choice form (one ``out=`` buffer) cannot
 express: its lowering keeps Inductor's fallback node for the op (same schema, outputs, layouts and
 buffer handling) and only names ``extern_kernels.autows_attention`` (``ops.attention_impl``, the op's
-body) as the function the wrapper calls. Measured on the H200: 107 us of host time per call through the
-op against 55 for the runtime itself.
+body) as the function the wrapper calls. Host time per call measured on the H200 (small problem, launch
+bound): 37 us through the op, 24 through the direct call, 19 for the runtime alone (SDPA: 24).
 """
 from __future__ import annotations
 
