@@ -98,3 +98,21 @@ def test_dynamic_sequence_length():
             x = torch.randn(2, s, 1024, device="cuda", dtype=torch.bfloat16)
             torch._dynamo.mark_dynamic(x, 1)
             torch.testing.assert_close(compiled(x).float(), model(x).float(), atol=5e-2, rtol=5e-2)
+
+
+def test_compiled_wrapper_calls_our_functions_directly():
+    # on the GPU's torch (2.11) too: GEMMs and attention are direct calls, not torch.ops.autows through the
+    # dispatcher (lowering.py), and each served call is counted
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    fallback.reset()
+    model = Block().cuda().to(torch.bfloat16).eval()
+    x = torch.randn(2, 256, 1024, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        out, code = run_and_get_code(torch.compile(model, backend="autows"), x)
+        torch.testing.assert_close(out.float(), model(x).float(), atol=5e-2, rtol=5e-2)
+    src = "\n".join(code)
+    assert "extern_kernels.autows_attention(" in src and src.count("extern_kernels.autows_addmm(") == 2
+    assert "torch.ops.autows.attention.default(" not in src and "torch.ops.autows.gemm.default(" not in src
+    assert fallback.counters["attention.autows"] == 1 and fallback.counters["gemm.autows"] == 2
