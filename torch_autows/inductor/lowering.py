@@ -75,7 +75,8 @@ def _fallback_node(x):
 def _lower_attention(*args, **kwargs):
     outs = _as_op(_ATTENTION, *args, **kwargs)
     node = _fallback_node(outs[0])
-    if node is not None and node.op_overload is _ATTENTION and not V.graph.cpp_wrapper:
+    python_wrapper = not V.graph.cpp_wrapper and not getattr(V.graph, "fx_wrapper", False)  # prints the name
+    if node is not None and node.op_overload is _ATTENTION and python_wrapper:
         extern_choice("attention")  # registered at import; the wrapper looks the name up in extern_kernels
         node.python_kernel_name = "extern_kernels.autows_attention"
     return outs
