@@ -80,6 +80,8 @@ def test_attention_reference_matches_torch(causal):
     ("triton_tem_fused_flex_attention_0", "attention"),
     ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0", "rest"),
     ("triton_poi_fused_mul_silu_1", "rest"),
+    ("triton_poi_fused__scaled_dot_product_cudnn_attention__to_copy__unsafe_view_add_cat_mul", "rest"),  # RoPE
+    ("triton_per_fused_attn_norm_mm_3", "rest"),
     ("void at::native::elementwise_kernel<128, 2>", "rest"),
 ])
 def test_classify_kernel(name, cls):

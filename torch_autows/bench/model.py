@@ -19,8 +19,15 @@ _GEMM = re.compile(r"gemm|nvjet|xmma|cutlass|cublas|matmul|wgmma|(^|_)(b?mm|addm
 PROFILE_ITERS = 3
 
 
+#: Inductor's generated pointwise / reduction kernels: named after the source ops they fuse, so a RoPE kernel
+#: feeding SDPA is ``triton_poi_fused__scaled_dot_product_cudnn_attention_...``; they are "rest" whatever follows.
+_FUSED = re.compile(r"^triton_(poi|per|red)_")
+
+
 def classify_kernel(name: str) -> str:
     """'attention', 'gemm' or 'rest' from a CUDA kernel name (attention first: its kernels often say gemm)."""
+    if _FUSED.search(name):
+        return "rest"
     if _ATTN.search(name):
         return "attention"
     if _GEMM.search(name):
