@@ -13,7 +13,8 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
-@pytest.mark.parametrize("argv", [["gpt2_block.py"], ["llama_decoder.py", "--train", "--iters", "1"]])
+@pytest.mark.parametrize("argv", [["gpt2_block.py"], ["llama_decoder.py", "--train", "--iters", "1"],
+                                  ["llama_decoder.py", "--dynamic", "--iters", "1"]])
 def test_example_runs_on_cpu(argv):
     env = {**os.environ, "PYTHONPATH": str(EXAMPLES.parent)}
     res = subprocess.run([sys.executable, *argv, "--device", "cpu"], cwd=EXAMPLES, env=env, capture_output=True,
