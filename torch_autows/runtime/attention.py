@@ -18,7 +18,7 @@ from ..templates.attention import AttentionRequest, build
 from . import device as dev
 from .fallback import Unsupported
 from .gemm import DTYPES
-from .launch import Tma, launcher_for
+from .launch import BoundCache, Tma, launcher_for
 
 LOG2E = 1.4426950408889634
 
@@ -175,8 +175,7 @@ def _tma(view) -> Tma:
 
 #: A call's metadata -> (launch.Bound, out's allocation (shape, transposed), lse shape), for calls that read
 #: q, k, v and write out in place: a repeated call passes only addresses (see runtime.gemm._BOUND).
-_BOUND: dict[tuple, tuple] = {}
-_BOUND_MAX = 256
+_BOUND = BoundCache(256)
 
 
 def _new(q, shape, transposed: bool, dtype=None) -> torch.Tensor:
@@ -220,12 +219,9 @@ def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
     grid = min(tiles, dev.num_sms(idx)) if program.grid.persistent else tiles
     launcher(grid, args, idx)
     if qv[0] is q and kv[0] is k and vv[0] is v and (given is None or given is out):  # no copies were made
-        bound = launcher.bind(grid, args, idx)
-        if bound is not None:
-            if len(_BOUND) >= _BOUND_MAX:
-                _BOUND.clear()
-            bshd = bool(qv[3])  # empty_out's layout
-            _BOUND[key] = (bound, ((B, Sq, Hq, D) if bshd else (B, Hq, Sq, D), bshd), (B, Hq, Sq))
+        bshd = bool(qv[3])  # empty_out's layout
+        out_alloc = ((B, Sq, Hq, D) if bshd else (B, Hq, Sq, D), bshd)
+        _BOUND.remember(key, launcher, grid, args, idx, out_alloc, (B, Hq, Sq))
     if given is not None and given is not out:
         given.copy_(out)
         out = given

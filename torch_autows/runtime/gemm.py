@@ -15,7 +15,7 @@ from ..ir import Options
 from ..templates.gemm import GemmRequest, build
 from . import device as dev
 from .fallback import Unsupported
-from .launch import Tma, launcher_for
+from .launch import BoundCache, Tma, launcher_for
 
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "f32"}
 
@@ -127,16 +127,19 @@ def _plan(req: GemmRequest, config: str):
 #: A call's metadata (shapes, strides, dtypes, device, config) -> (launch.Bound, output shape). A repeated
 #: call skips the support checks, config choice and plan lookup and passes only its tensors' addresses:
 #: everything those steps decide is a function of the key, and Bound checks the addresses' alignment.
-_BOUND: dict[tuple, tuple] = {}
-_BOUND_MAX = 1024
+_BOUND = BoundCache(1024)
 
 
-def _remember(key, launcher, grid: int, args: list, idx: int, shape) -> None:
-    bound = launcher.bind(grid, args, idx)
-    if bound is not None:
-        if len(_BOUND) >= _BOUND_MAX:
-            _BOUND.clear()
-        _BOUND[key] = (bound, shape)
+def _replay(key, a, b, out, out_dtype, bias=None):
+    """The output of a call seen before, launched through its Bound; None where there is none or it cannot
+    serve this call (then the full path runs)."""
+    hit = _BOUND.get(key)
+    if hit is None:
+        return None
+    c = out if out is not None else torch.empty(hit[1], device=a.device, dtype=out_dtype)
+    addrs = (a.data_ptr(), b.data_ptr(), c.data_ptr()) if bias is None else \
+        (a.data_ptr(), b.data_ptr(), c.data_ptr(), bias.data_ptr())
+    return c if hit[0](*addrs) else None
 
 
 def _launch(req: GemmRequest, config: str, a2, b2, c2, bias, M, N, K, device, key, shape):
@@ -149,7 +152,7 @@ def _launch(req: GemmRequest, config: str, a2, b2, c2, bias, M, N, K, device, ke
     tiles = req.batch * -(-M // o.block_m) * -(-N // o.block_n)
     grid = min(tiles, dev.num_sms(idx)) if persistent else tiles
     launcher(grid, args, idx)
-    _remember(key, launcher, grid, args, idx, shape)
+    _BOUND.remember(key, launcher, grid, args, idx, shape)
 
 
 def _out_reason(out) -> str | None:
@@ -162,11 +165,9 @@ def gemm(a, b, bias, out_dtype, config: str | None = None, out: torch.Tensor | N
     key = ("mm", a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, out_dtype, config,
            bias is not None and (bias.shape, bias.stride(), bias.dtype),
            out is not None and (out.shape, out.stride(), out.dtype))
-    hit = _BOUND.get(key)
-    if hit is not None:
-        c = out if out is not None else torch.empty(hit[1], device=a.device, dtype=out_dtype)
-        if hit[0](a.data_ptr(), b.data_ptr(), c.data_ptr(), *(() if bias is None else (bias.data_ptr(),))):
-            return c
+    c = _replay(key, a, b, out, out_dtype, bias)
+    if c is not None:
+        return c
     why = support_reason(a, b, bias, out_dtype) or _out_reason(out)
     if why:
         raise Unsupported(why)
@@ -187,11 +188,9 @@ def gemm(a, b, bias, out_dtype, config: str | None = None, out: torch.Tensor | N
 def bmm(a, b, out_dtype, config: str | None = None, out: torch.Tensor | None = None):
     key = ("bmm", a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, out_dtype, config,
            out is not None and (out.shape, out.stride(), out.dtype))
-    hit = _BOUND.get(key)
-    if hit is not None:
-        c = out if out is not None else torch.empty(hit[1], device=a.device, dtype=out_dtype)
-        if hit[0](a.data_ptr(), b.data_ptr(), c.data_ptr()):
-            return c
+    c = _replay(key, a, b, out, out_dtype)
+    if c is not None:
+        return c
     why = support_reason(a, b, None, out_dtype) or _out_reason(out)
     if why:
         raise Unsupported(why)

@@ -73,7 +73,7 @@ class Launcher:
         if state is False or state is None or _hooks_installed():
             self._slow(grid, args, key, first=state is False)
             return
-        raw, function, packed, coop, pdl, metas = state
+        raw, metas = state[0], state[5]
         flat = []
         slot = 0
         for a in args:
@@ -83,7 +83,7 @@ class Launcher:
             else:
                 flat.append(a)
         stream = torch._C._cuda_getCurrentRawStream(device_index)
-        raw(grid, 1, 1, stream, function, coop, pdl, None, None, packed, None, None, None, *flat)
+        raw(grid, 1, 1, stream, *_fixed_args(state), *flat)
 
     def bind(self, grid: int, args: list, device_index: int) -> Bound | None:
         """This launch with only the tensors' addresses left open (``Bound``), or None where the direct path
@@ -156,9 +156,9 @@ class Bound:
     __slots__ = ("_raw", "_head", "_mid", "_flat", "_slots", "_device")
 
     def __init__(self, state, grid: int, args: list, device_index: int, encode):
-        raw, function, packed, coop, pdl, metas = state
-        self._raw, self._head, self._device = raw, (grid, 1, 1), device_index
-        self._mid = (function, coop, pdl, None, None, packed, None, None, None)
+        metas = state[5]
+        self._raw, self._head, self._device = state[0], (grid, 1, 1), device_index
+        self._mid = _fixed_args(state)
         self._flat: list = []
         self._slots: list[tuple] = []  # (position in flat, address -> CUtensorMap (None: a pointer), meta, Tma)
         desc = 0
@@ -195,6 +195,30 @@ class Bound:
             flat[pos] = m
         self._raw(*self._head, torch._C._cuda_getCurrentRawStream(self._device), *self._mid, *flat)
         return True
+
+
+class BoundCache(dict):
+    """A runtime's per-call cache: metadata key -> (Bound, *what the call needs besides it), cleared when it
+    holds ``limit`` entries."""
+
+    def __init__(self, limit: int):
+        super().__init__()
+        self.limit = limit
+
+    def remember(self, key, launcher: Launcher, grid: int, args: list, device_index: int, *extra) -> None:
+        """Keep ``launcher.bind(...)`` for ``key`` where the launch can be bound."""
+        bound = launcher.bind(grid, args, device_index)
+        if bound is not None:
+            if len(self) >= self.limit:
+                self.clear()
+            self[key] = (bound, *extra)
+
+
+def _fixed_args(state) -> tuple:
+    """The C launcher's arguments between the stream and the kernel's own, from a direct state: function,
+    cooperative / PDL flags, packed metadata; no launch metadata or hooks (the direct path runs without)."""
+    _, function, packed, coop, pdl, _ = state
+    return (function, coop, pdl, None, None, packed, None, None, None)
 
 
 _native_specialize = None
