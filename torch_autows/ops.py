@@ -11,6 +11,7 @@ the reason once (logger ``torch_autows``).
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 
 import torch
@@ -136,20 +137,20 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
 
 
 @functools.cache
-def _attention_runtime():
-    """``torch_autows.runtime.attention``, or None where it cannot be imported (no triton); looked up once."""
+def runtime_module(name: str):
+    """``torch_autows.runtime.<name>`` ("gemm", "attention"), or None where it cannot be imported (no triton);
+    looked up once per name (the compiled graphs' calls go through here)."""
     try:
-        from .runtime import attention as rt
+        return importlib.import_module(f"{__package__}.runtime.{name}")
     except ImportError:
         return None
-    return rt
 
 
 def run_attention(q, k, v, is_causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """``attention`` for arguments already checked (the compiled graph's op calls this): (out, lse, served),
     served False where torch ran it (then ``out`` is contiguous)."""
     if config.attention:
-        rt = _attention_runtime()
+        rt = runtime_module("attention")
         if rt is None:
             note_fallback("attention", "no generated attention kernel in this build of torch_autows")
         else:

@@ -18,8 +18,6 @@ that eager use is differentiable.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import Tensor
 
@@ -118,20 +116,10 @@ def run_gemm(a: Tensor, b: Tensor, bias: Tensor | None = None, out_dtype: torch.
     return _torch_gemm(a, b, bias, out_dtype)
 
 
-@functools.cache
-def _gemm_runtime():
-    """``torch_autows.runtime.gemm``, or None where it cannot be imported (no triton); looked up once."""
-    try:
-        from ..runtime import gemm as rt
-    except ImportError:
-        return None
-    return rt
-
-
 def gemm_into(out: Tensor, a: Tensor, b: Tensor, bias: Tensor | None = None) -> None:
     """``out[...] = a @ b (+ bias)``; the generated kernel writes a contiguous ``out`` directly (no copy)."""
     op = "bmm" if a.dim() == 3 else "gemm"
-    rt = _gemm_runtime()
+    rt = _kernels.runtime_module("gemm")
     if rt is None or not config.gemm or not out.is_contiguous() or a.dtype not in _SERVED_DTYPES:
         out.copy_(run_gemm(a, b, bias, out.dtype))
         return
