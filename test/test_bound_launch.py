@@ -137,6 +137,15 @@ def test_misaligned_address_takes_the_full_path(fake_gpu):
     assert fake_gpu == ["slow"]  # nothing launched for it
 
 
+def test_misaligned_out_is_a_reason(fake_gpu):
+    # a caller's out= that TMA cannot store to: the reason names it (gemm_into logs it and falls back)
+    a, b = torch.randn(128, 64).bfloat16(), torch.randn(64, 128).bfloat16()
+    out = torch.empty(128 * 128 + 8).bfloat16()[1:1 + 128 * 128].view(128, 128)
+    with pytest.raises(Unsupported, match="out is not 16-byte aligned"):
+        rtg.gemm(a, b, None, torch.bfloat16, out=out)
+    assert fake_gpu == []  # nothing launched
+
+
 def test_launch_hook_takes_the_kernel_grid_path(fake_gpu):
     a, b = torch.randn(128, 64).bfloat16(), torch.randn(64, 128).bfloat16()
     rtg.gemm(a, b, None, torch.bfloat16)
