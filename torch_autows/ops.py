@@ -17,7 +17,7 @@ import math
 import torch
 
 from . import config
-from .runtime.fallback import Unsupported, note_fallback, note_served
+from .runtime.fallback import Unsupported, note_fallback, note_served, note_vendor
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -66,10 +66,13 @@ def gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
 
         try:
             out = rt.gemm(a, b, bias, out_dtype)
-            note_served("gemm")
-            return out
         except Unsupported as e:
             note_fallback("gemm", str(e))
+        else:
+            if out is not None:
+                note_served("gemm")
+                return out
+            note_vendor("gemm")
     else:
         note_fallback("gemm", "disabled by torch_autows.config.gemm = False (TORCH_AUTOWS_GEMM=0)")
     return _torch_gemm(a, b, bias, out_dtype)
@@ -98,10 +101,13 @@ def bmm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None) 
 
         try:
             out = rt.bmm(a, b, out_dtype)
-            note_served("bmm")
-            return out
         except Unsupported as e:
             note_fallback("bmm", str(e))
+        else:
+            if out is not None:
+                note_served("bmm")
+                return out
+            note_vendor("bmm")
     else:
         note_fallback("bmm", "disabled by torch_autows.config.gemm = False (TORCH_AUTOWS_GEMM=0)")
     out = torch.bmm(a, b) if out_dtype == a.dtype else torch.bmm(a.float(), b.float()).to(out_dtype)
@@ -155,12 +161,14 @@ def run_attention(q, k, v, is_causal: bool, scale: float) -> tuple[torch.Tensor,
             note_fallback("attention", "no generated attention kernel in this build of torch_autows")
         else:
             try:
-                out, lse = rt.attention(q, k, v, is_causal, scale)
+                res = rt.attention(q, k, v, is_causal, scale, vendor=torch_attention)
             except Unsupported as e:
                 note_fallback("attention", str(e))
             else:
-                note_served("attention")
-                return out, lse, True
+                if res is not None:
+                    note_served("attention")
+                    return (*res, True)
+                note_vendor("attention")
     else:
         note_fallback("attention", "disabled by torch_autows.config.attention = False (TORCH_AUTOWS_ATTENTION=0)")
     return (*torch_attention(q, k, v, is_causal, scale), False)

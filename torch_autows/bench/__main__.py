@@ -18,11 +18,11 @@ from pathlib import Path
 from . import cases as _cases
 from .results import DEFAULT_OUT, REPO_ROOT
 
-WORKS = ("gemm", "attention", "model")
+WORKS = ("gemm", "attention", "model", "decode")
 #: Timing defaults per work: a model forward takes ~50 ms, so do_bench's default 100 ms would time it
 #: twice; measured on the H200, 1 round of that put max-autotune 8% ahead of Inductor default, 3 rounds of
 #: 1 s put them within 1% (model-6 against model-7).
-TIMING = {"gemm": (1, 25, 100), "attention": (1, 25, 100), "model": (3, 200, 1000)}
+TIMING = {"gemm": (1, 25, 100), "attention": (1, 25, 100), "model": (3, 200, 1000), "decode": (3, 10, 50)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,6 +60,8 @@ def peers_of(work: str):
         from . import peers_gemm as mod
     elif work == "attention":
         from . import peers_attention as mod
+    elif work == "decode":
+        from . import peers_decode as mod
     else:
         from . import model as mod
     peers, notes = mod.all_peers()
@@ -128,6 +130,8 @@ def run(work: str, selected: list, peers: list, notes: list[str], args, argv: li
     meta = collect_meta(work, argv, cases=[c.name for c in selected], peers=[p.name for p in peers],
                         skipped_peers=notes, repeat=args.repeat, warmup_ms=args.warmup, rep_ms=args.rep,
                         quick=args.quick, complete=False)
+    if hasattr(mod, "run_meta"):  # e.g. decode: the copy ceiling of this run
+        meta.update(mod.run_meta())
     path = result_path(Path(args.out), meta["date"], meta["gpu"], work)
     progress(f"{work}: {len(selected)} case(s) x {len(peers)} peer(s) on {meta['gpu']} -> {path}")
     for n in notes:

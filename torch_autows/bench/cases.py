@@ -83,6 +83,59 @@ class ModelCase:
                 f"batch {self.batch} x seqlen {self.seqlen}")
 
 
+@dataclass(frozen=True)
+class DecodeCase:
+    """A decode GEMM: ``M`` rows of activations times a [K, N] weight (bf16). Memory-bound: ``bytes`` is the
+    traffic of A, B and C, which the bench turns into an effective bandwidth."""
+
+    M: int
+    K: int
+    N: int
+    dtype: str = "bf16"
+    op: str = "mm"
+    batch: int = 1
+
+    @property
+    def name(self) -> str:
+        return f"m{self.M}-{self.K}x{self.N}"
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.M * self.N * self.K
+
+    @property
+    def bytes(self) -> int:
+        return 2 * (self.M * self.K + self.K * self.N + self.M * self.N)
+
+    def describe(self) -> str:
+        return f"mm {self.dtype} M={self.M} K={self.K} N={self.N} ({self.bytes / 1e6:.0f} MB)"
+
+
+@dataclass(frozen=True)
+class MlpCase:
+    """A SwiGLU MLP (hidden -> ffn -> hidden, bf16, no bias) on ``rows`` tokens, through torch.compile."""
+
+    rows: int
+    hidden: int = 4096
+    ffn: int = 14336
+    dtype: str = "bf16"
+
+    @property
+    def name(self) -> str:
+        return f"mlp{self.hidden}x{self.ffn}-r{self.rows}"
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.rows * 3 * self.hidden * self.ffn
+
+    @property
+    def bytes(self) -> int:
+        return 2 * 3 * self.hidden * self.ffn
+
+    def describe(self) -> str:
+        return f"MLP {self.hidden}->{self.ffn}->{self.hidden} bf16, {self.rows} rows, backend=autows vs default"
+
+
 TOKENS = 16384
 HIDDEN = 2048
 
@@ -111,6 +164,16 @@ def attention_cases() -> list[AttnCase]:
     return cases
 
 
+DECODE_M = (1, 8, 16, 32, 64, 128, 256)
+#: Llama-3-8B / 70B weight shapes K x N: qkv, o, gate+up, down (8B); qkv, gate+up, down (70B).
+DECODE_KN = [(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096), (8192, 10240), (8192, 57344), (28672, 8192)]
+
+
+def decode_cases() -> list:
+    cases: list = [DecodeCase(m, k, n) for k, n in DECODE_KN for m in DECODE_M]
+    return cases + [MlpCase(r) for r in (1, 8, 64, 256)]
+
+
 def model_cases() -> list[ModelCase]:
     return [ModelCase(8, 2048), ModelCase(1, 16384)]
 
@@ -119,9 +182,10 @@ QUICK = {
     "gemm": ["4096x4096x4096", "8192x14336x4096", "bmm:32x2048x2048x128", "addmm:8192x4096x4096"],
     "attention": ["s2048-d128", "s2048-d128-causal", "s4096-d64", "gqa32x8-s4096-d128-causal"],
     "model": ["8x2048"],
+    "decode": ["m1-4096x4096", "m16-4096x28672", "m64-14336x4096", "mlp4096x14336-r8"],
 }
 
-ALL = {"gemm": gemm_cases, "attention": attention_cases, "model": model_cases}
+ALL = {"gemm": gemm_cases, "attention": attention_cases, "model": model_cases, "decode": decode_cases}
 
 
 def select(work: str, names: list[str] | None = None, quick: bool = False) -> list:

@@ -130,12 +130,18 @@ def _bind_triton(case, inp) -> Bound:
     return Bound(fn, out=out, inspect=lambda: peers_triton.ws_note(state.get("kernel")), note=note)
 
 
-def _bind_autows(case, inp) -> Bound:
+def _bind_autows(case, inp, mode: str = "autows") -> Bound:
     from torch_autows import ops
+
+    from .peers_decode import _choice
 
     q, k, v, scale = inp["q"], inp["k"], inp["v"], inp["scale"]
     return Bound(lambda: ops.attention(q, k, v, is_causal=case.causal, scale=scale, enable_gqa=case.gqa),
-                 counters=("attention",))
+                 counters=("attention",) if mode == "autows" else (), context=_choice(mode))
+
+
+def _bind_chosen(case, inp) -> Bound:
+    return _bind_autows(case, inp, "measure")
 
 
 def all_peers() -> tuple[list[Peer], list[str]]:
@@ -144,7 +150,10 @@ def all_peers() -> tuple[list[Peer], list[str]]:
              Peer("flex", _bind_flex, "torch.compile(flex_attention), causal via create_block_mask"),
              Peer("triton-autows", _bind_triton,
                   "Triton 3.6 flash loop, tl.range(warp_specialize=True), 128x128, 4 warps"),
-             Peer("autows", _bind_autows, "torch_autows.ops.attention (fails if it fell back to torch; lse checked)")]
+             Peer("autows", _bind_autows, "torch_autows.ops.attention forced to the generated kernel (fails if it "
+                  "fell back to torch; lse checked)"),
+             Peer("autows-chosen", _bind_chosen, "torch_autows.ops.attention with the measured choice (ours or "
+                  "SDPA's pick): what a user gets; not a peer in the ratio")]
     return peers, []
 
 

@@ -147,13 +147,20 @@ def _bind_reference(path: Path):
     return bind
 
 
-def _bind_autows(case, inp) -> Bound:
+def _bind_autows(case, inp, mode: str = "autows") -> Bound:
     from torch_autows import ops
 
+    from .peers_decode import _choice
+
     a, b, bias = inp["a"], inp["b"], inp["bias"]
+    counted = mode == "autows"
     if case.op == "bmm":
-        return Bound(lambda: ops.bmm(a, b), counters=("bmm",))
-    return Bound(lambda: ops.gemm(a, b, bias), counters=("gemm",))
+        return Bound(lambda: ops.bmm(a, b), counters=("bmm",) if counted else (), context=_choice(mode))
+    return Bound(lambda: ops.gemm(a, b, bias), counters=("gemm",) if counted else (), context=_choice(mode))
+
+
+def _bind_chosen(case, inp) -> Bound:
+    return _bind_autows(case, inp, "measure")
 
 
 def all_peers() -> tuple[list[Peer], list[str]]:
@@ -168,7 +175,10 @@ def all_peers() -> tuple[list[Peer], list[str]]:
         notes.append(f"gluon-reference skipped: {REFERENCE_FILE} not found (set TORCH_AUTOWS_REFERENCE)")
     else:
         peers.append(Peer("gluon-reference", _bind_reference(ref), f"hand-written Gluon WS GEMM ({ref})"))
-    peers.append(Peer("autows", _bind_autows, "torch_autows.ops.gemm / bmm (fails if it fell back to torch)"))
+    peers.append(Peer("autows", _bind_autows, "torch_autows.ops.gemm / bmm forced to the generated kernel (fails if "
+                      "it fell back to torch)"))
+    peers.append(Peer("autows-chosen", _bind_chosen, "torch_autows.ops.gemm / bmm with the measured choice (ours or "
+                      "cuBLAS): what a user gets; not a peer in the ratio"))
     return peers, notes
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from .results import REPO_ROOT, load_json
 
 OURS = "autows"
-WORK_ORDER = ("gemm", "attention", "model")
+WORK_ORDER = ("gemm", "decode", "attention", "model")
 
 
 def _ordered(seq):
@@ -34,7 +34,8 @@ def summarize(rows: list[dict], ours: str = OURS) -> list[dict]:
     out = []
     for case in _ordered(r["case"] for r in rows):
         by_impl = {r["impl"]: r for r in rows if r["case"] == case}
-        others = {i: r["tflops"] for i, r in by_impl.items() if i != ours and ok(r)}
+        others = {i: r["tflops"] for i, r in by_impl.items()  # "<ours>-variant" rows are ours, not peers
+                  if i != ours and not i.startswith(f"{ours}-") and ok(r)}
         best = max(others, key=others.get) if others else None
         mine = by_impl.get(ours)
         ratio = mine["tflops"] / others[best] if ok(mine) and best and others[best] > 0 else None

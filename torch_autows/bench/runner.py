@@ -202,6 +202,8 @@ def run_case(suite: Suite, case, repeat: int = 1, warmup: int = 25, rep: int = 1
                 extra = b.extra()
             except Exception as e:
                 extra = {"split_error": error_text(e)}
+        if hasattr(case, "bytes"):  # memory-bound cases: the effective bandwidth of the traffic they must move
+            extra.setdefault("tbps", case.bytes / (ms * 1e-3) / 1e12)
         rows[i] = row(peer.name, tflops=case.flops / (ms * 1e-3) / 1e12, ms=ms, rel_err=fields["rel_err"],
                       note=fields["note"], spread=spread, samples_ms=s if len(s) > 1 else None, **extra)
     del passed, inputs, ref

@@ -107,16 +107,23 @@ def _gemm_request(n: fx.Node):
     return None
 
 
+def _chosen(chosen) -> str:
+    """How the measured choice (runtime.choice) stands for a servable site: its decision, or per call."""
+    if chosen is None:
+        return ""
+    return f"; chosen: {chosen.why}" if chosen.why else "; ours or the vendor's is chosen at run time per shape bucket"
+
+
 def _sites_of(gm: fx.GraphModule, index: int, max_autotune: bool) -> list[Site]:
     out, in_attention = [], set()
     for s in find_attention_sites(gm.graph):
         if s.reason is None:
             in_attention.update(n for n in (s.node, *s.chain) if n.op != "placeholder")
-        served = s.reason is None
-        out.append(Site(index, "attention", s.kind, s.node.name, s.summary(),
-                        "autows" if served else "fallback",
-                        "autows::attention (generated kernel; backward via attention_grad)" if served else s.reason,
-                        _where(s.node)))
+        served = s.reason is None and s.vendor is None
+        kernel = "autows" if served else "vendor" if s.reason is None else "fallback"
+        out.append(Site(index, "attention", s.kind, s.node.name, s.summary(), kernel,
+                        "autows::attention (generated kernel; backward via attention_grad)" + _chosen(s.choice)
+                        if served else s.reason or s.vendor, _where(s.node)))
     for n in gm.graph.nodes:
         if n in in_attention:
             continue
@@ -124,13 +131,18 @@ def _sites_of(gm: fx.GraphModule, index: int, max_autotune: bool) -> list[Site]:
         if req is None:
             continue
         form, a, b, bias = req
-        reason = target.gemm_reason(a, b, bias if isinstance(bias, torch.Tensor) and bias.dim() == 1 else None)
+        bias = bias if isinstance(bias, torch.Tensor) and bias.dim() == 1 else None
+        reason = target.gemm_reason(a, b, bias)
         shape = f"[{_shape(a)}]@[{_shape(b)}]" + ("+bias" if bias is not None else "")
-        if reason is None:
-            why = ("ExternKernelChoice in Inductor's autotuning (used where it wins the benchmark)" if max_autotune
-                   else "post-grad rewrite to autows::gemm/bmm (bias fused; other epilogues stay with Inductor)")
-        out.append(Site(index, "gemm", form, n.name, shape, "autows" if reason is None else "fallback",
-                        why if reason is None else reason, _where(n)))
+        kernel = "autows" if reason is None else "fallback"
+        if reason is None and max_autotune:
+            why = "ExternKernelChoice in Inductor's autotuning (used where it wins the benchmark)"
+        elif reason is None:
+            chosen = target.gemm_choice(a, b, bias)
+            kernel = "autows" if chosen.use_ours else "vendor"
+            why = chosen.vendor_reason or ("post-grad rewrite to autows::gemm/bmm (bias fused; other epilogues stay "
+                                           "with Inductor)" + _chosen(chosen))
+        out.append(Site(index, "gemm", form, n.name, shape, kernel, why if reason is None else reason, _where(n)))
     return out
 
 

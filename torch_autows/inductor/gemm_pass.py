@@ -45,6 +45,7 @@ class GemmSite:
     bias: fx.Node | None = None
     fused: tuple[fx.Node, ...] = ()   # add(mm, bias): the mm that becomes dead
     reason: str | None = None
+    vendor: str | None = None  # servable, but the vendor's kernel was chosen (runtime.choice): why
 
 
 def max_autotune_on() -> bool:
@@ -96,6 +97,8 @@ def find_gemm_sites(graph: fx.Graph) -> list[GemmSite]:
     for s in sites:
         if s.reason is None:
             s.reason = target.gemm_reason(val(s.a), val(s.b), val(s.bias), None)
+        if s.reason is None:
+            s.vendor = target.gemm_choice(val(s.a), val(s.b), val(s.bias)).vendor_reason
     return sites
 
 
@@ -107,8 +110,8 @@ def rewrite_gemms(graph: fx.Graph) -> list[GemmSite]:
 
     sites = find_gemm_sites(graph)
     for s in sites:
-        if s.reason is not None:
-            target.note_site("gemm", s.reason)
+        if s.reason is not None or s.vendor is not None:
+            target.note_site("gemm", s.reason or s.vendor)
             continue
         is_bmm = s.node.target is aten.bmm.default
         fn = torch.ops.autows.bmm.default if is_bmm else torch.ops.autows.gemm.default

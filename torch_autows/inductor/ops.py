@@ -24,7 +24,7 @@ from torch import Tensor
 from .. import config
 from .. import ops as _kernels
 from ..runtime.attention import empty_out
-from ..runtime.fallback import Unsupported, note_fallback, note_served
+from ..runtime.fallback import Unsupported, note_fallback, note_served, note_vendor
 from .attention_grad import attention_backward, reference_attention
 
 _SERVED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -125,14 +125,18 @@ def gemm_into(out: Tensor, a: Tensor, b: Tensor, bias: Tensor | None = None) -> 
         return
     try:
         if op == "bmm":
-            rt.bmm(a, b, out.dtype, out=out)
+            served = rt.bmm(a, b, out.dtype, out=out)
         else:
-            rt.gemm(a, b, bias, out.dtype, out=out)
+            served = rt.gemm(a, b, bias, out.dtype, out=out)
     except Unsupported as e:
         note_fallback(op, str(e))
         out.copy_(_torch_gemm(a, b, bias, out.dtype))
     else:
-        note_served(op)
+        if served is not None:
+            note_served(op)
+        else:  # runtime.choice: cuBLAS is faster for this shape
+            note_vendor(op)
+            rt.vendor_gemm(a, b, bias, out)
 
 
 @torch.library.custom_op("autows::gemm", mutates_args=())

@@ -61,7 +61,9 @@ class AttentionSite:
     k_is_transposed: bool = False   # explicit: the graph holds K^T, not K
     chain: tuple[fx.Node, ...] = ()  # explicit: nodes replaced by the op (dead afterwards)
     maybe_dead: tuple[fx.Node, ...] = ()  # q/k scalings and the k transpose: erased if unused afterwards
-    reason: str | None = None       # None: autows serves it
+    reason: str | None = None       # None: autows can serve it
+    vendor: str | None = None       # servable, but the vendor's kernel was chosen (runtime.choice): why
+    choice: object = None           # target.SiteChoice of a servable site
 
     def summary(self) -> str:
         q = val(self.q)
@@ -334,6 +336,9 @@ def find_attention_sites(graph: fx.Graph) -> list[AttentionSite]:
             site.reason = _check_shapes(site, kv)
         if site.reason is None:
             site.reason = target.attention_reason(val(site.q), kv, val(site.v), site.is_causal, site.scale)
+        if site.reason is None and kv is not None:
+            site.choice = target.attention_choice(val(site.q), kv, val(site.v), site.is_causal, site.scale)
+            site.vendor = site.choice.vendor_reason
         sites.append(site)
     return sites
 
@@ -355,8 +360,8 @@ def rewrite_attention(graph: fx.Graph) -> list[AttentionSite]:
     """Replace every servable attention site by ``autows::attention``; log why the others stay. Returns all sites."""
     sites = find_attention_sites(graph)
     for site in sites:
-        if site.reason is not None:
-            target.note_site("attention", site.reason)
+        if site.reason is not None or site.vendor is not None:
+            target.note_site("attention", site.reason or site.vendor)
             continue
         with graph.inserting_before(site.node):
             k = site.k

@@ -13,6 +13,7 @@ ops then still check the real device at run time and fall back.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import inspect
 import logging
@@ -181,3 +182,71 @@ def attention_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causa
     if fn is True:
         return None
     return _ask(fn, concrete(q), concrete(k), concrete(v), is_causal, scale)
+
+
+# --- the measured choice at compile time (runtime.choice) ---
+
+def _static(*ts) -> bool:
+    return all(t is None or all(isinstance(s, int) for s in (*t.shape, *t.stride())) for t in ts)
+
+
+@dataclasses.dataclass(frozen=True)
+class SiteChoice:
+    """A servable site's side: ``use_ours`` and how it was decided (``why``); ``why`` None: undecided at compile
+    time (symbolic sizes, or no GPU to measure on), so the runtime decides at the first call of each bucket."""
+
+    use_ours: bool
+    why: str | None = None
+
+    @property
+    def vendor_reason(self) -> str | None:
+        """The reason to leave the site to Inductor's default path, or None."""
+        return None if self.use_ours else f"the vendor's kernel is chosen: {self.why}"
+
+
+def _site_choice(decide: Callable, prior: Callable[[], bool], *ts) -> SiteChoice:
+    """Decided now where the sizes are static: measured on this GPU (or read from the decisions cache) in
+    ``config.choice = "measure"``, the cost rule in "prior", forced in "autows" / "vendor"."""
+    from ..runtime import choice
+
+    mode = choice.mode()
+    if mode in ("autows", "vendor"):
+        return SiteChoice(mode == "autows", f"forced by config.choice = {mode!r}")
+    if mode == "prior":
+        return SiteChoice(prior(), "the cost rule (config.choice = 'prior'), not measured")
+    real = all(t is None or (t.device.type == "cuda" and _capability(t.device.index) == (9, 0)) for t in ts)
+    if not (real and _static(*ts)):
+        return SiteChoice(True)
+    try:
+        d = decide()
+    except Exception as e:  # a failed measurement must not break compilation: the runtime decides later
+        log.warning("autows: could not measure the choice at compile time (%s: %s); deciding at run time",
+                    type(e).__name__, e)
+        return SiteChoice(True)
+    return SiteChoice(d.use_ours, d.describe())
+
+
+def gemm_choice(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> SiteChoice:
+    """The side of a servable GEMM site (2-D, or 3-D bmm); the vendor is cuBLAS through aten."""
+    from ..runtime import choice
+    from ..runtime import gemm as rt
+
+    if a.dtype == torch.float32:  # runs torch inside the op anyway (the kernel takes 16-bit operands)
+        return SiteChoice(True)
+    m = _hint(a.shape[0]) * (_hint(a.shape[1]) if a.dim() == 3 else 1)
+    n, k = _hint(b.shape[-1]), _hint(a.shape[-1])
+    return _site_choice(lambda: rt.site_decision(a, b, bias), lambda: choice.gemm_prior(m, n, k), a, b, bias)
+
+
+def attention_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
+                     scale: float | None) -> SiteChoice:
+    """The side of a servable attention site; the vendor is SDPA's fused pick (ops.torch_attention)."""
+    from .. import ops
+    from ..runtime import attention as rt
+    from ..runtime import choice
+
+    if q.dtype == torch.float32:
+        return SiteChoice(True)
+    d, skv = _hint(q.shape[-1]), _hint(k.shape[-2])
+    return _site_choice(lambda: rt.site_decision(q, k, v, is_causal, scale, ops.torch_attention),
+                        lambda: choice.attention_prior(d, is_causal, skv), q, k, v)

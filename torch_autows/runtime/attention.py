@@ -15,6 +15,7 @@ import torch
 
 from ..ir import Options
 from ..templates.attention import AttentionRequest, build
+from . import choice
 from . import device as dev
 from .fallback import Unsupported
 from .gemm import DTYPES
@@ -183,12 +184,46 @@ def _new(q, shape, transposed: bool, dtype=None) -> torch.Tensor:
     return t.transpose(1, 2) if transposed else t
 
 
+#: A ``_BOUND`` entry for a key whose decision is the vendor's path (runtime.choice): the call returns None.
+VENDOR = ("vendor",)
+
+
+def _use_ours(q, k, v, is_causal: bool, scale: float, vendor) -> bool:
+    """The measured / cached / prior choice (runtime.choice) between our kernel and ``vendor`` (SDPA's fused pick,
+    given by the caller) for this call."""
+    return _decide(q, k, v, is_causal, scale, vendor).use_ours
+
+
+def site_decision(q, k, v, is_causal: bool, scale: float | None, vendor) -> choice.Decision:
+    """The choice for an attention site seen at compile time with static sizes (fake tensors allowed): made on
+    real random tensors like them on the same GPU (see runtime.gemm.site_decision)."""
+    q, k, v = (choice.materialize(t) for t in (q, k, v))
+    return _decide(q, k, v, is_causal, scale if scale is not None else q.shape[-1] ** -0.5, vendor)
+
+
+def _decide(q, k, v, is_causal: bool, scale: float, vendor) -> choice.Decision:
+    B, Hq, Sq, D = q.shape
+    Hkv, Skv = k.shape[1], k.shape[2]
+    layout = tuple(bool(x and x[3]) for x in (_in_place(q), _in_place(k), _in_place(v)))  # [B, S, H, D] rows?
+    key = ("attention", str(q.dtype), D, is_causal, scale > 0, Hq, Hkv, layout, choice.bucket(B), choice.bucket(Sq),
+           choice.bucket(Skv))
+    ours = functools.partial(attention, q, k, v, is_causal, scale, "auto")
+    theirs = functools.partial(vendor, q, k, v, is_causal, scale) if vendor is not None else None
+    return choice.decide(key, ours, theirs, choice.attention_prior(D, is_causal, Skv), q.device)
+
+
 def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
-              out: torch.Tensor | None = None, lse: torch.Tensor | None = None):
+              out: torch.Tensor | None = None, lse: torch.Tensor | None = None, vendor=None):
+    """(out, lse) by the generated kernel. With ``vendor`` (a function of (q, k, v, is_causal, scale)) and no
+    ``config``, the call returns None where runtime.choice finds the vendor faster (the caller runs it); a
+    config name (or "auto": the heuristic's) always runs our kernel."""
+    choose = vendor is not None and config is None
     key = (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, v.shape, v.stride(), v.dtype,
            is_causal, scale, config, out is not None and (out.shape, out.stride(), out.dtype),
-           lse is not None and (lse.shape, lse.stride(), lse.dtype))
+           lse is not None and (lse.shape, lse.stride(), lse.dtype), choose and choice.mode())
     hit = _BOUND.get(key)
+    if hit is VENDOR:
+        return None
     if hit is not None:
         bound, out_alloc, lse_shape = hit
         o = out if out is not None else _new(q, *out_alloc)
@@ -198,6 +233,10 @@ def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
     why = support_reason(q, k, v, is_causal, scale)
     if why:
         raise Unsupported(why)
+    if choose and not _use_ours(q, k, v, is_causal, scale, vendor):
+        _BOUND.put(key, VENDOR)
+        return None
+    config = None if config == "auto" else config
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
     qv, (kv, vv) = _rows_view(q), _kv_views(k, v)

@@ -1,7 +1,9 @@
 """Why a call did not run a generated kernel: one log line per distinct reason, and counters.
 
-``counters`` counts served and fallen-back calls per op (``counters["gemm.autows"]``,
-``counters["gemm.fallback"]``); examples and ``explain()`` read them. ``Unsupported`` is raised by the
+``counters`` counts calls per op: ``"gemm.autows"`` served by the generated kernel, ``"gemm.fallback"`` run
+by torch because the kernel cannot serve it, ``"gemm.vendor"`` servable but sent to the vendor's path that
+runtime.choice found faster; and ``"choice.measured"`` / ``"choice.cache"`` / ``"choice.prior"``: where
+decisions came from. Examples and ``explain()`` read them. ``Unsupported`` is raised by the
 runtime's support checks and carries the reason that is logged.
 """
 from __future__ import annotations
@@ -21,6 +23,11 @@ class Unsupported(Exception):
 
 def note_served(op: str) -> None:
     counters[f"{op}.autows"] += 1
+
+
+def note_vendor(op: str) -> None:
+    """A call the generated kernel could serve went to the vendor's path, which runtime.choice found faster."""
+    counters[f"{op}.vendor"] += 1
 
 
 def note_fallback(op: str, reason: str) -> None:

@@ -13,6 +13,7 @@ import torch
 
 from ..ir import Options
 from ..templates.gemm import GemmRequest, build
+from . import choice
 from . import device as dev
 from .fallback import Unsupported
 from .launch import BoundCache, Tma, launcher_for
@@ -130,12 +131,13 @@ def _plan(req: GemmRequest, config: str):
 _BOUND = BoundCache(1024)
 
 
-def _replay(key, a, b, out, out_dtype, bias=None):
-    """The output of a call seen before, launched through its Bound; None where there is none or it cannot
-    serve this call (then the full path runs)."""
-    hit = _BOUND.get(key)
-    if hit is None:
-        return None
+#: A ``_BOUND`` entry for a key whose decision is the vendor's path (runtime.choice): the call returns None.
+VENDOR = ("vendor",)
+
+
+def _replay(hit, a, b, out, out_dtype, bias=None):
+    """The output of a call seen before (``hit``: its ``_BOUND`` entry), launched through its Bound; None where
+    it cannot serve this call (then the full path runs)."""
     c = out if out is not None else torch.empty(hit[1], device=a.device, dtype=out_dtype)
     addrs = (a.data_ptr(), b.data_ptr(), c.data_ptr()) if bias is None else \
         (a.data_ptr(), b.data_ptr(), c.data_ptr(), bias.data_ptr())
@@ -161,13 +163,61 @@ def _out_reason(out) -> str | None:
     return None
 
 
+def vendor_gemm(a, b, bias, out):
+    """What ``torch.compile``'s default runs for this GEMM: cuBLAS through aten, into ``out``."""
+    if a.dim() == 3:
+        return torch.bmm(a, b, out=out)
+    return torch.addmm(bias, a, b, out=out) if bias is not None else torch.mm(a, b, out=out)
+
+
+def _use_ours(op, a, b, bias, out_dtype, m, n, k, layout) -> bool:
+    """The measured / cached / prior choice (runtime.choice) between our kernel and cuBLAS for this call."""
+    return _decide(op, a, b, bias, out_dtype, m, n, k, layout).use_ours
+
+
+def site_decision(a, b, bias=None, out_dtype=None) -> choice.Decision:
+    """The choice for a GEMM site seen at compile time with static sizes (``a``, ``b``, ``bias`` may be fake):
+    made on real random tensors of the same sizes, strides and dtypes on the same GPU, so the compiled graph
+    can keep the vendor's call where it is faster. The support checks must have passed."""
+    out_dtype = out_dtype or a.dtype
+    a, b = choice.materialize(a), choice.materialize(b)
+    bias = choice.materialize(bias) if bias is not None else None
+    if a.dim() == 3:
+        B, M, K = a.shape
+        return _decide("bmm", a, b, None, out_dtype, B * M, b.shape[2], K, B)
+    M, K = a.shape
+    N = b.shape[1]
+    return _decide("mm", a, b, bias, out_dtype, M, N, K, (_tma_view(a, M, K)[0], _tma_view(b, K, N)[0]))
+
+
+def _decide(op, a, b, bias, out_dtype, m, n, k, layout) -> choice.Decision:
+    key = (op, str(a.dtype), str(out_dtype), layout, bias is not None, choice.bucket(m), n, k)
+    c1 = torch.empty(_out_shape(a, b), device=a.device, dtype=out_dtype)
+    c2 = torch.empty_like(c1)
+    fn = bmm if op == "bmm" else functools.partial(gemm, bias=bias)
+    ours = functools.partial(fn, a, b, out_dtype=out_dtype, config="auto", out=c1)
+    vendor = functools.partial(vendor_gemm, a, b, bias, c2) if out_dtype == a.dtype else None
+    return choice.decide(key, ours, vendor, choice.gemm_prior(m, n, k), a.device)
+
+
+def _out_shape(a, b) -> tuple:
+    return (*a.shape[:-1], b.shape[-1])
+
+
 def gemm(a, b, bias, out_dtype, config: str | None = None, out: torch.Tensor | None = None):
+    """``a @ b (+ bias)`` by the generated kernel, into ``out`` if given. ``config`` None: the vendor's path
+    where runtime.choice decides it is faster, and then None is returned (the caller runs torch); a config
+    name (or "auto": the heuristic's) always runs our kernel."""
     key = ("mm", a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, out_dtype, config,
            bias is not None and (bias.shape, bias.stride(), bias.dtype),
-           out is not None and (out.shape, out.stride(), out.dtype))
-    c = _replay(key, a, b, out, out_dtype, bias)
-    if c is not None:
-        return c
+           out is not None and (out.shape, out.stride(), out.dtype), config is None and choice.mode())
+    hit = _BOUND.get(key)
+    if hit is VENDOR:
+        return None
+    if hit is not None:
+        c = _replay(hit, a, b, out, out_dtype, bias)
+        if c is not None:
+            return c
     why = support_reason(a, b, bias, out_dtype) or _out_reason(out)
     if why:
         raise Unsupported(why)
@@ -175,6 +225,10 @@ def gemm(a, b, bias, out_dtype, config: str | None = None, out: torch.Tensor | N
     N = b.shape[1]
     ta, _ = _tma_view(a, M, K)
     tb, _ = _tma_view(b, K, N)
+    if config is None and not _use_ours("mm", a, b, bias, out_dtype, M, N, K, (ta, tb)):
+        _BOUND.put(key, VENDOR)
+        return None
+    config = None if config == "auto" else config
     a2 = a.t() if ta else a
     b2 = b.t() if tb else b
     c = out if out is not None else torch.empty((M, N), device=a.device, dtype=out_dtype)
@@ -186,16 +240,25 @@ def gemm(a, b, bias, out_dtype, config: str | None = None, out: torch.Tensor | N
 
 
 def bmm(a, b, out_dtype, config: str | None = None, out: torch.Tensor | None = None):
+    """Batched ``a @ b``; ``config`` and the None result as for ``gemm``."""
     key = ("bmm", a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, out_dtype, config,
-           out is not None and (out.shape, out.stride(), out.dtype))
-    c = _replay(key, a, b, out, out_dtype)
-    if c is not None:
-        return c
+           out is not None and (out.shape, out.stride(), out.dtype), config is None and choice.mode())
+    hit = _BOUND.get(key)
+    if hit is VENDOR:
+        return None
+    if hit is not None:
+        c = _replay(hit, a, b, out, out_dtype)
+        if c is not None:
+            return c
     why = support_reason(a, b, None, out_dtype) or _out_reason(out)
     if why:
         raise Unsupported(why)
     B, M, K = a.shape
     N = b.shape[2]
+    if config is None and not _use_ours("bmm", a, b, None, out_dtype, B * M, N, K, B):
+        _BOUND.put(key, VENDOR)
+        return None
+    config = None if config == "auto" else config
     cfg = config or choose_config(B * M, N, K)
     o = CONFIGS[cfg]
     if M % o.block_m or K % o.block_k:  # an explicit config may have other tiles than the heuristic's

@@ -209,9 +209,12 @@ class BoundCache(dict):
         """Keep ``launcher.bind(...)`` for ``key`` where the launch can be bound."""
         bound = launcher.bind(grid, args, device_index)
         if bound is not None:
-            if len(self) >= self.limit:
-                self.clear()
-            self[key] = (bound, *extra)
+            self.put(key, (bound, *extra))
+
+    def put(self, key, entry) -> None:
+        if len(self) >= self.limit:
+            self.clear()
+        self[key] = entry
 
 
 def _fixed_args(state) -> tuple:

@@ -1,0 +1,271 @@
+"""Ours or the vendor's: the measured, cached choice at every site the generated kernels can serve.
+
+A site that the support checks accept still runs the generated kernel only where it was measured faster
+than what ``torch.compile``'s default would run there (cuBLAS through aten for GEMMs, SDPA's fused pick for
+attention). ``decide(key, run_ours, run_vendor, prior)`` answers per *decision key* (op, dtypes, layout
+class, shape with the dims that vary at run time bucketed to powers of two) and remembers the answer:
+
+1. in this process (``records``, which ``explain()`` reads);
+2. on disk, one small JSON file per key under ``<cache root>/decisions/`` (``diskcache.root()``), written
+   atomically; the file names the full key (GPU name and SM count, CUDA and driver, torch, triton and
+   torch_autows versions, a hash of the sources that generate the kernels), so an entry from another
+   machine, version or source never applies, and a corrupted entry is logged once and measured again;
+3. or, where nothing is known, by ``config.choice``: "measure" (default) times both sides on the GPU,
+   interleaved, L2 flushed before every run (``triton.testing.do_bench``), and keeps the vendor's path
+   unless ours wins by more than the measured spread; "prior" applies a cost rule from the recorded
+   sweeps without measuring (``gemm_prior`` / ``attention_prior``); "autows" / "vendor" force a side.
+
+Nothing is measured while a CUDA graph is being captured (the prior answers, and is not cached), so
+``mode="reduce-overhead"`` measures in its warm-up run. Measurements happen once per key and process; a
+second process reads the disk (``counters["choice.measured"]`` stays 0 there).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+
+from .. import __version__, config, diskcache
+from .fallback import counters
+
+log = logging.getLogger("torch_autows")
+
+MODES = ("measure", "prior", "autows", "vendor")
+
+#: Rounds of interleaved timing per side, and do_bench's warm-up / measuring time per round (ms).
+ROUNDS, WARMUP_MS, REP_MS = 3, 5, 20
+#: The least margin ours must win by, on top of the measured spread (timing noise between rounds).
+MIN_MARGIN = 0.01
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """Which side serves a key, and why: "measured" here, read from the disk "cache", the "prior" cost rule,
+    or "forced" (``config.choice`` says so, or there is no vendor kernel to compare with)."""
+
+    use_ours: bool
+    source: str
+    ours_ms: float | None = None
+    vendor_ms: float | None = None
+    spread: float | None = None
+
+    def describe(self) -> str:
+        side = "autows" if self.use_ours else "vendor"
+        if self.ours_ms is None or self.vendor_ms is None:
+            return f"{side} ({self.source})"
+        return (f"{side} ({self.source}: autows {self.ours_ms * 1e3:.1f} us, vendor {self.vendor_ms * 1e3:.1f} us, "
+                f"{self.vendor_ms / self.ours_ms:.2f}x, spread {100 * (self.spread or 0):.1f}%)")
+
+
+#: Every decision this process made or read, by decision key (``explain()`` and tests read it).
+records: dict[tuple, Decision] = {}
+_lock = threading.RLock()
+
+
+def mode() -> str:
+    m = getattr(config, "choice", "measure")
+    if m not in MODES:
+        raise ValueError(f"torch_autows.config.choice = {m!r}; use one of {MODES}")
+    return m
+
+
+def bucket(n: int) -> int:
+    """The power of two at or above ``n``: dims that vary between calls share one decision per bucket."""
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+# --- the decision ---
+
+
+def decide(key: tuple, run_ours: Callable[[], object], run_vendor: Callable[[], object] | None,
+           prior: bool, device: torch.device) -> Decision:
+    """The decision for ``key`` (see the module doc). ``run_ours`` / ``run_vendor`` compute the site on its real
+    tensors (writing scratch outputs); ``prior`` is the cost rule's answer; ``run_vendor`` None: no vendor kernel."""
+    with _lock:
+        d = records.get(key)
+        if d is not None:
+            return d
+        m = mode()
+        if m in ("autows", "vendor") or run_vendor is None:
+            d = Decision(m != "vendor", "forced")
+        elif m == "prior" or _capturing(device):
+            d = Decision(prior, "prior")
+            counters["choice.prior"] += 1
+            if m == "measure":  # capturing: answer now, measure on a later uncaptured call
+                return d
+        else:
+            d = _read(key, device)
+            if d is not None:
+                counters["choice.cache"] += 1
+            else:
+                d = _measure(run_ours, run_vendor)
+                counters["choice.measured"] += 1
+                _write(key, device, d)
+                log.info("autows choice %s: %s", _key_text(key), d.describe())
+        records[key] = d
+        return d
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+_burst = {"start": 0.0, "end": 0.0, "n": 0, "shown": False}
+
+
+def _measure(run_ours, run_vendor) -> Decision:
+    """Both sides timed in ``ROUNDS`` interleaved rounds (median of each round, L2 flushed before every run);
+    ours is kept only where its median beats the vendor's by more than the rounds' spread."""
+    from triton.testing import do_bench
+
+    t0 = time.perf_counter()
+    if t0 - _burst["end"] > 2.0:  # a new burst of measurements (one compile's first run, say)
+        _burst.update(start=t0, n=0, shown=False)
+    run_ours(), run_vendor()  # compile / warm both before timing
+    ours, vendor = [], []
+    for _ in range(ROUNDS):
+        ours.append(do_bench(run_ours, warmup=WARMUP_MS, rep=REP_MS, return_mode="median"))
+        vendor.append(do_bench(run_vendor, warmup=WARMUP_MS, rep=REP_MS, return_mode="median"))
+    o, v = sorted(ours)[ROUNDS // 2], sorted(vendor)[ROUNDS // 2]
+    spread = max((max(ours) - min(ours)) / o, (max(vendor) - min(vendor)) / v)
+    now = time.perf_counter()
+    _burst.update(end=now, n=_burst["n"] + 1)
+    if now - _burst["start"] > 1.0 and not _burst["shown"]:
+        _burst["shown"] = True
+        log.warning("autows: measuring generated kernels against the vendor's at each new site shape (%d so far, "
+                    "%.1f s); decisions are cached under %s (TORCH_AUTOWS_CHOICE=prior skips measuring)",
+                    _burst["n"], now - _burst["start"], _decisions_dir() or "memory only")
+    return Decision(o * (1 + max(spread, MIN_MARGIN)) < v, "measured", o, v, spread)
+
+
+def materialize(t: torch.Tensor) -> torch.Tensor:
+    """A real tensor with ``t``'s sizes, strides, dtype and device (``t`` may be fake), filled with random
+    normal values: what a compile-time measurement runs on."""
+    size, stride = tuple(int(s) for s in t.shape), tuple(int(s) for s in t.stride())
+    extent = 1 + sum((n - 1) * st for n, st in zip(size, stride) if n > 0)
+    base = torch.randn(extent if all(size) else 0, dtype=t.dtype, device=t.device)
+    return base.as_strided(size, stride)
+
+
+# --- priors: cost rules from the recorded H200 sweeps (bench/results/) ---
+
+
+def gemm_prior(m: int, n: int, k: int) -> bool:
+    """Ours where the recorded sweeps put it at parity or ahead: large prefill GEMMs (M >= 2048 rows with
+    N >= 1024 and K >= 1024: 0.99-1.05x cuBLAS). Small M (decode: 0.62-0.77x at M <= 256, 0.98x at 512) and
+    narrow problems go to cuBLAS."""
+    return m >= 2048 and n >= 1024 and k >= 1024
+
+
+def attention_prior(d: int, causal: bool, seqlen_kv: int) -> bool:
+    """Ours from 8k keys (0.99-1.09x cuDNN), and causal from 4k (0.99-1.04x); shorter sequences (0.74-0.96x)
+    go to SDPA's pick (attention-9)."""
+    return seqlen_kv >= 8192 or (causal and seqlen_kv >= 4096)
+
+
+# --- the disk ---
+
+
+@functools.cache
+def sources_hash() -> str:
+    """A hash of the package sources that generate and launch the kernels: a change to any invalidates
+    every recorded decision."""
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    h = hashlib.sha256(__version__.encode())
+    for sub in ("templates", "passes", "codegen", "runtime", "ir.py", "ir_text.py"):
+        path = os.path.join(pkg, sub)
+        files = [path] if path.endswith(".py") else sorted(
+            os.path.join(dp, f) for dp, _, fs in os.walk(path) for f in fs if f.endswith(".py"))
+        for f in files:
+            h.update(os.path.relpath(f, pkg).encode())
+            with open(f, "rb") as fh:
+                h.update(fh.read())
+    return h.hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=8)
+def environment(device_index: int) -> tuple:
+    """What a measurement depends on besides the site: GPU, SMs, CUDA / driver, torch, triton, sources."""
+    import triton
+
+    props = torch.cuda.get_device_properties(device_index)
+    try:
+        driver = torch._C._cuda_getDriverVersion()
+    except Exception:  # not every build exposes it
+        driver = None
+    return (props.name, props.multi_processor_count, torch.version.cuda, driver, torch.__version__,
+            triton.__version__, __version__, sources_hash())
+
+
+def _key_text(key: tuple) -> str:
+    return json.dumps([str(x) for x in key])
+
+
+def _decisions_dir() -> str | None:
+    root = diskcache.root()
+    return os.path.join(root, "decisions") if root else None
+
+
+def _path(full: str) -> str | None:
+    d = _decisions_dir()
+    if d is None:
+        return None
+    h = hashlib.sha256(full.encode()).hexdigest()
+    return os.path.join(d, h[:2], f"{h[2:26]}.json")
+
+
+def _full_key(key: tuple, device: torch.device) -> str:
+    from . import device as dev
+
+    return _key_text((*key, *environment(dev.index(device))))
+
+
+_bad_logged: set[str] = set()
+
+
+def _read(key: tuple, device: torch.device) -> Decision | None:
+    full = _full_key(key, device)
+    path = _path(full)
+    text = diskcache.read_text(path) if path else None
+    if text is None:
+        return None
+    try:
+        rec = json.loads(text)
+        if rec["key"] != full:
+            raise ValueError("the entry names another key")
+        if not isinstance(rec["use_ours"], bool):
+            raise ValueError("use_ours is not a bool")
+        return Decision(rec["use_ours"], "cache", rec.get("ours_ms"), rec.get("vendor_ms"), rec.get("spread"))
+    except (ValueError, KeyError, TypeError) as e:
+        if path not in _bad_logged:
+            _bad_logged.add(path)
+            log.warning("autows: ignoring a corrupted choice cache entry %s (%s); measuring again", path, e)
+        return None
+
+
+def _write(key: tuple, device: torch.device, d: Decision) -> None:
+    full = _full_key(key, device)
+    path = _path(full)
+    if path is None:
+        return
+    rec = {"key": full, "use_ours": d.use_ours, "ours_ms": d.ours_ms, "vendor_ms": d.vendor_ms,
+           "spread": d.spread}
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    except OSError:
+        return
+    diskcache.atomic_write(path, json.dumps(rec))
+
+
+def reset() -> None:
+    """Forget this process's decisions (tests; the disk is left alone)."""
+    with _lock:
+        records.clear()
