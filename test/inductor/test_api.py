@@ -129,3 +129,29 @@ def test_explain_on_cpu_says_why(capsys):
     assert capsys.readouterr().out == ""
     assert report.count("attention", "autows") == 0 and report.count("gemm", "autows") == 0
     assert all("tensors on cpu" in s.why for s in report.sites if "mask" not in s.why)
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(64, 192)
+        self.o = torch.nn.Linear(64, 64)
+
+    def forward(self, x):
+        B, S, _ = x.shape
+        q, k, v = self.qkv(x).view(B, S, 3, 4, 16).permute(2, 0, 3, 1, 4)
+        return self.o(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, S, 64))
+
+
+def test_explain_reports_the_choice(pretend, monkeypatch):
+    """Servable sites say how ours-or-vendor is decided: the prior's answer, or per shape bucket at run time."""
+    monkeypatch.setattr(torch_autows.config, "choice", "prior", raising=False)
+    model, x = Block().bfloat16(), torch.randn(2, 16, 64, dtype=torch.bfloat16)
+    report = torch_autows.explain(model, x, print_report=False)
+    assert report.count("gemm", "vendor") == 2 and report.count("attention", "vendor") == 1  # small: vendor
+    assert all("cost rule" in s.why for s in report.sites if s.kernel == "vendor")
+    assert "3 servable site(s) kept on the vendor's faster kernel" in str(report)
+    monkeypatch.setattr(torch_autows.config, "choice", "measure")  # nothing to measure on here: per call
+    report = torch_autows.explain(model, x, print_report=False)
+    assert report.count("gemm", "autows") == 2 and report.count("attention", "autows") == 1
+    assert all("chosen at run time per shape bucket" in s.why for s in report.sites if s.kernel == "autows")

@@ -179,3 +179,20 @@ def test_direct_extern_calls_forward_and_backward(pretend):
     for got, want in ((x.grad, xr.grad), (lin.weight.grad, ref.weight.grad), (lin.bias.grad, ref.bias.grad)):
         torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
     assert target.site_counters["gemm.rewritten"] >= 3  # the forward addmm and two backward mms
+
+
+def test_prior_keeps_small_gemms_on_the_vendor_path(pretend, monkeypatch, log_warnings):
+    """With config.choice = "prior", a GEMM the cost rule gives to cuBLAS stays aten (logged with the reason);
+    one it gives to ours is rewritten."""
+    monkeypatch.setattr(config, "choice", "prior", raising=False)
+    target.reset()
+    bf = dict(dtype=torch.bfloat16)
+    small = (torch.randn(16, 64, **bf), torch.randn(64, 128, **bf))
+    big = (torch.randn(4096, 1024, **bf), torch.randn(1024, 1024, **bf))
+    for (a, b), rewritten in ((small, False), (big, True)):
+        gm = _aten_graph(torch.mm, a, b)
+        sites = rewrite_gemms(gm.graph)
+        assert sites[0].reason is None and (sites[0].vendor is None) is rewritten
+        assert (torch.ops.autows.gemm.default in _ops(gm)) is rewritten
+    assert target.site_counters["gemm.rewritten"] == 1 and target.site_counters["gemm.left"] == 1
+    assert any("the vendor's kernel is chosen: the cost rule" in r.message for r in log_warnings.records)

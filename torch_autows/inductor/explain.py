@@ -35,7 +35,7 @@ class Site:
     form: str       # sdpa / explicit / linear / matmul / mm / bmm / addmm
     node: str
     shape: str
-    kernel: str     # "autows" | "fallback"
+    kernel: str     # "autows" | "vendor" (servable; the vendor's kernel was chosen) | "fallback"
     why: str
     where: str = ""
 
@@ -54,9 +54,11 @@ class ExplainReport:
         return sum(s.kind == kind and (kernel is None or s.kernel == kernel) for s in self.sites)
 
     def __str__(self) -> str:
+        vendor = self.count("attention", "vendor") + self.count("gemm", "vendor")
         head = (f"autows explain: {self.graphs} graph(s); attention {self.count('attention', 'autows')}/"
                 f"{self.count('attention')} sites served, GEMM {self.count('gemm', 'autows')}/"
-                f"{self.count('gemm')} sites served (mode={self.mode or 'default'})")
+                f"{self.count('gemm')} sites served (mode={self.mode or 'default'})"
+                + (f"; {vendor} servable site(s) kept on the vendor's faster kernel" if vendor else ""))
         return "\n".join([head, *(s.line() for s in self.sites)])
 
 

@@ -90,26 +90,23 @@ def decide(key: tuple, run_ours: Callable[[], object], run_vendor: Callable[[], 
     """The decision for ``key`` (see the module doc). ``run_ours`` / ``run_vendor`` compute the site on its real
     tensors (writing scratch outputs); ``prior`` is the cost rule's answer; ``run_vendor`` None: no vendor kernel."""
     with _lock:
+        m = mode()
+        if m in ("autows", "vendor") or run_vendor is None:  # not recorded: the mode may change
+            return Decision(m != "vendor" or run_vendor is None, "forced")
+        if m == "prior" or _capturing(device):  # not recorded: measure mode measures on an uncaptured call
+            counters["choice.prior"] += 1
+            return Decision(prior, "prior")
         d = records.get(key)
         if d is not None:
             return d
-        m = mode()
-        if m in ("autows", "vendor") or run_vendor is None:
-            d = Decision(m != "vendor", "forced")
-        elif m == "prior" or _capturing(device):
-            d = Decision(prior, "prior")
-            counters["choice.prior"] += 1
-            if m == "measure":  # capturing: answer now, measure on a later uncaptured call
-                return d
+        d = _read(key, device)
+        if d is not None:
+            counters["choice.cache"] += 1
         else:
-            d = _read(key, device)
-            if d is not None:
-                counters["choice.cache"] += 1
-            else:
-                d = _measure(run_ours, run_vendor)
-                counters["choice.measured"] += 1
-                _write(key, device, d)
-                log.info("autows choice %s: %s", _key_text(key), d.describe())
+            d = _measure(run_ours, run_vendor)
+            counters["choice.measured"] += 1
+            _write(key, device, d)
+            log.info("autows choice %s: %s", _key_text(key), d.describe())
         records[key] = d
         return d
 

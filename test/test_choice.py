@@ -1,0 +1,213 @@
+"""runtime.choice on CPU: the decision cache (key, disk, concurrency, corruption), the priors, the measured
+rule, the runtimes' use of it (the GPU faked as in test_bound_launch.py) and explain()'s report."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+
+from torch_autows import config
+from torch_autows.runtime import choice
+from torch_autows.runtime.fallback import counters
+
+CUDA = torch.device("cuda", 0)
+KEY = ("mm", "torch.bfloat16", "torch.bfloat16", (False, False), False, 8, 4096, 4096)
+
+
+@pytest.fixture
+def measure(monkeypatch, tmp_path):
+    """Measure mode with a private cache dir, a fixed environment and no CUDA capture check."""
+    monkeypatch.setattr(config, "choice", "measure", raising=False)
+    monkeypatch.setattr(config, "cache_dir", str(tmp_path))
+    monkeypatch.setattr(choice, "environment", lambda index: ("NVIDIA H200", 132, "13.0", 580, "2.11", "3.6", "x"))
+    monkeypatch.setattr(choice, "_capturing", lambda device: False)
+    monkeypatch.setattr("torch_autows.runtime.device.index", lambda device: 0)
+    choice.reset()
+    counters.clear()
+    yield tmp_path
+    choice.reset()
+
+
+def _timed(monkeypatch, ours_ms, vendor_ms):
+    """do_bench returns fixed medians per side (one list of rounds each); counts the calls."""
+    import triton.testing
+
+    seq = {"ours": list(ours_ms), "vendor": list(vendor_ms)}
+    calls = []
+
+    def do_bench(fn, **kw):
+        side = fn.side
+        calls.append(side)
+        return seq[side][sum(c == side for c in calls) - 1]
+
+    monkeypatch.setattr(triton.testing, "do_bench", do_bench)
+
+    def side(name):
+        def run():
+            return None
+        run.side = name
+        return run
+
+    return side("ours"), side("vendor"), calls
+
+
+def test_measured_rule_keeps_the_vendor_unless_ours_wins_by_more_than_the_spread(measure, monkeypatch):
+    ours, vendor, calls = _timed(monkeypatch, [0.90, 0.95, 1.00], [1.0, 1.0, 1.0])  # ~5% faster, 10% spread
+    d = choice.decide(KEY, ours, vendor, prior=True, device=CUDA)
+    assert not d.use_ours and d.source == "measured" and d.spread == pytest.approx(0.1 / 0.95)
+    assert calls == ["ours", "vendor"] * choice.ROUNDS  # interleaved rounds
+    choice.reset()
+    ours, vendor, _ = _timed(monkeypatch, [0.80, 0.81, 0.80], [1.0, 1.0, 1.01])
+    key2 = (*KEY[:-1], 8192)
+    d = choice.decide(key2, ours, vendor, prior=False, device=CUDA)
+    assert d.use_ours and d.ours_ms == 0.80 and d.vendor_ms == 1.0
+    assert "autows" in d.describe() and "1.25x" in d.describe()
+
+
+def test_second_process_reads_the_disk_and_measures_nothing(measure, monkeypatch):
+    ours, vendor, calls = _timed(monkeypatch, [1.0] * 3, [2.0] * 3)
+    assert choice.decide(KEY, ours, vendor, prior=False, device=CUDA).use_ours
+    assert counters["choice.measured"] == 1
+    choice.reset()  # a new process: nothing in memory
+    calls.clear()
+    d = choice.decide(KEY, ours, vendor, prior=False, device=CUDA)
+    assert d.use_ours and d.source == "cache" and d.ours_ms == 1.0 and calls == []
+    assert counters["choice.measured"] == 1 and counters["choice.cache"] == 1
+
+
+def test_the_key_holds_the_environment_and_the_source_hash(measure, monkeypatch):
+    full = choice._full_key(KEY, CUDA)
+    assert "NVIDIA H200" in full and '"132"' in full and '"x"' in full
+    monkeypatch.setattr(choice, "environment", lambda index: ("NVIDIA H200", 132, "13.0", 580, "2.11", "3.6", "y"))
+    assert choice._path(choice._full_key(KEY, CUDA)) != choice._path(full)
+    # the real hash covers the kernel-generating sources, and changes with them
+    h = choice.sources_hash()
+    assert len(h) == 16 and h == choice.sources_hash()
+
+
+def test_sources_hash_changes_with_a_template(tmp_path, monkeypatch):
+    import shutil
+
+    import torch_autows
+
+    pkg = os.path.dirname(torch_autows.__file__)
+    copy = tmp_path / "torch_autows"
+    shutil.copytree(pkg, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    code = "from torch_autows.runtime import choice; print(choice.sources_hash())"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    before = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path)
+    with open(copy / "templates" / "gemm.py", "a") as f:
+        f.write("\n# a change\n")
+    after = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert before.returncode == 0, before.stderr
+    assert before.stdout.strip() and before.stdout != after.stdout
+
+
+@pytest.mark.parametrize("garbage", [b"\x00\x01garbage", b"", b'{"key": "another", "use_ours": true}',
+                                     b'{"use_ours": "yes"}'])
+def test_a_corrupted_entry_is_logged_once_ignored_and_measured_again(measure, monkeypatch, caplog, garbage):
+    ours, vendor, calls = _timed(monkeypatch, [1.0] * 6, [2.0] * 6)
+    path = choice._path(choice._full_key(KEY, CUDA))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(garbage)
+    choice._bad_logged.clear()
+    d = choice.decide(KEY, ours, vendor, prior=False, device=CUDA)
+    assert d.source == "measured" and d.use_ours
+    assert sum("corrupted choice cache entry" in r.message for r in caplog.records) == 1
+    with open(path) as f:
+        assert json.load(f)["use_ours"] is True  # rewritten whole
+
+
+def test_concurrent_writers_threads_and_processes(measure, monkeypatch):
+    d = choice.Decision(True, "measured", 1.0, 2.0, 0.01)
+    errors = []
+    barrier = threading.Barrier(4)
+
+    def write():
+        try:
+            barrier.wait()
+            for _ in range(50):
+                choice._write(KEY, CUDA, d)
+                assert choice._read(KEY, CUDA) is not None
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=write) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    script = f"""
+import torch
+from torch_autows import config
+from torch_autows.runtime import choice
+config.cache_dir = {str(measure)!r}
+choice.environment = lambda index: ("NVIDIA H200", 132, "13.0", 580, "2.11", "3.6", "x")
+import torch_autows.runtime.device as dev
+dev.index = lambda device: 0
+d = choice.Decision(False, "measured", 2.0, 1.0, 0.0)
+for _ in range(100):
+    choice._write({KEY!r}, torch.device("cuda", 0), d)
+    r = choice._read({KEY!r}, torch.device("cuda", 0))
+    assert r is not None, "a torn entry"
+print("ok")
+"""
+    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0 and out.strip() == "ok", err
+    leftovers = [f for _, _, fs in os.walk(measure) for f in fs if not f.endswith(".json")]
+    assert leftovers == []
+
+
+def test_capture_answers_with_the_prior_and_records_nothing(measure, monkeypatch):
+    monkeypatch.setattr(choice, "_capturing", lambda device: True)
+    ours, vendor, calls = _timed(monkeypatch, [1.0] * 3, [2.0] * 3)
+    d = choice.decide(KEY, ours, vendor, prior=False, device=CUDA)
+    assert d == choice.Decision(False, "prior") and calls == [] and choice.records == {}
+
+
+def test_forced_modes_and_no_vendor(measure, monkeypatch):
+    ours, vendor, calls = _timed(monkeypatch, [1.0] * 3, [2.0] * 3)
+    monkeypatch.setattr(config, "choice", "vendor")
+    assert not choice.decide(KEY, ours, vendor, prior=True, device=CUDA).use_ours
+    assert choice.decide(KEY, ours, None, prior=False, device=CUDA).use_ours  # nothing to compare with
+    monkeypatch.setattr(config, "choice", "autows")
+    assert choice.decide(KEY, ours, vendor, prior=False, device=CUDA).use_ours
+    assert calls == [] and choice.records == {}
+    monkeypatch.setattr(config, "choice", "bogus")
+    with pytest.raises(ValueError, match="measure"):
+        choice.decide(KEY, ours, vendor, prior=False, device=CUDA)
+
+
+@pytest.mark.parametrize("m,n,k,ours", [(1, 4096, 4096, False), (256, 14336, 4096, False), (512, 4096, 4096, False),
+                                        (4096, 4096, 4096, True), (8192, 1024, 4096, True), (16384, 1024, 4096, True),
+                                        (8192, 128, 4096, False)])
+def test_gemm_prior(m, n, k, ours):
+    assert choice.gemm_prior(m, n, k) is ours
+
+
+@pytest.mark.parametrize("d,causal,skv,ours", [(128, False, 512, False), (128, True, 512, False),
+                                               (128, False, 4096, False), (128, True, 4096, True),
+                                               (64, False, 8192, True), (128, False, 16384, True)])
+def test_attention_prior(d, causal, skv, ours):
+    assert choice.attention_prior(d, causal, skv) is ours
+
+
+def test_bucket():
+    assert [choice.bucket(n) for n in (0, 1, 2, 3, 8, 9, 1000, 1024)] == [1, 1, 2, 4, 8, 16, 1024, 1024]
+
+
+def test_materialize_keeps_sizes_strides_dtype():
+    t = torch.empty(8, 4, dtype=torch.bfloat16).t()[:, ::2]
+    r = choice.materialize(t)
+    assert r.shape == t.shape and r.stride() == t.stride() and r.dtype == t.dtype and torch.isfinite(r).all()
+    assert choice.materialize(torch.empty(0, 3)).shape == (0, 3)
