@@ -2,9 +2,14 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 
+import pytest
+
+import torch_autows
 from torch_autows.__main__ import main
 
 
@@ -54,3 +59,156 @@ def test_explain_interpret_runs_both_semantics(capsys):
     out = capsys.readouterr().out
     assert "sequential (before partitioning)" in out and "partitioned adversarial" in out
     assert "no schedule violation" in out
+
+
+# ---- usage errors: one line on stderr, exit status 2, no traceback ----
+
+GEMM = ["explain", "gemm", "--m", "256", "--n", "256", "--k", "256"]
+ATTN = ["explain", "attention", "--d", "64"]
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (ATTN + ["--h", "16", "--hkv", "5"], "--hkv 5 must divide --h 16"),
+    (ATTN + ["--h", "0"], "argument --h: must be >= 1, got 0"),
+    (ATTN + ["--s", "-4"], "argument --s: must be >= 1, got -4"),
+    (ATTN + ["--s", "0", "--compile"], "argument --s: must be >= 1, got 0"),
+    (ATTN + ["--b", "-1"], "argument --b: must be >= 1, got -1"),
+    (ATTN + ["--hkv", "0"], "argument --hkv: must be >= 1, got 0"),
+    (ATTN + ["--skv", "0"], "argument --skv: must be >= 1, got 0"),
+    (["explain", "attention", "--d", "0"], "argument --d: must be >= 1, got 0"),
+    (["explain", "gemm", "--m", "0", "--n", "8", "--k", "8"], "argument --m: must be >= 1, got 0"),
+    (["explain", "gemm", "--m", "-5", "--n", "8", "--k", "8"], "argument --m: must be >= 1, got -5"),
+    (["explain", "gemm", "--m", "8", "--n", "8", "--k", "x"], "argument --k: expected a positive integer, got 'x'"),
+    (GEMM + ["--batch", "0"], "argument --batch: must be >= 1, got 0"),
+    (GEMM + ["--interpret", "--seeds", "0"], "argument --seeds: must be >= 1, got 0"),
+    (ATTN + ["--interpret", "--seeds", "-1"], "argument --seeds: must be >= 1, got -1"),
+    (GEMM + ["--stage", "nope"], "argument --stage: invalid choice: 'nope' (choose from 'template', "
+                                 "'data_partition', 'loop_schedule', 'partition_schedule', 'buffers', "
+                                 "'memory_plan', 'code_partition')"),
+    (GEMM + ["--out", "somewhere"], "--out DIR needs --compile"),
+    ([], "the following arguments are required: explain"),
+])
+def test_usage_errors(capsys, argv, msg):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and msg in err and err.count("\n") == 1, err
+    assert err.startswith("python -m torch_autows") and "--help" in err
+
+
+def test_usage_error_as_a_process():
+    r = subprocess.run([sys.executable, "-m", "torch_autows", "explain", "gemm", "--m", "0", "--n", "8", "--k", "8"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and r.stderr.count("\n") == 1 and r.stdout == ""
+
+
+# ---- help and version ----
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith(f"torch_autows {torch_autows.__version__} (torch")
+
+
+def _help(capsys, argv) -> str:
+    with pytest.raises(SystemExit) as e:
+        main(argv + ["--help"])
+    assert e.value.code == 0
+    return " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+
+
+def test_help_texts(capsys):
+    from torch_autows.__main__ import _parser
+    from torch_autows.runtime import attention, gemm
+
+    top = _help(capsys, [])
+    assert "``" not in top and "python -m torch_autows explain gemm --m 4096" in top
+    kinds = _parser()._subparsers._group_actions[0].choices["explain"]._subparsers._group_actions[0].choices
+    for kind, p in kinds.items():
+        for action in p._actions:
+            assert action.help, f"{kind} {action.option_strings} has no help text"
+    g = _help(capsys, ["explain", "gemm"])
+    assert all(c in g for c in gemm.CONFIGS)
+    a = _help(capsys, ["explain", "attention"])
+    assert "head dim: 64 or 128" in a and all(c in a for c in attention.CONFIGS)
+    assert "ws_p3_192x64_q2 (d=64 only)" in a and "code_partition" in a
+
+
+# ---- what is printed ----
+
+def _headers(out: str) -> list[str]:
+    return [ln for ln in out.splitlines() if ln.startswith("# ---- ")]
+
+
+STAGES = ["template", "data_partition", "loop_schedule", "partition_schedule", "buffers", "memory_plan",
+          "code_partition"]
+
+
+@pytest.mark.parametrize("flags,expect", [
+    ([], [f"IR after {s}" for s in STAGES] + ["generated Gluon"]),
+    (["--ir", "--gluon"], [f"IR after {s}" for s in STAGES] + ["generated Gluon"]),
+    (["--ir"], [f"IR after {s}" for s in STAGES]),
+    (["--gluon"], ["generated Gluon"]),
+    (["--stage", "memory_plan"], ["IR after memory_plan"]),
+    (["--stage", "template", "--gluon"], ["IR after template", "generated Gluon"]),
+])
+def test_select_what_is_printed(capsys, flags, expect):
+    assert main(GEMM + flags) == 0
+    out = capsys.readouterr().out
+    assert _headers(out) == [f"# ---- {e} ----" for e in expect]
+    assert out.startswith("# request: GemmRequest(m=256")
+    if expect == ["IR after memory_plan"]:
+        assert "program gemm_" in out and "def producer(" not in out
+
+
+def test_compile_summary_names_the_cubin_and_cache_key(capsys, tmp_path):
+    assert main(GEMM + ["--gluon", "--compile"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1][len("summary: "):])
+    assert re.fullmatch(r"[0-9a-f]{64}", summary["cache_key"])
+    assert summary["cubin"].endswith(f"{summary['kernel']}.cubin") and os.path.isfile(summary["cubin"])
+    with open(summary["cubin"], "rb") as f:
+        cached = f.read()
+    assert cached[:4] == b"\x7fELF"
+    out_dir = tmp_path / "out"
+    assert main(GEMM + ["--ir", "--stage", "template", "--compile", "--out", str(out_dir)]) == 0
+    summary2 = json.loads(capsys.readouterr().out.strip().splitlines()[-1][len("summary: "):])
+    assert summary2["cubin"] == str(out_dir / f"{summary['kernel']}.cubin")
+    assert (out_dir / f"{summary['kernel']}.cubin").read_bytes() == cached
+    assert summary2["cache_key"] == summary["cache_key"]
+
+
+# ---- --interpret: the requested shape, or a said shrink ----
+
+def _interp(capsys, argv) -> str:
+    assert main(argv + ["--gluon", "--interpret", "--seeds", "1"]) == 0
+    out = capsys.readouterr().out
+    return out[out.index("# ---- CPU interpreter ----"):]
+
+
+def test_interpret_runs_the_requested_small_gemm(capsys):
+    out = _interp(capsys, ["explain", "gemm", "--m", "200", "--n", "72", "--k", "136", "--trans-b"])
+    assert "note:" not in out and "instances: M=200 N=72 K=136 " in out and "1 seeds x 3 policies" in out
+
+
+def test_interpret_shrinks_a_large_gemm_and_says_to_what(capsys):
+    out = _interp(capsys, ["explain", "gemm", "--m", "4000", "--n", "1000", "--k", "1000"])
+    note = next(ln for ln in out.splitlines() if ln.startswith("note: "))
+    m = re.search(r"interpreting M=(\d+) N=(\d+) K=(\d+) instead of the requested M=4000 N=1000 K=1000", note)
+    assert m and "budget" in note
+    assert f"instances: M={m[1]} N={m[2]} K={m[3]} " in out
+    assert int(m[1]) % 128 == 4000 % 128  # the last tile stays as ragged as asked
+
+
+def test_interpret_batched_gemm(capsys):
+    out = _interp(capsys, ["explain", "gemm", "--m", "100", "--n", "64", "--k", "100", "--batch", "3"])
+    assert "program built for batch=2 instead of 3" in out and "whole 128x64 tiles" in out
+    assert "instances: M=128 N=64 K=128 batch=2" in out
+
+
+def test_interpret_attention_shapes(capsys):
+    out = _interp(capsys, ATTN + ["--b", "1", "--h", "4", "--hkv", "2", "--s", "200", "--skv", "130", "--causal"])
+    assert "note:" not in out and "instances: batch=1 Hq=4 Hkv=2 Sq=200 Skv=130 D=64 causal" in out
+    out = _interp(capsys, ATTN + ["--b", "2", "--h", "32", "--hkv", "8", "--s", "1000"])
+    assert "note: interpreting batch=1 Hq=4 Hkv=2 Sq=232 Skv=232 instead of the requested batch=2 Hq=32 " \
+           "Hkv=8 Sq=1000 Skv=1000" in out
+    assert "instances: batch=1 Hq=4 Hkv=2 Sq=232 Skv=232 D=64" in out

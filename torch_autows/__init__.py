@@ -11,9 +11,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-import os as _os  # noqa: E402
-
-from . import config, ops  # noqa: E402,F401
+# _logging first: it rewrites TORCH_LOGS=autows for torch before anything imports torch
+from . import _logging, config, ops  # noqa: E402,F401
 
 
 def _register_backend() -> None:
@@ -32,7 +31,7 @@ def _register_backend() -> None:
 
 
 _register_backend()
-if _os.environ.get("TORCH_AUTOWS", "").strip().lower() not in ("", "0", "false", "no", "off"):
+if config.env_flag("TORCH_AUTOWS", False):  # strict: 1/0, true/false, yes/no, on/off; else ValueError
     from .inductor.api import enable_from_env as _enable_from_env
 
     _enable_from_env()

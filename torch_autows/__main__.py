@@ -1,20 +1,40 @@
-"""``python -m torch_autows explain gemm --m 4096 --n 4096 --k 4096 --dtype bf16 [--compile] [--interpret]``
-``python -m torch_autows explain attention --b 4 --h 16 --s 4096 --d 128 --causal [--compile] [--interpret]``
+"""Show what torch_autows generates for one problem, step by step:
 
-Prints the IR after every pipeline step and the generated Gluon; with ``--compile`` also compiles it
-offline to a sm_90a cubin (no GPU needed) and prints, as the last line, ``summary: <json>``.
+    python -m torch_autows explain gemm --m 4096 --n 4096 --k 4096 --dtype bf16 [--compile] [--interpret]
+    python -m torch_autows explain attention --b 4 --h 16 --s 4096 --d 128 --causal [--compile] [--interpret]
+
+By default it prints the IR after every pipeline stage and the generated Gluon (--stage NAME, --ir and
+--gluon select). --compile also compiles the Gluon offline to a sm_90a cubin (no GPU needed) and prints,
+as the last line, summary: <json>, with the cubin's path and Triton's cache key. --interpret runs the
+program on the CPU interpreter, before and after partitioning, and compares every output with torch.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from dataclasses import replace
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line on stderr (exit status 2), not the whole usage block."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
 
 
 def _gemm(args) -> int:
-    from .codegen import gluon
-    from .ir import format_program
-    from .passes import pipeline
     from .runtime.gemm import CONFIGS, choose_config
     from .templates.gemm import GemmRequest, build
 
@@ -25,13 +45,16 @@ def _gemm(args) -> int:
     req = GemmRequest(args.m, args.n, args.k, args.dtype, args.out_dtype, args.trans_a, args.trans_b, args.bias,
                       args.batch)
     print(f"# request: {req}\n# config: {config} (runtime heuristic: {choose_config(args.m, args.n, args.k)})")
-    return _show(build(req, CONFIGS[config]), args, pipeline, format_program, gluon)
+    program = build(req, CONFIGS[config])
+    interp = None
+    if args.interpret and args.batch > 2:  # the batch is compiled into the grid: build a smaller twin
+        interp = (build(replace(req, batch=2), CONFIGS[config]),
+                  f"interpreting a program built for batch=2 instead of {args.batch} (it differs only in the "
+                  f"grid's batch extent), to keep the CPU interpreter fast")
+    return _show(program, args, (args.m, args.n, args.k), interp)
 
 
 def _attention(args) -> int:
-    from .codegen import gluon
-    from .ir import format_program
-    from .passes import pipeline
     from .runtime.attention import CONFIGS, HEAD_DIMS, choose_config, serves
     from .templates.attention import AttentionRequest, build
 
@@ -47,26 +70,46 @@ def _attention(args) -> int:
     if not serves(config, args.d):
         print(f"config {config!r} serves head dims {HEAD_DIMS[config]}, not {args.d}", file=sys.stderr)
         return 2
-    hkv = args.hkv or args.h
-    print(f"# problem: B={args.b} Hq={args.h} Hkv={hkv} Sq={args.s} Skv={args.skv or args.s} D={args.d} "
+    hkv, skv = args.hkv or args.h, args.skv or args.s
+    print(f"# problem: B={args.b} Hq={args.h} Hkv={hkv} Sq={args.s} Skv={skv} D={args.d} "
           f"causal={args.causal} ({args.dtype}); the kernel takes B, heads and lengths at run time")
     print(f"# request: {req}\n# config: {config}")
-    return _show(build(req, CONFIGS[config]), args, pipeline, format_program, gluon)
+    return _show(build(req, CONFIGS[config]), args, (args.b, args.h, hkv, args.s, skv), None)
 
 
-def _show(program, args, pipeline, format_program, gluon) -> int:
+def _show(program, args, shape, interp) -> int:
+    """Run the pipeline and print what the flags ask for; ``interp``: (template program, note) to
+    interpret instead of ``program``'s own, or None."""
+    from .codegen import gluon
+    from .ir import format_program
+    from .passes import pipeline
+
     trace: list = []
     program = pipeline.run(program, verify=True, trace=trace)
-    for name, p in trace:
-        print(f"\n# ---- IR after {name} ----")
-        print(format_program(p), end="")
-    print("\n# ---- generated Gluon ----")
-    print(gluon.generate(program), end="")
-    if getattr(args, "interpret", False):
+    show_ir = args.ir or args.stage is not None or not args.gluon
+    show_gluon = args.gluon or (not args.ir and args.stage is None)
+    if show_ir:
+        for name, p in trace:
+            if args.stage in (None, name):
+                print(f"\n# ---- IR after {name} ----")
+                print(format_program(p), end="")
+    if show_gluon:
+        print("\n# ---- generated Gluon ----")
+        print(gluon.generate(program), end="")
+    if args.interpret:
         from .interp import interpret_report
+        from .interp.report import fit_shape
 
-        ok, report = interpret_report(trace[0][1], program, seeds=args.seeds)
+        before, after, notes = trace[0][1], program, []
+        if interp is not None:
+            before, after = interp[0], pipeline.run(interp[0], verify=True)
+            notes.append(interp[1])
+        shape, note = fit_shape(after, shape)
+        notes += [note] if note else []
+        ok, report = interpret_report(before, after, seeds=args.seeds, shape=shape)
         print("\n# ---- CPU interpreter ----")
+        for n in notes:
+            print(f"note: {n}")
         print(report)
         if not ok:
             return 1
@@ -74,44 +117,106 @@ def _show(program, args, pipeline, format_program, gluon) -> int:
         from .codegen.compile import compile_offline, summary
 
         kernel = compile_offline(program)
-        print("summary: " + json.dumps(summary(program, kernel)))
+        info = summary(program, kernel)
+        info["cubin"] = _cubin_path(kernel, args.out)
+        info["cache_key"] = kernel.hash
+        print("summary: " + json.dumps(info))
     return 0
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m torch_autows", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    ex = sub.add_parser("explain", help="show the compiler: IR after each pass, the Gluon, optionally compile")
-    kinds = ex.add_subparsers(dest="kind", required=True)
-    g = kinds.add_parser("gemm", help="C = A @ B (+ bias)")
-    g.add_argument("--m", type=int, required=True)
-    g.add_argument("--n", type=int, required=True)
-    g.add_argument("--k", type=int, required=True)
-    g.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
-    g.add_argument("--out-dtype", choices=["bf16", "fp16", "f32"], default=None)
+def _cubin_path(kernel, out: str | None) -> str | None:
+    """Where the cubin lies: a copy under ``out`` when given, else the file in Triton's cache (None if the
+    cache keeps no local file, e.g. a remote cache manager)."""
+    name = f"{kernel.name}.cubin"
+    if out is not None:
+        os.makedirs(out, exist_ok=True)
+        path = os.path.join(out, name)
+        with open(path, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        return os.path.abspath(path)
+    path = getattr(kernel, "metadata_group", {}).get(name)
+    return path if path and os.path.isfile(path) else None
+
+
+def _parser() -> _Parser:
+    from . import __version__
+    from .passes.pipeline import PIPELINE
+    from .runtime import attention as rt_attention
+    from .runtime import gemm as rt_gemm
+
+    stages = ["template"] + [n for n, _ in PIPELINE]
+    ap = _Parser(prog="python -m torch_autows", description=__doc__,
+                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    import torch
+    import triton
+
+    ap.add_argument("--version", action="version",
+                    version=f"torch_autows {__version__} (torch {torch.__version__}, triton {triton.__version__})")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="explain", title="command")
+    ex = sub.add_parser("explain", help="show the compiler: IR after each pass, the Gluon, optionally compile",
+                        description="Show the IR after each pipeline stage and the generated Gluon for one problem.")
+    kinds = ex.add_subparsers(dest="kind", required=True, metavar="{gemm,attention}", title="problem")
+    g = kinds.add_parser("gemm", help="C = A @ B (+ bias)", description="C = A @ B (+ bias), optionally batched.")
+    g.add_argument("--m", type=_positive, required=True, help="rows of A and C")
+    g.add_argument("--n", type=_positive, required=True, help="columns of B and C")
+    g.add_argument("--k", type=_positive, required=True, help="columns of A, rows of B (the reduction)")
+    g.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16", help="operand dtype (default: bf16)")
+    g.add_argument("--out-dtype", choices=["bf16", "fp16", "f32"], default=None,
+                   help="output dtype (default: the operand dtype)")
     g.add_argument("--trans-a", action="store_true", help="A is a transposed (column-major) view")
     g.add_argument("--trans-b", action="store_true", help="B is a transposed (column-major) view")
-    g.add_argument("--bias", action="store_true")
-    g.add_argument("--batch", type=int, default=1)
-    g.add_argument("--config", default=None, help="runtime config name (default: the heuristic's pick)")
-    a = kinds.add_parser("attention", help="flash-attention forward, SDPA semantics, with lse")
-    a.add_argument("--b", type=int, default=1)
-    a.add_argument("--h", type=int, default=16, help="query heads")
-    a.add_argument("--hkv", type=int, default=None, help="key/value heads (GQA); default: --h")
-    a.add_argument("--s", type=int, default=4096, help="query length")
-    a.add_argument("--skv", type=int, default=None, help="key/value length; default: --s")
-    a.add_argument("--d", type=int, default=128)
-    a.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
-    a.add_argument("--causal", action="store_true")
-    a.add_argument("--config", default=None)
+    g.add_argument("--bias", action="store_true", help="add a bias vector of length N to every row")
+    g.add_argument("--batch", type=_positive, default=1, help="number of independent GEMMs (bmm; default: 1)")
+    g.add_argument("--config", default=None, help=f"runtime config name, one of {', '.join(rt_gemm.CONFIGS)} "
+                                                  f"(default: the runtime heuristic's pick)")
+    a = kinds.add_parser("attention", help="flash-attention forward, SDPA semantics, with lse",
+                         description="Flash-attention forward (SDPA semantics), also returning the logsumexp.")
+    a.add_argument("--b", type=_positive, default=1, help="batch (default: 1)")
+    a.add_argument("--h", type=_positive, default=16, help="query heads (default: 16)")
+    a.add_argument("--hkv", type=_positive, default=None, help="key/value heads (GQA), a divisor of --h; "
+                                                               "default: --h")
+    a.add_argument("--s", type=_positive, default=4096, help="query length (default: 4096)")
+    a.add_argument("--skv", type=_positive, default=None, help="key/value length; default: --s")
+    a.add_argument("--d", type=_positive, default=128, help="head dim: 64 or 128 (default: 128)")
+    a.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16", help="dtype of q, k, v (default: bf16)")
+    a.add_argument("--causal", action="store_true", help="causal mask, top-left aligned like SDPA's is_causal")
+    names = [f"{c} (d={'/'.join(map(str, rt_attention.HEAD_DIMS[c]))} only)" if c in rt_attention.HEAD_DIMS
+             else c for c in rt_attention.CONFIGS]
+    a.add_argument("--config", default=None, help=f"runtime config name, one of {', '.join(names)} "
+                                                   f"(default: the runtime heuristic's pick)")
     for p in (g, a):
-        p.add_argument("--compile", action="store_true", help="compile offline to a sm_90a cubin and summarize")
-        p.add_argument("--interpret", action="store_true",
-                       help="run the program on the CPU interpreter, before and after partitioning")
-        p.add_argument("--seeds", type=int, default=4, help="interleavings per scheduling policy (--interpret)")
+        p.set_defaults(parser=p)  # main() reports cross-argument errors through the subcommand's parser
+        out = p.add_argument_group("output and checks")
+        out.add_argument("--stage", choices=stages, default=None, metavar="NAME",
+                         help=f"print only the IR after this pipeline stage: {', '.join(stages)}")
+        out.add_argument("--ir", action="store_true", help="print the IR (every stage, or --stage's)")
+        out.add_argument("--gluon", action="store_true", help="print the generated Gluon "
+                                                              "(default, without --ir/--gluon/--stage: IR and Gluon)")
+        out.add_argument("--compile", action="store_true",
+                         help="compile offline to a sm_90a cubin (no GPU needed) and print a JSON summary as the "
+                              "last line, with the cubin's path and Triton's cache key")
+        out.add_argument("--out", metavar="DIR", default=None,
+                         help="with --compile: also write the cubin to DIR and report that path")
+        out.add_argument("--interpret", action="store_true",
+                         help="run the program on the CPU interpreter before and after partitioning and compare "
+                              "with torch; on the requested shape if it is small, else on a shrunk one (said so)")
+        out.add_argument("--seeds", type=_positive, default=4,
+                         help="random instances (values, layouts) per scheduling policy for --interpret (default: 4)")
+    return ap
+
+
+def main(argv=None) -> int:
+    """The CLI; returns the exit status (usage errors exit with status 2)."""
+    ap = _parser()
     args = ap.parse_args(argv)
-    return _gemm(args) if args.kind == "gemm" else _attention(args)
+    sub = args.parser
+    if args.out is not None and not args.compile:
+        sub.error("--out DIR needs --compile")
+    if args.kind == "gemm":
+        return _gemm(args)
+    if args.hkv is not None and args.h % args.hkv:
+        sub.error(f"--hkv {args.hkv} must divide --h {args.h} (each key/value head serves --h/--hkv query heads)")
+    return _attention(args)
 
 
 if __name__ == "__main__":

@@ -59,3 +59,41 @@ def test_report_for_attention():
     ok, report = interpret_report(before, pipeline.run(before), seeds=2)
     assert ok, report
     assert "attn_fwd_bf16_d64_128x128_causal" in report and "causal" in report.splitlines()[2]
+
+
+def test_report_with_nothing_run_fails():
+    before, after = _pair()
+    for kw in ({"seeds": 0}, {"seeds": -2}):
+        ok, report = interpret_report(before, after, **kw)
+        assert not ok and "0/0 ok" in report and "OK" not in report.splitlines()[-1]
+        assert report.splitlines()[-1].startswith("result: FAILED: NOTHING RUN for sequential (before partitioning)")
+    ok, report = interpret_report(None, after, seeds=1, policies=())
+    assert not ok and report.endswith("result: FAILED: NOTHING RUN for partitioned (no policy given) (1 seeds x 0 "
+                                      "policies); pass seeds >= 1 and at least one policy")
+
+
+def test_fit_shape_gemm():
+    from torch_autows.interp.report import BUDGET, fit_shape
+
+    _, after = _pair()  # 128x64x32 tiles, 3-slot ring
+    assert fit_shape(after, (130, 72, 40)) == ((130, 72, 40), None)
+    shape, note = fit_shape(after, (4000, 1000, 1000))
+    assert shape == (256 + 4000 % 128, 64 + 1000 % 64, 4 * 32 + 1000 % 32)  # 3 x 2 tiles, 5 K steps, same tails
+    assert note.startswith(f"interpreting M={shape[0]} N={shape[1]} K={shape[2]} instead of the requested M=4000")
+    assert f"budget of {BUDGET}" in note and "3-slot ring" in note
+    _, batched = _pair(batch=2)
+    shape, note = fit_shape(batched, (100, 64, 40))
+    assert shape == (128, 64, 64) and "batched GEMM needs M and K in whole 128x32 tiles" in note
+
+
+def test_fit_shape_attention():
+    from torch_autows.interp.report import fit_shape
+    from torch_autows.runtime.attention import CONFIGS
+    from torch_autows.templates.attention import AttentionRequest, build
+
+    prog = build(AttentionRequest(64, causal=True), CONFIGS["ws_p_128x128"])
+    assert fit_shape(prog, (2, 4, 2, 200, 300)) == ((2, 4, 2, 200, 300), None)
+    shape, note = fit_shape(prog, (4, 32, 8, 4096, 1000))
+    assert shape == (1, 4, 2, 128 + 128, 256 + 1000 % 128)
+    assert "instead of the requested batch=4 Hq=32 Hkv=8 Sq=4096 Skv=1000" in note
+    assert fit_shape(prog, (1, 16, 16, 300, 300))[0] == (1, 2, 2, 172, 172)  # equal lengths stay equal
