@@ -210,7 +210,7 @@ def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
     config = config or choose_config(D, is_causal, Skv)
     if not serves(config, D):
         raise ValueError(f"attention config {config!r} serves head dims {HEAD_DIMS[config]}, not {D}")
-    try:  # a cache or dump directory, or Triton's cache, that fails: torch serves the call, with the reason
+    try:  # no directory to write the kernel source to (or another OSError): torch serves the call, with why
         program, launcher = _plan(AttentionRequest(D, DTYPES[q.dtype], bool(is_causal)), options_for(config, scale))
     except OSError as e:
         raise Unsupported(f"could not build the kernel: {e}") from e
@@ -220,7 +220,7 @@ def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
     tiles = BH * math.ceil(Sq / program.options.block_m)
     idx = dev.index(out.device)
     grid = min(tiles, dev.num_sms(idx)) if program.grid.persistent else tiles
-    try:  # the first launch of a specialisation compiles it
+    try:  # the first launch of a specialisation compiles it (Triton's cache may be unwritable)
         launcher(grid, args, idx)
     except OSError as e:
         raise Unsupported(f"could not compile the kernel: {e}") from e

@@ -143,7 +143,7 @@ def _replay(key, a, b, out, out_dtype, bias=None):
 
 
 def _launch(req: GemmRequest, config: str, a2, b2, c2, bias, M, N, K, device, key, shape):
-    try:  # a cache or dump directory, or Triton's cache, that fails: torch serves the call, with the reason
+    try:  # no directory to write the kernel source to (or another OSError): torch serves the call, with why
         launcher, persistent, o = _plan(req, config)
     except OSError as e:
         raise Unsupported(f"could not build the kernel: {e}") from e
@@ -154,7 +154,7 @@ def _launch(req: GemmRequest, config: str, a2, b2, c2, bias, M, N, K, device, ke
     idx = dev.index(device)
     tiles = req.batch * -(-M // o.block_m) * -(-N // o.block_n)
     grid = min(tiles, dev.num_sms(idx)) if persistent else tiles
-    try:  # the first launch of a specialisation compiles it
+    try:  # the first launch of a specialisation compiles it (Triton's cache may be unwritable)
         launcher(grid, args, idx)
     except OSError as e:
         raise Unsupported(f"could not compile the kernel: {e}") from e
