@@ -1,35 +1,36 @@
 """Compile generated Gluon: load the module, compile offline for a target, cache by content.
 
-``load_module(source)`` writes the source to a file under the cache directory (Gluon needs real
-source files) named by its hash and imports it. ``compile_offline(program)`` compiles for
-``GPUTarget("cuda", 90, 32)`` without a GPU and returns a ``CompiledKernel`` (asm: ttgir, llir,
-ptx, cubin). ``summary(program, kernel)`` reads partitions, SMEM, wgmma/setmaxnreg counts and
-spills (from ptxas -v) into a dict.
+``load_module(source)`` writes the source to a file named by its hash under ``diskcache.root()``
+(Gluon needs real source files), checks that an existing file holds exactly that source, and imports
+it. ``compile_offline(program)`` compiles for ``GPUTarget("cuda", 90, 32)`` without a GPU and returns a
+``CompiledKernel`` (asm: ttgir, llir, ptx, cubin). ``summary(program, kernel)`` reads partitions, SMEM,
+wgmma/setmaxnreg counts and spills (from ptxas -v) into a dict.
 """
 from __future__ import annotations
 
-import functools
+import atexit
 import hashlib
 import importlib.util
+import linecache
+import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import types
 
 import triton
 
-from .. import __version__, config
+from .. import __version__, diskcache
 from ..ir import Program
 from .gluon import GL_DTYPE, block_shapes, generate
 
 TARGET_ARCH = 90
 
-
-def cache_dir() -> str:
-    d = config.cache_dir or os.path.join(tempfile.gettempdir(), f"torch_autows-{os.getuid()}")
-    os.makedirs(d, exist_ok=True)
-    return d
+log = logging.getLogger("torch_autows")
 
 
 def source_key(source: str, arch: int = TARGET_ARCH) -> str:
@@ -37,20 +38,104 @@ def source_key(source: str, arch: int = TARGET_ARCH) -> str:
     return h[:24]
 
 
-@functools.lru_cache(maxsize=256)
-def load_module(source: str):
+_modules: dict[str, types.ModuleType] = {}  # key -> a module that loaded and has ``kernel``; nothing else
+_key_locks: dict[str, threading.Lock] = {}
+_guard = threading.Lock()
+_private: str | None = None  # this process's own directory, used when the cache root is unusable
+_logged: set[tuple[str, str]] = set()
+
+
+def load_module(source: str) -> types.ModuleType:
+    """Import generated Gluon ``source`` (its ``kernel`` is the entry point), once per process.
+
+    The source is kept as ``autows_<key>.py`` under ``diskcache.root()`` (Gluon reads a kernel's source
+    from its file), where ``<key>`` hashes the source: an existing entry is used only if its text is
+    exactly ``source``; a corrupted, truncated, empty or modified entry is rewritten first (logged once).
+    When the cache root is unusable the file goes to a private temporary directory instead. Safe to call
+    from several threads and processes at once: one thread per key loads, files are replaced atomically,
+    and only a module that loaded completely is remembered."""
     key = source_key(source)
-    path = os.path.join(cache_dir(), f"autows_{key}.py")
-    if not os.path.exists(path):
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            f.write(source)
-        os.replace(tmp, path)
+    mod = _modules.get(key)
+    if mod is not None:
+        return mod
+    with _guard:
+        lock = _key_locks.setdefault(key, threading.Lock())
+    with lock:
+        mod = _modules.get(key)
+        if mod is None:
+            mod = _modules[key] = _load(source, key)
+    return mod
+
+
+def _log_once(what: str, key: str, msg: str, *args) -> None:
+    with _guard:
+        if (what, key) in _logged:
+            return
+        _logged.add((what, key))
+    log.warning(msg, *args)
+
+
+def _private_dir() -> str:
+    global _private
+    with _guard:
+        if _private is None or not os.path.isdir(_private):
+            _private = tempfile.mkdtemp(prefix="torch_autows-")
+            atexit.register(shutil.rmtree, _private, True)
+        return _private
+
+
+def _entry(directory: str, source: str, key: str) -> str | None:
+    """The path of a cache entry holding exactly ``source`` in ``directory`` (written if missing or
+    different); None if it cannot be written there."""
+    path = os.path.join(directory, f"autows_{key}.py")
+    text = diskcache.read_text(path)
+    if text == source:
+        return path
+    if text is not None or os.path.lexists(path):  # present but different, or not even text
+        _log_once("mismatch", key, "torch_autows: cache entry %s does not hold the source its name hashes "
+                  "(corrupted, truncated or modified); rewriting it", path)
+    return path if diskcache.atomic_write(path, source) else None
+
+
+def _load(source: str, key: str) -> types.ModuleType:
+    root = diskcache.root()
+    path = _entry(root, source, key) if root is not None else None
+    if path is None:
+        try:
+            path = _entry(_private_dir(), source, key)
+        except OSError as e:
+            raise OSError(f"cannot write the generated kernel source anywhere (cache root {root!r}, private "
+                          f"temporary directory: {e}); set TORCH_AUTOWS_CACHE_DIR to a writable directory") from e
+        if path is None:
+            raise OSError(f"cannot write the generated kernel source to {_private!r} (the cache root {root!r} is "
+                          "unusable too); set TORCH_AUTOWS_CACHE_DIR to a writable directory")
+    try:
+        return _import(source, key, path)
+    except Exception as e:  # the file changed under us (another writer): rewrite it and try once more
+        _log_once("import", key, "torch_autows: cache entry %s failed to load (%s: %s); rewriting it",
+                  path, type(e).__name__, e)
+        if not diskcache.atomic_write(path, source):
+            raise
+        return _import(source, key, path)
+
+
+def _import(source: str, key: str, path: str) -> types.ModuleType:
+    """Run ``source`` as module ``torch_autows_generated_<key>`` with ``path`` as its file; the file must
+    hold ``source`` (Gluon reads each kernel's text from it). Nothing is left in sys.modules on failure."""
+    if diskcache.read_text(path) != source:
+        raise ImportError(f"{path} does not hold the generated source")
     name = f"torch_autows_generated_{key}"
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
+    linecache.cache.pop(path, None)  # a stale copy of an earlier (bad) version of the file
     sys.modules[name] = mod
-    spec.loader.exec_module(mod)
+    try:
+        exec(compile(source, path, "exec"), mod.__dict__)
+        if getattr(mod, "kernel", None) is None:
+            raise ImportError(f"{path} defines no kernel")
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
     return mod
 
 

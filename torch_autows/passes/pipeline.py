@@ -1,16 +1,21 @@
 """The pass pipeline: one visible list, in order, with why each step runs there.
 
 ``run(program)`` applies every pass, runs the verifier after each one when ``config.debug`` is set
-(tests set it), and writes the IR after every step to ``config.dump_dir`` (TORCH_AUTOWS_DUMP=dir).
+(tests set it), and writes the IR after every step to ``config.dump_dir`` (TORCH_AUTOWS_DUMP=dir); a dump
+directory that cannot be written is warned about once and skipped.
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 
-from .. import config
+from .. import config, diskcache
 from ..ir import Program, format_program
 from . import buffers, code_partition, data_partition, loop_schedule, memory_plan, partition_schedule
+
+log = logging.getLogger("torch_autows")
+_dump_warned: set[str] = set()
 
 PIPELINE = [
     # Split the output tile along M first: every later decision (schedule, roles, buffers) is per chain.
@@ -51,9 +56,17 @@ def run(program: Program, options=None, *, verify: bool | None = None, dump_dir:
 
 
 def _dump(dump_dir, program: Program, i: int, name: str) -> None:
+    """Write the IR of one step to ``dump_dir``; a directory that cannot be made or written is warned about
+    once and the dump skipped (it is a debug aid: it never stops a compile)."""
     if not dump_dir:
         return
-    os.makedirs(dump_dir, exist_ok=True)
+    try:
+        os.makedirs(dump_dir, exist_ok=True)
+    except OSError as e:
+        if dump_dir not in _dump_warned:
+            _dump_warned.add(dump_dir)
+            log.warning("torch_autows: cannot dump the IR to %r (TORCH_AUTOWS_DUMP): %s; going on without the "
+                        "dump. Point TORCH_AUTOWS_DUMP at a writable directory, or unset it.", dump_dir, e)
+        return
     safe = re.sub(r"[^\w.-]", "_", program.name)
-    with open(os.path.join(dump_dir, f"{safe}.{i:02d}.{name}.ir"), "w") as f:
-        f.write(format_program(program))
+    diskcache.atomic_write(os.path.join(dump_dir, f"{safe}.{i:02d}.{name}.ir"), format_program(program))

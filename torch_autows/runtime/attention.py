@@ -249,14 +249,20 @@ def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
     config = config or choose_config(D, is_causal, Skv)
     if not serves(config, D):
         raise ValueError(f"attention config {config!r} serves head dims {HEAD_DIMS[config]}, not {D}")
-    program, launcher = _plan(AttentionRequest(D, DTYPES[q.dtype], bool(is_causal)), options_for(config, scale))
+    try:  # no directory to write the kernel source to (or another OSError): torch serves the call, with why
+        program, launcher = _plan(AttentionRequest(D, DTYPES[q.dtype], bool(is_causal)), options_for(config, scale))
+    except OSError as e:
+        raise Unsupported(f"could not build the kernel: {e}") from e
     args = [_tma(view) for view in (qv, kv, vv)]
     BH = B * Hq
     args += [out, lse, Sq, Skv, Hq, Hkv, Hq // Hkv, float(scale) * LOG2E, *qv[1:4], *kv[1:4], *ov[1:4], BH]
     tiles = BH * math.ceil(Sq / program.options.block_m)
     idx = dev.index(out.device)
     grid = min(tiles, dev.num_sms(idx)) if program.grid.persistent else tiles
-    launcher(grid, args, idx)
+    try:  # the first launch of a specialisation compiles it (Triton's cache may be unwritable)
+        launcher(grid, args, idx)
+    except OSError as e:
+        raise Unsupported(f"could not compile the kernel: {e}") from e
     if qv[0] is q and kv[0] is k and vv[0] is v and (given is None or given is out):  # no copies were made
         bshd = bool(qv[3])  # empty_out's layout
         out_alloc = ((B, Sq, Hq, D) if bshd else (B, Hq, Sq, D), bshd)

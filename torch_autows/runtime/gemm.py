@@ -145,7 +145,10 @@ def _replay(hit, a, b, out, out_dtype, bias=None):
 
 
 def _launch(req: GemmRequest, config: str, a2, b2, c2, bias, M, N, K, device, key, shape):
-    launcher, persistent, o = _plan(req, config)
+    try:  # no directory to write the kernel source to (or another OSError): torch serves the call, with why
+        launcher, persistent, o = _plan(req, config)
+    except OSError as e:
+        raise Unsupported(f"could not build the kernel: {e}") from e
     args = [Tma(t, t.shape, t.stride()) for t in (a2, b2, c2)]
     if bias is not None:
         args.append(bias)
@@ -153,7 +156,10 @@ def _launch(req: GemmRequest, config: str, a2, b2, c2, bias, M, N, K, device, ke
     idx = dev.index(device)
     tiles = req.batch * -(-M // o.block_m) * -(-N // o.block_n)
     grid = min(tiles, dev.num_sms(idx)) if persistent else tiles
-    launcher(grid, args, idx)
+    try:  # the first launch of a specialisation compiles it (Triton's cache may be unwritable)
+        launcher(grid, args, idx)
+    except OSError as e:
+        raise Unsupported(f"could not compile the kernel: {e}") from e
     _BOUND.remember(key, launcher, grid, args, idx, shape)
 
 
