@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 import os as _os  # noqa: E402
 
 from . import config, ops  # noqa: E402,F401
+from . import custom_ops as _custom_ops  # noqa: E402,F401  (registers torch.ops.autows.*: torch.export.load needs them)
 
 
 def _register_backend() -> None:
