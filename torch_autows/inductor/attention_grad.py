@@ -11,7 +11,7 @@ host sync, so all are CUDA-graph safe and trace with symbolic sizes):
 * ``aten._scaled_dot_product_flash_attention_backward`` on CUDA fp16/bf16 when its contract matches
   ours: same natural-log lse of the scaled scores, top-left causal mask (it only agrees with ours when
   Sq == Skv), head_dim % 8 == 0 and <= 256, and no gradient flowing into lse.
-* otherwise the math of the reference (``torch_autows.ops.torch_attention``) differentiated by hand, in
+* otherwise the math of the reference (``torch_autows.sdpa_fallback.math_attention``) differentiated by hand, in
   fp32 (fp64 for fp64 inputs):
       P  = softmax(S)                   S = scale * Q K^T (causal: -inf above the diagonal)
       dV = P^T dO          dP = dO V^T          delta = rowsum(dO * O)
@@ -94,7 +94,7 @@ def _scores(q, k, is_causal: bool, scale: float):
 
 
 def reference_attention(q, k, v, is_causal: bool, scale: float):
-    """(out, lse fp32) like ``torch_autows.ops.torch_attention`` but for any float dtype (fp64: tests)."""
+    """(out, lse fp32) by the explicit math (``sdpa_fallback.math_attention``), for any float dtype (fp64: tests)."""
     group = _group(q, k)
     s = _scores(q, _expand_kv(k, group), is_causal, scale)
     lse = torch.logsumexp(s, dim=-1)
