@@ -16,24 +16,28 @@ import math
 
 import torch
 
-from . import config
+from . import config, sdpa_fallback
 from .runtime.fallback import Unsupported, note_fallback, note_served, note_vendor
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def _check_tensor(name: str, t, ndim: int) -> None:
+def _names(dtypes) -> str:
+    return ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+
+
+def _check_tensor(name: str, t, ndim: int, dtypes=_FLOAT_DTYPES) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dim() != ndim:
         raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
-    if t.dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"{name} has dtype {t.dtype}; use float16, bfloat16 or float32")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name} has dtype {t.dtype}; use {_names(dtypes)}")
 
 
-def _check_out_dtype(out_dtype) -> None:
-    if out_dtype is not None and (not isinstance(out_dtype, torch.dtype) or out_dtype not in _FLOAT_DTYPES):
-        raise TypeError(f"out_dtype must be None or one of {_FLOAT_DTYPES}, got {out_dtype!r}")
+def _check_out_dtype(out_dtype, dtypes=_FLOAT_DTYPES) -> None:
+    if out_dtype is not None and (not isinstance(out_dtype, torch.dtype) or out_dtype not in dtypes):
+        raise TypeError(f"out_dtype must be None or one of {_names(dtypes)}, got {out_dtype!r}")
 
 
 def _check_same_device_dtype(*named) -> None:
@@ -45,83 +49,43 @@ def _check_same_device_dtype(*named) -> None:
             raise TypeError(f"{n} has dtype {t.dtype} but {n0} has {t0.dtype}; cast them to one dtype")
 
 
-def gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
-         out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """``a @ b (+ bias)`` with fp32 accumulation; the result has ``out_dtype`` (default: a's dtype)."""
-    _check_tensor("a", a, 2)
-    _check_tensor("b", b, 2)
-    _check_out_dtype(out_dtype)
+#: Dtypes the custom ops ``torch.ops.autows.*`` take: the public ones plus float64 (torch runs it; gradcheck).
+OP_DTYPES = (*_FLOAT_DTYPES, torch.float64)
+
+
+def check_gemm(a, b, bias=None, out_dtype=None, dtypes=_FLOAT_DTYPES) -> None:
+    """Raise TypeError/ValueError unless ``a [M, K] @ b [K, N] (+ bias [N])`` is a valid call (works on fake
+    tensors: shapes, dtypes and devices only). Shared by ``gemm``, ``torch.ops.autows.gemm`` and its fake."""
+    _check_tensor("a", a, 2, dtypes)
+    _check_tensor("b", b, 2, dtypes)
+    _check_out_dtype(out_dtype, dtypes)
     named = [("a", a), ("b", b)]
     if a.shape[1] != b.shape[0]:
         raise ValueError(f"gemm: a is {tuple(a.shape)} and b is {tuple(b.shape)}; a.shape[1] must equal b.shape[0]")
     if bias is not None:
-        _check_tensor("bias", bias, bias.dim() if isinstance(bias, torch.Tensor) else 1)
+        _check_tensor("bias", bias, bias.dim() if isinstance(bias, torch.Tensor) else 1, dtypes)
         if bias.dim() != 1 or bias.shape[0] != b.shape[1]:
             raise ValueError(f"gemm: bias must have shape [N] = [{b.shape[1]}], got {tuple(bias.shape)}")
         named.append(("bias", bias))
     _check_same_device_dtype(*named)
-    out_dtype = out_dtype or a.dtype
-    if config.gemm:
-        from .runtime import gemm as rt
-
-        try:
-            out = rt.gemm(a, b, bias, out_dtype)
-        except Unsupported as e:
-            note_fallback("gemm", str(e))
-        else:
-            if out is not None:
-                note_served("gemm")
-                return out
-            note_vendor("gemm")
-    else:
-        note_fallback("gemm", "disabled by torch_autows.config.gemm = False (TORCH_AUTOWS_GEMM=0)")
-    return _torch_gemm(a, b, bias, out_dtype)
 
 
-def _torch_gemm(a, b, bias, out_dtype):
-    if out_dtype == a.dtype:
-        return torch.addmm(bias, a, b) if bias is not None else torch.mm(a, b)
-    out = torch.mm(a.float(), b.float())
-    if bias is not None:
-        out = out + bias.float()
-    return out.to(out_dtype)
-
-
-def bmm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Batched ``a @ b``: a [B, M, K], b [B, K, N] -> [B, M, N], fp32 accumulation."""
-    _check_tensor("a", a, 3)
-    _check_tensor("b", b, 3)
-    _check_out_dtype(out_dtype)
+def check_bmm(a, b, out_dtype=None, dtypes=_FLOAT_DTYPES) -> None:
+    """Raise TypeError/ValueError unless ``bmm(a [B, M, K], b [B, K, N])`` is a valid call (see check_gemm)."""
+    _check_tensor("a", a, 3, dtypes)
+    _check_tensor("b", b, 3, dtypes)
+    _check_out_dtype(out_dtype, dtypes)
     if a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
         raise ValueError(f"bmm: a is {tuple(a.shape)} and b is {tuple(b.shape)}; need [B, M, K] and [B, K, N]")
     _check_same_device_dtype(("a", a), ("b", b))
-    out_dtype = out_dtype or a.dtype
-    if config.gemm:
-        from .runtime import gemm as rt
-
-        try:
-            out = rt.bmm(a, b, out_dtype)
-        except Unsupported as e:
-            note_fallback("bmm", str(e))
-        else:
-            if out is not None:
-                note_served("bmm")
-                return out
-            note_vendor("bmm")
-    else:
-        note_fallback("bmm", "disabled by torch_autows.config.gemm = False (TORCH_AUTOWS_GEMM=0)")
-    out = torch.bmm(a, b) if out_dtype == a.dtype else torch.bmm(a.float(), b.float()).to(out_dtype)
-    return out
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
-              scale: float | None = None, enable_gqa: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """SDPA forward, torch semantics: q [B, Hq, Sq, D], k/v [B, Hkv, Skv, D] -> (out, lse fp32 [B, Hq, Sq]).
-
-    ``lse`` is the natural-log log-sum-exp of each row of the scaled scores (what a backward needs).
-    """
+def check_attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, dtypes=_FLOAT_DTYPES) -> float:
+    """Raise TypeError/ValueError unless ``attention(q, k, v, ...)`` is a valid call; return the scale to use
+    (``scale``, or SDPA's default 1/sqrt(D)). Shared by ``attention``, ``torch.ops.autows.attention`` and its
+    fake (shapes, dtypes and devices only)."""
     for n, t in (("q", q), ("k", k), ("v", v)):
-        _check_tensor(n, t, 4)
+        _check_tensor(n, t, 4, dtypes)
     _check_same_device_dtype(("q", q), ("k", k), ("v", v))
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
@@ -129,16 +93,102 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
         raise TypeError(f"scale must be None or a finite float, got {scale!r}")
     B, Hq, Sq, D = q.shape
     if k.shape[0] != B or v.shape[0] != B or k.shape[1] != v.shape[1] or k.shape[2] != v.shape[2]:
-        raise ValueError(f"attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not match")
+        raise ValueError(f"attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not match "
+                         "(need q [B, Hq, Sq, D] and k, v [B, Hkv, Skv, D])")
     if k.shape[3] != D or v.shape[3] != D:
         raise ValueError(f"attention: head dims differ (q {D}, k {k.shape[3]}, v {v.shape[3]}); they must be equal")
     Hkv = k.shape[1]
     if Hkv != Hq and not enable_gqa:
         raise ValueError(f"attention: q has {Hq} heads and k/v {Hkv}; pass enable_gqa=True for grouped-query attention")
-    if Hq % Hkv != 0:
+    if Hkv == 0 and Hq != 0:
+        raise ValueError(f"attention: k/v have 0 heads but q has {Hq}; give k/v at least one head")
+    if Hkv != 0 and Hq % Hkv != 0:
         raise ValueError(f"attention: q heads ({Hq}) must be a multiple of k/v heads ({Hkv})")
-    scale = float(scale) if scale is not None else 1.0 / math.sqrt(D)
-    out, lse, _ = run_attention(q, k, v, is_causal, scale)
+    return float(scale) if scale is not None else default_scale(D)
+
+
+def default_scale(d) -> float:
+    """SDPA's default scale 1/sqrt(d); 1.0 for d == 0 (the scores are all 0 then, any finite scale gives them)."""
+    return 1.0 / math.sqrt(d) if d > 0 else 1.0
+
+
+def gqa_group(hq, hkv) -> int:
+    """q heads per k/v head (1 when there are no heads at all)."""
+    return hq // hkv if hkv else 1
+
+
+def _wants_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
+         out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``a @ b (+ bias)`` with fp32 accumulation; the result has ``out_dtype`` (default: a's dtype).
+
+    Differentiable: where an input requires grad, the call goes through ``torch.ops.autows.gemm``
+    (same kernel or fallback, plus its backward)."""
+    check_gemm(a, b, bias, out_dtype)
+    if _wants_grad(a, b, bias):
+        return torch.ops.autows.gemm(a, b, bias, out_dtype)
+    return run_gemm(a, b, bias, out_dtype or a.dtype)
+
+
+def run_gemm(a, b, bias, out_dtype: torch.dtype) -> torch.Tensor:
+    """``gemm`` (2-D a) or ``bmm`` (3-D a, no bias) for arguments already checked, without autograd: the
+    generated kernel where it serves the call, else torch with the reason logged once."""
+    op = "bmm" if a.dim() == 3 else "gemm"
+    if not config.gemm:
+        note_fallback(op, "disabled by torch_autows.config.gemm = False (TORCH_AUTOWS_GEMM=0)")
+    elif a.dtype not in _FLOAT_DTYPES:
+        note_fallback(op, f"dtype {a.dtype}: autows GEMM serves float16, bfloat16 and float32")
+    else:
+        rt = runtime_module("gemm")
+        if rt is None:
+            note_fallback(op, "no generated GEMM kernel in this build of torch_autows")
+        else:
+            try:
+                out = rt.bmm(a, b, out_dtype) if op == "bmm" else rt.gemm(a, b, bias, out_dtype)
+            except Unsupported as e:
+                note_fallback(op, str(e))
+            else:
+                if out is not None:
+                    note_served(op)
+                    return out
+                note_vendor(op)  # runtime.choice: cuBLAS is faster for this shape
+    return torch_gemm(a, b, bias, out_dtype)
+
+
+def torch_gemm(a, b, bias, out_dtype):
+    """The fallback of ``run_gemm``: torch's mm/addmm/bmm, through fp32 when the output dtype differs."""
+    if out_dtype == a.dtype:
+        if a.dim() == 3:
+            return torch.bmm(a, b)
+        return torch.addmm(bias, a, b) if bias is not None else torch.mm(a, b)
+    out = torch.matmul(a.float(), b.float())
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(out_dtype)
+
+
+def bmm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Batched ``a @ b``: a [B, M, K], b [B, K, N] -> [B, M, N], fp32 accumulation (differentiable as gemm)."""
+    check_bmm(a, b, out_dtype)
+    if _wants_grad(a, b):
+        return torch.ops.autows.bmm(a, b, out_dtype)
+    return run_gemm(a, b, None, out_dtype or a.dtype)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
+              scale: float | None = None, enable_gqa: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """SDPA forward, torch semantics: q [B, Hq, Sq, D], k/v [B, Hkv, Skv, D] -> (out, lse fp32 [B, Hq, Sq]).
+
+    ``lse`` is the natural-log log-sum-exp of each row of the scaled scores (what a backward needs).
+    Differentiable: where an input requires grad, the call goes through ``torch.ops.autows.attention``.
+    """
+    scale_ = check_attention(q, k, v, is_causal, scale, enable_gqa)
+    if _wants_grad(q, k, v):
+        return torch.ops.autows.attention(q, k, v, is_causal, scale_, enable_gqa)
+    out, lse, _ = run_attention(q, k, v, is_causal, scale_)
     return out, lse
 
 
@@ -153,12 +203,14 @@ def runtime_module(name: str):
 
 
 def run_attention(q, k, v, is_causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """``attention`` for arguments already checked (the compiled graph's op calls this): (out, lse, served),
-    served False where torch ran it (then ``out`` is contiguous)."""
+    """``attention`` for arguments already checked, without autograd (the compiled graph's op calls this):
+    (out, lse, served), served False where torch ran it (then ``out`` may have any layout)."""
     if config.attention:
         rt = runtime_module("attention")
         if rt is None:
             note_fallback("attention", "no generated attention kernel in this build of torch_autows")
+        elif q.dtype not in _FLOAT_DTYPES:
+            note_fallback("attention", f"dtype {q.dtype}: autows attention serves float16, bfloat16 and float32")
         else:
             try:
                 res = rt.attention(q, k, v, is_causal, scale, vendor=torch_attention)
@@ -168,24 +220,13 @@ def run_attention(q, k, v, is_causal: bool, scale: float) -> tuple[torch.Tensor,
                 if res is not None:
                     note_served("attention")
                     return (*res, True)
-                note_vendor("attention")
+                note_vendor("attention")  # runtime.choice: SDPA's pick is faster for this shape
     else:
         note_fallback("attention", "disabled by torch_autows.config.attention = False (TORCH_AUTOWS_ATTENTION=0)")
     return (*torch_attention(q, k, v, is_causal, scale), False)
 
 
 def torch_attention(q, k, v, is_causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference/fallback: (out, lse) by torch, with torch's causal alignment (top-left, as SDPA's is_causal)."""
-    Hq, Hkv = q.shape[1], k.shape[1]
-    if Hkv != Hq:
-        k = k.repeat_interleave(Hq // Hkv, dim=1)
-        v = v.repeat_interleave(Hq // Hkv, dim=1)
-    s = torch.matmul(q.float(), k.float().transpose(-2, -1)) * scale
-    if is_causal:
-        Sq, Skv = q.shape[2], k.shape[2]
-        keep = torch.ones(Sq, Skv, dtype=torch.bool, device=q.device).tril(diagonal=0)
-        s = s.masked_fill(~keep, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
-    p = torch.exp(s - lse.unsqueeze(-1)).nan_to_num(0.0)
-    out = torch.matmul(p, v.float()).to(q.dtype)
-    return out, lse
+    """Reference/fallback: (out, lse) by torch, with torch's causal alignment (top-left, as SDPA's is_causal):
+    the fused SDPA kernel torch would pick on a GPU, the explicit math elsewhere (sdpa_fallback)."""
+    return sdpa_fallback.attention(q, k, v, is_causal, scale)

@@ -11,7 +11,7 @@ host sync, so all are CUDA-graph safe and trace with symbolic sizes):
 * ``aten._scaled_dot_product_flash_attention_backward`` on CUDA fp16/bf16 when its contract matches
   ours: same natural-log lse of the scaled scores, top-left causal mask (it only agrees with ours when
   Sq == Skv), head_dim % 8 == 0 and <= 256, and no gradient flowing into lse.
-* otherwise the math of the reference (``torch_autows.ops.torch_attention``) differentiated by hand, in
+* otherwise the math of the reference (``torch_autows.sdpa_fallback.math_attention``) differentiated by hand, in
   fp32 (fp64 for fp64 inputs):
       P  = softmax(S)                   S = scale * Q K^T (causal: -inf above the diagonal)
       dV = P^T dO          dP = dO V^T          delta = rowsum(dO * O)
@@ -26,7 +26,14 @@ from __future__ import annotations
 
 import torch
 
+from ..sdpa_fallback import softmax_from_lse
+
 _FLASH_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _group(q: torch.Tensor, k: torch.Tensor) -> int:
+    """q heads per k/v head (1 with no heads at all: Hq = Hkv = 0)."""
+    return q.shape[1] // k.shape[1] if k.shape[1] else 1
 
 
 def _expand_kv(t: torch.Tensor, group: int) -> torch.Tensor:
@@ -87,11 +94,11 @@ def _scores(q, k, is_causal: bool, scale: float):
 
 
 def reference_attention(q, k, v, is_causal: bool, scale: float):
-    """(out, lse fp32) like ``torch_autows.ops.torch_attention`` but for any float dtype (fp64: tests)."""
-    group = q.shape[1] // k.shape[1]
+    """(out, lse fp32) by the explicit math (``sdpa_fallback.math_attention``), for any float dtype (fp64: tests)."""
+    group = _group(q, k)
     s = _scores(q, _expand_kv(k, group), is_causal, scale)
     lse = torch.logsumexp(s, dim=-1)
-    p = torch.exp(s - lse.unsqueeze(-1)).nan_to_num(0.0)
+    p = softmax_from_lse(s, lse)
     out = torch.matmul(p, _expand_kv(v, group).to(s.dtype)).to(q.dtype)
     return out, lse.float()
 
@@ -102,7 +109,8 @@ def _math_backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale
     qf, kf, vf = q.to(acc), k.to(acc), v.to(acc)
     # The softmax is recomputed rather than rebuilt from the saved lse: one more row reduction buys
     # gradients exact to the accumulation dtype whatever the forward kernel's lse rounding was.
-    p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # fully masked rows: 0, as the reference
+    # NaN where a score is NaN or +inf (as softmax); 0 only in rows that are all -inf, as the reference
+    p = softmax_from_lse(s, torch.logsumexp(s, dim=-1))
     ds = torch.zeros_like(p)
     dv = torch.zeros_like(vf)
     if grad_out is not None:
@@ -123,7 +131,7 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, s
     if grad_out is not None and cudnn_backward_ok(q, k, is_causal, grad_lse):
         dq, dk, dv = _cudnn_backward(grad_out, q, k, v, out, lse, is_causal, scale)
         return dq, dk, dv
-    group = q.shape[1] // k.shape[1]
+    group = _group(q, k)
     ke, ve = _expand_kv(k, group), _expand_kv(v, group)
     if grad_out is not None and flash_backward_ok(q, k, is_causal, grad_lse):
         dq, dk, dv = _flash_backward(grad_out, q, ke.contiguous(), ve.contiguous(), out, lse, is_causal, scale)

@@ -144,7 +144,7 @@ def _attention(program: Program, seed: int, shape) -> Instance:
     if causal:  # top-left aligned, like F.scaled_dot_product_attention(is_causal=True)
         s4 = s4.masked_fill(torch.ones(Sq, Skv, dtype=torch.bool).tril().logical_not(), float("-inf"))
     lse = torch.logsumexp(s4, -1)
-    p = torch.exp(s4 - lse[..., None]).nan_to_num(0.0)
+    p = torch.exp(s4 - lse[..., None]).masked_fill(torch.isneginf(lse)[..., None], 0.0)  # NaN stays NaN
     out = p @ v4.float().repeat_interleave(Hq // Hkv, 1)
     # q and k/v each in the [B, H, S, D] or the [B, S, H, D] layout (see templates.attention)
     q_bshd, kv_bshd = rng.random() < 0.5, rng.random() < 0.5

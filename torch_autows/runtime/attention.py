@@ -87,6 +87,8 @@ def support_reason(q, k, v, is_causal=False, scale=None, *, check_device: bool =
         return f"head_dim {D} not served by autows attention (64 and 128 are); falling back to torch SDPA"
     if q.shape[-2] < 1 or k.shape[-2] < 1:
         return "an empty sequence"
+    if q.numel() == 0 or k.numel() == 0:
+        return "an empty batch or no heads"
     return dev.alignment_reason(q=q, k=k, v=v)
 
 
@@ -115,6 +117,8 @@ def _in_place(t: torch.Tensor, bshd_first: bool = False):
     With a length-1 dim both orders may fit; ``bshd_first`` says which to try first."""
     B, H, S, D = t.shape
     sb, sh, ss, sd = t.stride()
+    if t.numel() == 0:  # nothing to address (and no pitch to derive)
+        return None
     if D > 1 and sd != 1:
         return None
     forms = [(H * S, S, 0, D, ((S, ss), (H, sh), (B, sb))), (S, 0, D, H * D, ((S, ss), (B, sb)))]

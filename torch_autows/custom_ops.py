@@ -1,0 +1,168 @@
+"""Custom ops that put the generated kernels into graphs: ``torch.ops.autows.{attention,gemm,bmm}``.
+
+Registered by ``import torch_autows`` (so ``torch.export.load`` of a program using them works in a fresh
+process); only ``torch.library`` is used here, nothing of Inductor or Dynamo. The Inductor lowerings stay
+in ``torch_autows.inductor`` and load with it.
+
+Gluon kernels cannot go through ``triton_op``/``wrap_triton`` (Inductor re-emits their source as
+``@triton.jit``), so each kernel sits behind an opaque ``torch.library.custom_op``: Inductor calls it as
+an extern kernel and compiles everything around it. Each op
+
+* checks its arguments with the public ops' checks (``torch_autows.ops.check_*``), in the real op and in
+  its fake impl alike, so tracing raises the same ValueError/TypeError as running;
+* runs ``torch_autows.ops`` (generated kernel, or torch with a logged reason when the real device,
+  dtype or shape cannot be served); float64 runs torch;
+* returns contiguous outputs, exactly what its fake impl promises (Inductor asserts sizes and strides),
+  except attention's ``out``, which has ``_out_layout``'s layout in both;
+* has a fake impl written with ``new_empty`` on the input sizes, so symbolic sizes flow through;
+* never syncs with the host, so it is safe inside CUDA graphs (``mode="reduce-overhead"``);
+* has a backward (``register_autograd``): the public ops route calls that need gradients through here.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import config
+from . import ops as _kernels
+from .inductor.attention_grad import attention_backward
+from .runtime.fallback import Unsupported, note_fallback, note_served, note_vendor
+
+_SERVED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+# --- attention ---
+
+
+def _out_layout(q: Tensor, d: int) -> Tensor:
+    """An empty ``out`` for q: the runtime's ``empty_out`` (q's layout for transposed [B, S, H, D] q), or
+    contiguous where the runtime cannot be imported."""
+    rt = _kernels.runtime_module("attention")
+    if rt is None:
+        return q.new_empty((*q.shape[:3], d))
+    return rt.empty_out(q, d)
+
+
+def attention_impl(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False, scale: float | None = None,
+                   enable_gqa: bool = False) -> tuple[Tensor, Tensor]:
+    """The body of ``autows::attention``. Compiled graphs call it directly (``extern_kernels.autows_attention``,
+    inductor/lowering.py), skipping the dispatcher and custom-op layers."""
+    scale = _kernels.check_attention(q, k, v, is_causal, scale, enable_gqa, dtypes=_kernels.OP_DTYPES)
+    out, lse, served = _kernels.run_attention(q, k, v, is_causal, scale)
+    if served:  # in empty_out's layout already
+        return out, lse
+    want = _out_layout(q, v.shape[-1])
+    if out.stride() != want.stride():  # a fallback's layout: the fake promised _out_layout's
+        out = want.copy_(out)
+    return out, lse.contiguous()
+
+
+@torch.library.custom_op("autows::attention", mutates_args=())
+def attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False, scale: float | None = None,
+              enable_gqa: bool = False) -> tuple[Tensor, Tensor]:
+    """SDPA (no mask tensor, no dropout) returning ``(out [B, Hq, Sq, D], lse fp32 [B, Hq, Sq])``; ``out`` has
+    q's layout when q is a [B, S, H, D] tensor transposed (runtime.attention.empty_out), so the model's
+    transpose back is a view, and is contiguous otherwise."""
+    return attention_impl(q, k, v, is_causal, scale, enable_gqa)
+
+
+@attention.register_fake
+def _attention_fake(q, k, v, is_causal=False, scale=None, enable_gqa=False):
+    _kernels.check_attention(q, k, v, is_causal, scale, enable_gqa, dtypes=_kernels.OP_DTYPES)
+    B, Hq, Sq, _ = q.shape
+    return _out_layout(q, v.shape[-1]), q.new_empty((B, Hq, Sq), dtype=torch.float32)
+
+
+def _attention_setup_context(ctx, inputs, output):
+    q, k, v, is_causal, scale, _ = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.is_causal = is_causal
+    ctx.scale = scale if scale is not None else _kernels.default_scale(q.shape[-1])
+    ctx.set_materialize_grads(False)  # an unused lse gets None, which keeps the flash backward eligible
+
+
+def _attention_backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = attention_backward(grad_out, grad_lse, q, k, v, out, lse, ctx.is_causal, ctx.scale)
+    return dq, dk, dv, None, None, None
+
+
+attention.register_autograd(_attention_backward, setup_context=_attention_setup_context)
+
+
+# --- GEMM ---
+
+
+def run_gemm(a: Tensor, b: Tensor, bias: Tensor | None = None, out_dtype: torch.dtype | None = None) -> Tensor:
+    """``a @ b (+ bias)`` (2-D) or ``bmm(a, b)`` (3-D) for checked arguments: generated kernel or torch."""
+    return _kernels.run_gemm(a, b, bias, out_dtype or a.dtype)
+
+
+def gemm_into(out: Tensor, a: Tensor, b: Tensor, bias: Tensor | None = None) -> None:
+    """``out[...] = a @ b (+ bias)``; the generated kernel writes a contiguous ``out`` directly (no copy)."""
+    op = "bmm" if a.dim() == 3 else "gemm"
+    rt = _kernels.runtime_module("gemm")
+    if rt is None or not config.gemm or not out.is_contiguous() or a.dtype not in _SERVED_DTYPES:
+        out.copy_(run_gemm(a, b, bias, out.dtype))
+        return
+    try:
+        if op == "bmm":
+            served = rt.bmm(a, b, out.dtype, out=out)
+        else:
+            served = rt.gemm(a, b, bias, out.dtype, out=out)
+    except Unsupported as e:
+        note_fallback(op, str(e))
+        out.copy_(_kernels.torch_gemm(a, b, bias, out.dtype))
+    else:
+        if served is not None:
+            note_served(op)
+        else:  # runtime.choice: cuBLAS is faster for this shape
+            note_vendor(op)
+            rt.vendor_gemm(a, b, bias, out)
+
+
+@torch.library.custom_op("autows::gemm", mutates_args=())
+def gemm(a: Tensor, b: Tensor, bias: Tensor | None = None, out_dtype: torch.dtype | None = None) -> Tensor:
+    """``a [M, K] @ b [K, N] (+ bias [N])`` with fp32 accumulation, in ``out_dtype`` (default a's)."""
+    _kernels.check_gemm(a, b, bias, out_dtype, dtypes=_kernels.OP_DTYPES)
+    return run_gemm(a, b, bias, out_dtype).contiguous()
+
+
+@gemm.register_fake
+def _gemm_fake(a, b, bias=None, out_dtype=None):
+    _kernels.check_gemm(a, b, bias, out_dtype, dtypes=_kernels.OP_DTYPES)
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype or a.dtype)
+
+
+@torch.library.custom_op("autows::bmm", mutates_args=())
+def bmm(a: Tensor, b: Tensor, out_dtype: torch.dtype | None = None) -> Tensor:
+    """``a [B, M, K] @ b [B, K, N]`` with fp32 accumulation, in ``out_dtype`` (default a's)."""
+    _kernels.check_bmm(a, b, out_dtype, dtypes=_kernels.OP_DTYPES)
+    return run_gemm(a, b, None, out_dtype).contiguous()
+
+
+@bmm.register_fake
+def _bmm_fake(a, b, out_dtype=None):
+    _kernels.check_bmm(a, b, out_dtype, dtypes=_kernels.OP_DTYPES)
+    return a.new_empty((a.shape[0], a.shape[1], b.shape[2]), dtype=out_dtype or a.dtype)
+
+
+def _gemm_setup_context(ctx, inputs, output):
+    a, b = inputs[0], inputs[1]
+    ctx.save_for_backward(a, b)
+    ctx.n_inputs = len(inputs)  # gemm: (a, b, bias, out_dtype); bmm: (a, b, out_dtype)
+    ctx.has_bias = len(inputs) == 4 and inputs[2] is not None
+
+
+def _gemm_backward(ctx, grad):
+    a, b = ctx.saved_tensors
+    da = torch.matmul(grad, b.transpose(-2, -1).to(grad.dtype)).to(a.dtype)
+    db = torch.matmul(a.transpose(-2, -1).to(grad.dtype), grad).to(b.dtype)
+    if ctx.n_inputs == 4:
+        dbias = grad.sum(0).to(a.dtype) if ctx.has_bias else None
+        return da, db, dbias, None
+    return da, db, None
+
+
+gemm.register_autograd(_gemm_backward, setup_context=_gemm_setup_context)
+bmm.register_autograd(_gemm_backward, setup_context=_gemm_setup_context)
