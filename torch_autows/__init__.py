@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 import os as _os  # noqa: E402
 
 from . import config, ops  # noqa: E402,F401
+from ._compat import UntestedVersionWarning  # noqa: E402,F401  (warns once outside the tested torch/triton)
 
 
 def _register_backend() -> None:
