@@ -121,7 +121,8 @@ def test_benchmarks_md_newest_first_with_links(tmp_path, gemm_rows, model_rows):
     assert md.index("## gemm") < md.index("## model")
     pos = [md.index(f"### {p.stem}\n") for p in (newer, new, old)]
     assert pos == sorted(pos)
-    assert "NVIDIA H200 (132 SMs), nvidia-smi: sm 1980 MHz; torch 2.11.0; triton 3.6.0; commit abc123" in md
+    assert ("NVIDIA H200 (132 SMs), nvidia-smi before the run: sm 1980 MHz; torch 2.11.0; triton 3.6.0; "
+            "commit abc123") in md
     assert "**incomplete run**" in md
     assert "[plot](bench/results/2026-11-30-h200-gemm.png)" in md
     assert "[JSON](bench/results/2026-11-30-h200-gemm.json)" in md
