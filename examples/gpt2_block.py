@@ -1,7 +1,7 @@
 """GPT-2 blocks (LayerNorm, fused QKV, causal attention, GELU MLP): eager vs Inductor vs autows.
 
     python examples/gpt2_block.py                    # CUDA if present (bf16), else a small CPU run (fp32)
-    python examples/gpt2_block.py --device cpu       # autows falls back on CPU and says why
+    python examples/gpt2_block.py --device cpu       # on CPU: autows falls back, says why, times nothing
     python examples/gpt2_block.py --explicit --train # Hugging Face style matmul/softmax attention, fwd+bwd
 """
 from __future__ import annotations
@@ -47,8 +47,8 @@ class Block(nn.Module):
 
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
-    p.add_argument("--dim", type=int, default=None)
-    p.add_argument("--heads", type=int, default=None)
+    p.add_argument("--dim", type=int, default=None, help="model width (default: per device)")
+    p.add_argument("--heads", type=int, default=None, help="attention heads (default: per device)")
     p.add_argument("--explicit", action="store_true", help="explicit matmul/softmax attention (masked: not served)")
     args = finish(p.parse_args(), dict(batch=8, seq=1024, dim=768, heads=12),
                   dict(batch=2, seq=128, dim=256, heads=4))

@@ -12,16 +12,17 @@ from _common import finish, parser, run
 
 
 def main() -> None:
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--dim", type=int, default=None, help="hidden size (default: per device)")
+    p.add_argument("--vocab", type=int, default=None, help="vocabulary size (default: per device)")
+    args = p.parse_args()  # before the import, so --help works without transformers
     try:
         from transformers import LlamaConfig, LlamaForCausalLM
-    except ImportError:
-        print("hf_llama: `transformers` is not installed; skipping (pip install transformers)")
+    except ImportError as e:
+        print(f"hf_llama: not run: `transformers` cannot be imported ({e}); pip install transformers",
+              file=sys.stderr)
         return
-    p = parser(__doc__.splitlines()[0])
-    p.add_argument("--dim", type=int, default=None)
-    p.add_argument("--vocab", type=int, default=None)
-    args = finish(p.parse_args(), dict(batch=4, seq=1024, dim=2048, vocab=32000),
-                  dict(batch=2, seq=64, dim=256, vocab=1000))
+    args = finish(args, dict(batch=4, seq=1024, dim=2048, vocab=32000), dict(batch=2, seq=64, dim=256, vocab=1000))
     heads = max(args.dim // 128, 4)
     cfg = LlamaConfig(vocab_size=args.vocab, hidden_size=args.dim, intermediate_size=int(args.dim * 2.6875) // 8 * 8,
                       num_hidden_layers=args.layers, num_attention_heads=heads, num_key_value_heads=max(heads // 4, 1),
@@ -41,4 +42,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    sys.exit(0)

@@ -1,7 +1,7 @@
 """Llama decoder layers (RMSNorm, RoPE, GQA attention, SwiGLU MLP): eager vs Inductor vs autows.
 
     python examples/llama_decoder.py                  # CUDA if present (bf16), else a small CPU run (fp32)
-    python examples/llama_decoder.py --device cpu     # autows falls back on CPU and says why
+    python examples/llama_decoder.py --device cpu     # on CPU: autows falls back, says why, times nothing
     python examples/llama_decoder.py --train --dynamic
 """
 from __future__ import annotations
@@ -58,10 +58,10 @@ class Decoder(nn.Module):
 
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
-    p.add_argument("--dim", type=int, default=None)
-    p.add_argument("--heads", type=int, default=None)
-    p.add_argument("--kv-heads", type=int, default=None)
-    p.add_argument("--ffn", type=int, default=None)
+    p.add_argument("--dim", type=int, default=None, help="model width (default: per device)")
+    p.add_argument("--heads", type=int, default=None, help="attention heads (default: per device)")
+    p.add_argument("--kv-heads", type=int, default=None, help="key/value heads, GQA (default: per device)")
+    p.add_argument("--ffn", type=int, default=None, help="SwiGLU hidden size (default: per device)")
     args = finish(p.parse_args(), dict(batch=4, seq=1024, dim=2048, heads=16, kv_heads=4, ffn=5632),
                   dict(batch=2, seq=64, dim=256, heads=4, kv_heads=2, ffn=688))
     make_model = lambda: nn.Sequential(*[Decoder(args.dim, args.heads, args.kv_heads, args.ffn)  # noqa: E731

@@ -21,7 +21,7 @@ def _run(capsys, *argv):
     return rc, out, err
 
 
-def test_gemm_dry_run_lists_bench_md_set(capsys):
+def test_gemm_dry_run_lists_the_gemm_set(capsys):
     rc, out, _ = _run(capsys, "gemm", "--dry-run")
     assert rc == 0
     for name in ["4096x4096x4096", "8192x8192x8192", "8192x4096x4096", "8192x14336x4096", "8192x4096x14336",
@@ -87,12 +87,23 @@ def test_report_subcommand(capsys, tmp_path):
     assert rc == 0 and (tmp_path / "B.md").read_text().startswith("# Benchmarks")
 
 
-def test_module_entry_point():
+def test_module_entry_point_from_another_directory(tmp_path):
+    """``python -m torch_autows.bench`` from elsewhere: --out is honoured, the dry run writes nothing."""
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    res = subprocess.run([sys.executable, "-m", "torch_autows.bench", "model", "--dry-run"], cwd=REPO_ROOT,
-                         env=env, capture_output=True, text=True, timeout=120)
+    argv = [sys.executable, "-m", "torch_autows.bench", "model", "--dry-run", "--out", str(tmp_path / "x")]
+    res = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "model: 2 case(s), 4 peer(s)" in res.stdout
+    assert f"output: {tmp_path / 'x'}/<date>-<gpu>-model.json + .png; then {tmp_path / 'BENCHMARKS.md'}" in res.stdout
+    assert not list(tmp_path.iterdir())
+
+
+def test_help_points_to_the_bench_readme(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "torch_autows/bench/README.md" in out and "shared/" not in out and "./bench/results" in out
+    assert (REPO_ROOT / "torch_autows" / "bench" / "README.md").exists()
 
 
 def test_model_timing_defaults_take_several_long_rounds():

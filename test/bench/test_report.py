@@ -121,7 +121,8 @@ def test_benchmarks_md_newest_first_with_links(tmp_path, gemm_rows, model_rows):
     assert md.index("## gemm") < md.index("## model")
     pos = [md.index(f"### {p.stem}\n") for p in (newer, new, old)]
     assert pos == sorted(pos)
-    assert "NVIDIA H200 (132 SMs), nvidia-smi: sm 1980 MHz; torch 2.11.0; triton 3.6.0; commit abc123" in md
+    assert ("NVIDIA H200 (132 SMs), nvidia-smi before the run: sm 1980 MHz; torch 2.11.0; triton 3.6.0; "
+            "commit abc123") in md
     assert "**incomplete run**" in md
     assert "[plot](bench/results/2026-11-30-h200-gemm.png)" in md
     assert "[JSON](bench/results/2026-11-30-h200-gemm.json)" in md
@@ -142,3 +143,81 @@ def test_plot_png(tmp_path, gemm_rows):
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
     assert plot_rows([], tmp_path / "none.png") is None
+
+
+def test_benchmarks_md_opens_with_status_of_latest_runs(tmp_path, gemm_rows, model_rows):
+    out = tmp_path / "bench" / "results"
+    results.write_json(out / "2026-11-29-h200-gemm.json", _meta("gemm", "2026-11-29T10:00:00+00:00"), gemm_rows[:4])
+    new = results.write_json(out / "2026-11-30-h200-gemm-2.json", _meta("gemm", "2026-11-30T09:00:00+00:00"),
+                             gemm_rows)
+    results.write_json(out / "2026-11-30-h200-model.json", _meta("model", "2026-11-30T12:00:00+00:00"), model_rows)
+    plot_rows(gemm_rows, new.with_suffix(".png"))
+    md = report.render_markdown(out, tmp_path / "BENCHMARKS.md")
+    status = md[md.index("## Status"):md.index("## gemm")]
+    rows = [line for line in status.splitlines() if line.startswith("| gemm") or line.startswith("| model")]
+    assert rows == [
+        "| gemm | [2026-11-30-h200-gemm-2](#2026-11-30-h200-gemm-2) | NVIDIA H200 | 2/4 | 0.995 | "
+        "0.900 (8192x8192x8192) | 2 |",
+        "| model | [2026-11-30-h200-model](#2026-11-30-h200-model) | NVIDIA H200 | 0/1 | - | - | 1 |"]
+    assert "![gemm: 2026-11-30-h200-gemm-2](bench/results/2026-11-30-h200-gemm-2.png)" in status
+    assert "### 2026-11-30-h200-gemm-2\n" in md  # the anchor's target
+    assert "shared/" not in md and "torch_autows/bench/README.md" in md
+
+
+def test_repeated_failures_are_one_line(gemm_rows):
+    rows = gemm_rows + [results.make_row("gemm", c, "triton-autows", error="output has NaN/Inf")
+                        for c in ("a", "b", "c")]
+    text = report.table(rows)
+    assert "- triton-autows on 3 cases (a, b, c): output has NaN/Inf" in text
+    assert text.count("output has NaN/Inf") == 1
+
+
+def test_attention_panels_by_head_dim_causal_gqa():
+    from torch_autows.bench import cases
+    from torch_autows.bench.plot import panels
+
+    names = [c.name for c in cases.attention_cases()]
+    got = panels("attention", names)
+    assert [t for t, _, _ in got] == ["d64", "d64 causal", "d128", "d128 causal", "d128 GQA32/8",
+                                      "d128 causal GQA32/8"]
+    assert got[0][2] == ["512", "1k", "2k", "4k", "8k", "16k"] and sum(len(cs) for _, cs, _ in got) == len(names)
+    many = panels("decode", [f"c{i}" for i in range(30)])
+    assert len(many) == 3 and all(len(cs) == 10 for _, cs, _ in many)
+
+
+def test_peer_colours_are_fixed():
+    from torch_autows.bench.plot import color
+
+    assert color("autows") == "#d62728" and color("cublas") != color("inductor-max-autotune")
+    assert color("some-new-peer") == color("some-new-peer") and color("some-new-peer") != color("autows")
+
+
+def test_plot_is_relative_to_best_peer_and_readable_size(tmp_path):
+    from torch_autows.bench import cases
+    from torch_autows.bench.plot import relative
+
+    rows = [results.make_row("attention", c.name, impl, tflops=t)
+            for c in cases.attention_cases() for impl, t in (("cudnn", 500.0), ("fa2", 400.0), ("flex", 300.0),
+                                                             ("triton-autows", 350.0), ("autows", 520.0))]
+    rel = relative(rows)
+    assert rel[("s512-d64", "cudnn")] == 1.0 and rel[("s512-d64", "autows")] == pytest.approx(1.04)
+    path = plot_rows(rows, tmp_path / "a.png", title="attention")
+    import struct
+
+    w, h = struct.unpack(">II", path.read_bytes()[16:24])  # PNG IHDR
+    assert 800 < w < 2000 and h < 1200
+
+
+def test_try_plot_without_matplotlib_is_one_note(tmp_path, gemm_rows, monkeypatch):
+    import sys
+
+    from torch_autows.bench.plot import regenerate_plots, try_plot
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    notes = []
+    assert try_plot(gemm_rows, tmp_path / "p.png", note=notes.append) is None
+    assert len(notes) == 1 and "plot skipped" in notes[0] and not (tmp_path / "p.png").exists()
+    results.write_json(tmp_path / "r1.json", {}, gemm_rows)
+    results.write_json(tmp_path / "r2.json", {}, gemm_rows)
+    notes.clear()
+    assert regenerate_plots(tmp_path, note=notes.append) == [] and len(notes) == 1

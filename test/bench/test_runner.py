@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +13,8 @@ import triton.testing
 from torch_autows.bench import runner
 from torch_autows.bench.runner import Bound, Peer, Ref, Skip, Suite
 from torch_autows.runtime import fallback
+
+_T0 = time.time()
 
 
 @dataclass(frozen=True)
@@ -173,17 +177,16 @@ def test_real_gemm_and_attention_peers_on_cpu(fake_bench, monkeypatch):
     assert rows["autows"]["error"] and rows["autows"]["tflops"] is None
 
 
-def test_cli_run_path_with_fake_gpu(fake_bench, monkeypatch, tmp_path, capsys):
-    """The measuring CLI path (meta, JSON rewritten per case, table, PNG, BENCHMARKS.md) with CPU fake peers."""
-    import json
+def _fake_cli(monkeypatch, written: list | None = None):
+    """The CLI's measuring path on CPU: a fake GPU, fake meta, the fake peers good / wrong / autows."""
     import types
 
     from torch_autows.bench import __main__ as cli
     from torch_autows.bench import results
 
-    written = []
-    real_write = results.write_json
-    monkeypatch.setattr(results, "write_json", lambda p, m, r: written.append(len(r)) or real_write(p, m, r))
+    if written is not None:
+        real_write = results.write_json
+        monkeypatch.setattr(results, "write_json", lambda p, m, r: written.append(len(r)) or real_write(p, m, r))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(runner, "_sync", lambda: None)
     monkeypatch.setattr(results, "collect_meta", lambda work, argv, **kw: {
@@ -192,11 +195,21 @@ def test_cli_run_path_with_fake_gpu(fake_bench, monkeypatch, tmp_path, capsys):
     fake = types.SimpleNamespace(suite=lambda cs, ps: Suite("gemm", cs, ps, _inputs, _ref))
     peers = [PEERS[0], PEERS[2], PEERS[7]]
     monkeypatch.setattr(cli, "peers_of", lambda work: (fake, peers, ["gluon-reference skipped: test"]))
+    return cli
+
+
+def test_cli_run_path_with_fake_gpu(fake_bench, monkeypatch, tmp_path, capsys):
+    """The measuring CLI path (meta, JSON rewritten per case, table, PNG, BENCHMARKS.md) with CPU fake peers."""
+    import json
+
+    written = []
+    cli = _fake_cli(monkeypatch, written)
     out, md = tmp_path / "results", tmp_path / "BENCHMARKS.md"
     argv = ["gemm", "--shapes", "4096x4096x4096,8192x8192x8192", "--out", str(out), "--md", str(md)]
     assert cli.main(argv) == 0
     stdout = capsys.readouterr().out
-    assert "autows/best other: geomean" in stdout and "wrong: rel_err" in stdout
+    assert "autows/best other: geomean" in stdout
+    assert "- wrong on 2 cases (4096x4096x4096, 8192x8192x8192): rel_err" in stdout  # one line per message
     path = out / "2026-11-30-h200-gemm.json"
     data = json.loads(path.read_text())
     assert data["meta"]["complete"] is True and data["meta"]["skipped_peers"] == ["gluon-reference skipped: test"]
@@ -205,3 +218,46 @@ def test_cli_run_path_with_fake_gpu(fake_bench, monkeypatch, tmp_path, capsys):
     assert path.with_suffix(".png").exists() and "### 2026-11-30-h200-gemm" in md.read_text()
     assert cli.main(argv + ["--no-report"]) == 0
     assert (out / "2026-11-30-h200-gemm-2.json").exists()
+
+
+def test_cli_default_output_is_under_the_cwd_never_the_package(fake_bench, monkeypatch, tmp_path, capsys):
+    """Installed, the package's parent is site-packages: results and BENCHMARKS.md go to ./bench/results and
+    ./BENCHMARKS.md of the current directory, and nothing is written next to the package."""
+    from torch_autows.bench import results
+
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    monkeypatch.setattr(results, "REPO_ROOT", site)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    cli = _fake_cli(monkeypatch)
+    assert cli.main(["gemm", "--shapes", "4096x4096x4096"]) == 0
+    assert (work / "bench" / "results" / "2026-11-30-h200-gemm.json").exists()
+    assert "### 2026-11-30-h200-gemm" in (work / "BENCHMARKS.md").read_text()
+    assert not list(site.iterdir())
+    pkg = Path(cli.__file__).resolve().parents[1]  # the package this test imports: untouched as well
+    assert not [p for p in pkg.rglob("*") if p.suffix in (".json", ".png", ".md") and p.stat().st_mtime > _T0]
+    # --out elsewhere: BENCHMARKS.md beside that folder unless --markdown says otherwise
+    assert cli.main(["gemm", "--shapes", "4096x4096x4096", "--out", str(tmp_path / "x")]) == 0
+    assert (tmp_path / "x" / "2026-11-30-h200-gemm.json").exists() and (tmp_path / "BENCHMARKS.md").exists()
+    assert cli.main(["report", "--out", str(tmp_path / "x"), "--markdown", str(tmp_path / "md" / "B.md")]) == 0
+    assert (tmp_path / "md" / "B.md").read_text().startswith("# Benchmarks")
+
+
+def test_cli_run_without_matplotlib_keeps_the_results(fake_bench, monkeypatch, tmp_path, capsys):
+    """matplotlib is an extra: a run that measured everything writes JSON and BENCHMARKS.md and notes the
+    skipped plot in one line instead of crashing after the measurement."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    cli = _fake_cli(monkeypatch)
+    out, md = tmp_path / "results", tmp_path / "BENCHMARKS.md"
+    assert cli.main(["gemm", "--shapes", "4096x4096x4096", "--out", str(out), "--md", str(md)]) == 0
+    err = capsys.readouterr().err
+    assert (out / "2026-11-30-h200-gemm.json").exists() and not (out / "2026-11-30-h200-gemm.png").exists()
+    assert md.exists() and "[plot](" not in md.read_text()
+    notes = [line for line in err.splitlines() if "plot skipped" in line]
+    assert len(notes) == 1 and "[bench]" in notes[0]
+    assert cli.main(["report", "--out", str(out), "--md", str(md)]) == 0
+    assert "plots skipped" in capsys.readouterr().err

@@ -1,1 +1,4 @@
-"""Benchmark harness: `python -m torch_autows.bench {gemm,attention,model,report}` (see shared/BENCH.md)."""
+"""Benchmark harness: `python -m torch_autows.bench {gemm,attention,model,report}`.
+
+Method, peers, shapes and correctness rules: torch_autows/bench/README.md.
+"""

@@ -1,13 +1,17 @@
-"""``python -m torch_autows.bench {gemm,attention,model,report}``: measure autows against its peers (shared/BENCH.md).
+"""``python -m torch_autows.bench {gemm,attention,model,report}``: measure autows against its peers.
 
     python -m torch_autows.bench gemm --quick                 # a few shapes, all peers
     python -m torch_autows.bench attention --cases 's4096-*' --repeat 3
     python -m torch_autows.bench model --cases 8x2048 --peers inductor,autows
     python -m torch_autows.bench gemm --dry-run               # list cases and peers; needs no GPU
-    python -m torch_autows.bench report                       # only regenerate BENCHMARKS.md
+    python -m torch_autows.bench report                       # only regenerate BENCHMARKS.md and the plots
 
-Each run writes <out>/<date>-<gpu>-<subcommand>.json (rewritten after every case, so a killed run keeps
-what it measured) and a PNG next to it, prints the table, and regenerates BENCHMARKS.md from all results.
+Each run writes <out>/<date>-<gpu>-<work>.json (rewritten after every case, so a killed run keeps what
+it measured) and a PNG next to it (needs matplotlib: pip install 'torch_autows[bench]'), prints the
+table, and regenerates BENCHMARKS.md from every result in <out>. <out> defaults to ./bench/results under
+the current directory; BENCHMARKS.md goes to <root>/BENCHMARKS.md for <root>/bench/results, else next to
+<out>. Nothing is written inside the installed package. Method, peers, shapes and correctness rules:
+torch_autows/bench/README.md.
 """
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ import sys
 from pathlib import Path
 
 from . import cases as _cases
-from .results import DEFAULT_OUT, REPO_ROOT
+from .results import DEFAULT_OUT, default_markdown
 
 WORKS = ("gemm", "attention", "model", "decode")
 #: Timing defaults per work: a model forward takes ~50 ms, so do_bench's default 100 ms would time it
@@ -39,16 +43,23 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--repeat", type=int, default=repeat, help="timing rounds per peer; records the spread")
         s.add_argument("--warmup", type=int, default=warmup, help="do_bench warmup (ms)")
         s.add_argument("--rep", type=int, default=rep, help="do_bench rep (ms)")
-        s.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results folder (default: bench/results)")
-        s.add_argument("--md", type=Path, default=None, help="BENCHMARKS.md path (default: repo root)")
+        _output_args(s)
         s.add_argument("--no-report", action="store_true", help="do not regenerate BENCHMARKS.md")
         s.add_argument("--dry-run", action="store_true", help="list cases and peers; measure nothing")
         if work == "model":
             s.add_argument("--layers", type=int, default=4, help="decoder layers (default 4)")
-    r = sub.add_parser("report", help="regenerate BENCHMARKS.md from every JSON file in --out")
-    r.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    r.add_argument("--md", type=Path, default=None)
+    r = sub.add_parser("report", help="regenerate BENCHMARKS.md and the PNG plots from every JSON file in --out")
+    _output_args(r)
+    r.add_argument("--no-plots", action="store_true", help="regenerate BENCHMARKS.md only, not the PNGs")
     return p
+
+
+def _output_args(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                   help="results folder (default: ./bench/results under the current directory)")
+    s.add_argument("--markdown", "--md", dest="md", type=Path, default=None,
+                   help="BENCHMARKS.md path (default: <root>/BENCHMARKS.md for <root>/bench/results, "
+                        "else next to --out)")
 
 
 def _split(text: str | None) -> list[str] | None:
@@ -93,7 +104,7 @@ def dry_run(work: str, selected: list, peers: list, notes: list[str], args) -> N
         print(f"note: {n}")
     print(f"timing: triton.testing.do_bench(warmup={args.warmup}, rep={args.rep}, return_mode='median') "
           f"x {args.repeat} round(s)")
-    print(f"output: {args.out}/<date>-<gpu>-{work}.json + .png; then {args.md or REPO_ROOT / 'BENCHMARKS.md'}")
+    print(f"output: {args.out}/<date>-<gpu>-{work}.json + .png; then {args.md or default_markdown(args.out)}")
 
 
 def _setup_torch() -> None:
@@ -115,7 +126,7 @@ def _reset_dynamo() -> None:
 def run(work: str, selected: list, peers: list, notes: list[str], args, argv: list[str]) -> int:
     import torch
 
-    from .plot import plot_rows
+    from .plot import try_plot
     from .report import table, write_markdown
     from .results import collect_meta, result_path, write_json
     from .runner import progress, run_suite
@@ -149,7 +160,7 @@ def run(work: str, selected: list, peers: list, notes: list[str], args, argv: li
         progress("interrupted: writing what was measured")
     write_json(path, meta, rows)
     print(table(rows))
-    png = plot_rows(rows, path.with_suffix(".png"), title=f"{work} — {meta['gpu']} — {meta['date']}")
+    png = try_plot(rows, path.with_suffix(".png"), work=work, title=f"{path.stem}: {meta['gpu']}", note=progress)
     progress(f"wrote {path}" + (f" and {png}" if png else ""))
     if not args.no_report:
         progress(f"wrote {write_markdown(Path(args.out), args.md)}")
@@ -160,8 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     if args.cmd == "report":
+        from .plot import regenerate_plots
         from .report import write_markdown
 
+        if not args.no_plots:
+            regenerate_plots(args.out, note=lambda msg: print(msg, file=sys.stderr))
         print(write_markdown(args.out, args.md))
         return 0
     try:

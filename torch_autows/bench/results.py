@@ -1,4 +1,9 @@
-"""Result rows, run metadata and the JSON files under bench/results."""
+"""Result rows, run metadata and the JSON files of a results folder (default ``./bench/results``).
+
+Nothing here writes into the installed package: results go to the folder the user names (``--out``),
+by default ``bench/results`` under the current directory, which in a clone run from its root is the
+recorded history the repository keeps.
+"""
 from __future__ import annotations
 
 import datetime as _dt
@@ -10,8 +15,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+#: The folder holding the ``torch_autows`` package: a clone's root, or site-packages when installed.
+#: Only read from (git metadata, reference kernels), never written to.
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_OUT = REPO_ROOT / "bench" / "results"
+#: Default results folder, relative to the current directory (resolved when used).
+DEFAULT_OUT = Path("bench") / "results"
 ERROR_CHARS = 400
 ROW_KEYS = ("work", "case", "impl", "tflops", "ms", "rel_err", "error")
 
@@ -59,6 +67,10 @@ def _run(cmd: list[str], timeout: float = 10.0) -> str | None:
 
 
 def git_commit() -> str | None:
+    """HEAD of the clone the package is imported from (None for an installed copy)."""
+    top = _run(["git", "rev-parse", "--show-toplevel"])
+    if not top or Path(top).resolve() != REPO_ROOT:  # site-packages inside some other checkout is not ours
+        return None
     commit = _run(["git", "rev-parse", "HEAD"])
     if commit and _run(["git", "status", "--porcelain", "--untracked-files=no"]):
         commit += "+dirty"
@@ -100,6 +112,15 @@ def collect_meta(subcommand: str, argv: list[str] | None = None, **extra) -> dic
             meta["cudnn"] = torch.backends.cudnn.version()
     meta.update(extra)
     return meta
+
+
+def default_markdown(results_dir: Path) -> Path:
+    """Where ``BENCHMARKS.md`` goes for a results folder: ``<root>/BENCHMARKS.md`` for ``<root>/bench/results``
+    (a clone's layout), else next to the folder (``<parent>/BENCHMARKS.md``)."""
+    results_dir = Path(results_dir).absolute()
+    if results_dir.parts[-2:] == ("bench", "results"):
+        return results_dir.parent.parent / "BENCHMARKS.md"
+    return results_dir.parent / "BENCHMARKS.md"
 
 
 def result_path(out_dir: Path, date: str, gpu: str | None, subcommand: str) -> Path:

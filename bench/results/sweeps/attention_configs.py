@@ -1,4 +1,4 @@
-"""Attention configs (every runtime config plus named variants) against cuDNN on the BENCH.md grid, one process.
+"""Attention configs (every runtime config plus named variants) against cuDNN on the bench attention grid, one process.
 
 Run on the GPU machine: ``PYTHONPATH=. OUT=<dir> python bench/results/sweeps/attention_configs.py [glob ...]``;
 ``CONFIGS=a,b`` in the environment times only these configs and variants (default: every one).
