@@ -87,10 +87,26 @@ def explicit_additive_mask(q, k, v):
     return torch.softmax(torch.matmul(q, k.transpose(2, 3)) * 0.3 + mask, dim=-1) @ v
 
 
+def masked_fill_inf_then_scale(q, k, v):  # a temperature after a -inf mask: -inf * 0.3 is still -inf
+    w = (q @ k.transpose(-2, -1)).masked_fill(torch.ones(16, 16, dtype=torch.bool).triu(1), float("-inf")) * 0.3
+    return torch.softmax(w, dim=-1) @ v
+
+
+def min_fill_then_scale(q, k, v):  # finfo.min * 0.5 is still far below float16's lowest
+    w = (q @ k.transpose(-2, -1)).masked_fill(torch.ones(16, 16, dtype=torch.bool).triu(1), torch.finfo(q.dtype).min)
+    return torch.softmax(w * 0.5, dim=-1) @ v
+
+
+def additive_min_then_scale(q, k, v):
+    mask = torch.full((16, 16), torch.finfo(q.dtype).min).triu(1)
+    return torch.softmax((torch.matmul(q, k.transpose(2, 3)) + mask) / 4.0, dim=-1) @ v
+
+
 FORMS = [sdpa_causal, sdpa_scale, sdpa_gqa, hf_llama_eager, mul_scale, scaled_q, permuted_k, gpt2_full, no_scale,
-         k_given_transposed, sdpa_bool_causal_mask, hf_additive_causal_mask, gpt_masked_fill, explicit_additive_mask]
+         k_given_transposed, sdpa_bool_causal_mask, hf_additive_causal_mask, gpt_masked_fill, explicit_additive_mask,
+         masked_fill_inf_then_scale, min_fill_then_scale, additive_min_then_scale]
 CAUSAL = {sdpa_causal, sdpa_gqa, sdpa_bool_causal_mask, hf_additive_causal_mask, gpt_masked_fill,
-          explicit_additive_mask}
+          explicit_additive_mask, masked_fill_inf_then_scale, min_fill_then_scale, additive_min_then_scale}
 
 
 def _qkv(dtype=torch.float32, s=16):
@@ -218,3 +234,48 @@ def test_attention_lowers_to_a_direct_extern_call(train, pretend):
         torch.testing.assert_close(gx, rx, atol=1e-3, rtol=1e-3)
         torch.testing.assert_close(gw, rw, atol=1e-3, rtol=1e-3)
     assert target.site_counters["attention.rewritten"] == 1
+
+
+
+
+def _fill_then_tiny_scale(q, k, v):  # reliability-2 D5: masked weight exp(-65504 * 1e-4) = exp(-6.55), not 0
+    s = (q @ k.transpose(-2, -1)).masked_fill(torch.ones(16, 16, dtype=torch.bool).triu(1), -65504.0) * 1e-4
+    return torch.softmax(s, -1) @ v
+
+
+def _where_then_tiny_scale(q, k, v):
+    keep = torch.ones(16, 16, dtype=torch.bool).tril()
+    return torch.softmax(torch.where(keep, q @ k.transpose(-2, -1), -65504.0) / 1e4, -1) @ v
+
+
+def _half_mask_then_tiny_scale(q, k, v):  # an additive float16 min mask, then a tiny scale
+    mask = torch.full((16, 16), torch.finfo(torch.float16).min, dtype=torch.float16).triu(1)
+    return torch.softmax((q @ k.transpose(-2, -1) + mask) * 1e-4, -1) @ v
+
+
+def _negated_around_mask(q, k, v):  # overall scale +1, but the -inf fill becomes +inf
+    s = ((q @ k.transpose(-2, -1)) * -1.0).masked_fill(torch.ones(16, 16, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(s * -1.0, -1) @ v
+
+
+@pytest.mark.parametrize("form", [_fill_then_tiny_scale, _where_then_tiny_scale, _half_mask_then_tiny_scale,
+                                  _negated_around_mask], ids=lambda f: f.__name__)
+def test_scale_after_a_finite_mask_is_not_causal(form, pretend, capture):
+    # the causal proof checks the masked logit the softmax sees: fill (or mask) x the scalings after the mask
+    (gm,) = capture(form, *_qkv())
+    (site,) = rewrite_attention(gm.graph)
+    assert "not provably causal" in site.reason and not site.is_causal
+    assert OP not in [n.target for n in gm.graph.nodes]
+
+
+def test_scale_after_a_finite_mask_matches_eager_compiled(pretend):
+    q, k, v = _qkv()
+    out = torch.compile(_fill_then_tiny_scale, backend="autows")(q, k, v)
+    torch.testing.assert_close(out, _fill_then_tiny_scale(q, k, v), atol=1e-5, rtol=1e-5)
+    assert target.site_counters["attention.rewritten"] == 0
+
+
+def test_sdpa_zero_scale_reason(pretend, capture):
+    (gm,) = capture(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, scale=0.0), *_qkv())
+    (site,) = find_attention_sites(gm.graph)
+    assert "scale=0.0" in site.reason and "uniform" in site.reason and "not a constant" not in site.reason

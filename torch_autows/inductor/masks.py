@@ -76,20 +76,38 @@ def keep_is_causal(keep: torch.Tensor, sq: int, skv: int) -> bool:
     return bool((keep == _causal_keep(sq, skv, keep.device)).all())
 
 
-def additive_is_causal(mask: torch.Tensor, sq: int, skv: int) -> bool:
-    """An additive float mask: 0 on the causal triangle, -inf (or a huge negative) above it."""
-    if not mask.is_floating_point():
+def additive_is_causal(mask: torch.Tensor, sq: int, skv: int, post_scale: float = 1.0) -> bool:
+    """An additive float mask: 0 on the causal triangle, -inf (or a huge negative) above it.
+
+    ``post_scale``: the positive factor the masked scores are multiplied by before the softmax. The huge
+    negative (at most half the mask dtype's lowest value) must stay at least as negative as the weakest value
+    accepted unscaled after it: <= max(that bound, float16's lowest), so finfo(float32).min * 0.3 passes and
+    finfo(float16).min * 1e-4 (weight exp(-6.5), not 0) does not. -inf stays -inf.
+    """
+    if not mask.is_floating_point() or not post_scale > 0:
         return False
     low = torch.finfo(mask.dtype).min / 2
-    zero, neg = mask == 0, (mask <= low) | (mask == -math.inf)
+    zero = mask == 0
+    scaled_low = max(low, torch.finfo(torch.float16).min)
+    neg = ((mask <= low) & (mask.double() * post_scale <= scaled_low)) | (mask == -math.inf)
     return bool((zero | neg).all()) and keep_is_causal(zero, sq, skv)
 
 
-def is_causal_mask(mask_node, sq, skv, *, kind: str, fill=None) -> bool:
+def fill_masks_everything(fill, post_scale: float = 1.0) -> bool:
+    """A ``masked_fill`` / ``where`` fill whose masked logit ``fill * post_scale`` has softmax weight 0:
+    -inf, or at most float16's lowest (-65504), as HF's ``finfo.min`` fills, after the scalings that follow
+    the mask. A non-positive ``post_scale`` never qualifies (it would turn -inf into +inf or nan)."""
+    if not isinstance(fill, (int, float)) or isinstance(fill, bool) or not post_scale > 0:
+        return False
+    return fill == -math.inf or fill * post_scale <= torch.finfo(torch.float16).min
+
+
+def is_causal_mask(mask_node, sq, skv, *, kind: str, fill=None, post_scale: float = 1.0) -> bool:
     """Whether the mask of one attention site is the causal mask.
 
     kind: "sdpa" (bool: True keeps; float: additive), "add" (additive), "masked_fill" (True masks, with
-    ``fill`` -inf/huge negative) or "where" (``where(mask, scores, fill)``: True keeps).
+    ``fill`` -inf/huge negative) or "where" (``where(mask, scores, fill)``: True keeps). ``post_scale`` is
+    the product of the scalings applied to the masked scores before the softmax (explicit forms only).
     """
     if not (isinstance(sq, int) and isinstance(skv, int)) or not isinstance(mask_node, fx.Node):
         return False
@@ -97,10 +115,10 @@ def is_causal_mask(mask_node, sq, skv, *, kind: str, fill=None) -> bool:
     if m is None:
         return False
     if kind in ("masked_fill", "where"):
-        if not isinstance(fill, (int, float)) or not (fill == -math.inf or fill <= torch.finfo(torch.float16).min):
+        if not fill_masks_everything(fill, post_scale):
             return False
         keep = ~m if kind == "masked_fill" else m
         return m.dtype == torch.bool and keep_is_causal(keep, sq, skv)
     if m.dtype == torch.bool:
         return kind == "sdpa" and keep_is_causal(m, sq, skv)
-    return additive_is_causal(m, sq, skv)
+    return additive_is_causal(m, sq, skv, post_scale)

@@ -208,16 +208,31 @@ def _sdpa_site(n: fx.Node) -> AttentionSite:
     elif not isinstance(a["is_causal"], bool) or not isinstance(a["enable_gqa"], bool):
         site.reason = "is_causal / enable_gqa are not constants in the traced graph"
     elif a["scale"] is not None and _number(a["scale"]) is None:
-        site.reason = f"scale {a['scale']!r} is not a constant number in the traced graph"
+        site.reason = _scale_reason(a["scale"])
     else:
         site.is_causal, site.enable_gqa = a["is_causal"] or mask_is_causal, a["enable_gqa"]
         site.scale = None if a["scale"] is None else float(a["scale"])
     return site
 
 
+def _scale_reason(scale) -> str:
+    """Why an SDPA ``scale`` that ``_number`` refuses is not served."""
+    if isinstance(scale, (int, float)) and not isinstance(scale, bool):
+        if scale == 0:
+            return ("SDPA with scale=0.0 (uniform attention weights) is left to torch: the generated kernel is "
+                    "not validated for a zero scale")
+        if not math.isfinite(scale):
+            return f"SDPA with a non-finite scale ({scale}); pass a finite scale"
+    return f"scale {scale!r} is not a constant number in the traced graph"
+
+
 def _walk_up(x) -> tuple[fx.Node, list[fx.Node], float, list[tuple]] | None:
     """From a softmax input up through casts, scalings and masks to the QK^T matmul:
-    (matmul, nodes passed, scale, masks as (kind, mask node, fill)) or None."""
+    (matmul, nodes passed, scale, masks as (kind, mask node, fill, post)) or None.
+
+    ``post`` is the product of the scalings applied to the scores after that mask (those met before it on
+    the way up): the masked logit the softmax sees is ``fill * post``, which the causal proof must check.
+    """
     passed, scale, masks = [], 1.0, []
     while isinstance(x, fx.Node):
         if _is(x, _MATMUL_FNS, _MATMUL_METHODS):
@@ -232,32 +247,38 @@ def _walk_up(x) -> tuple[fx.Node, list[fx.Node], float, list[tuple]] | None:
         elif _is_mask(x):
             passed.append(x)
             if x.target is torch.where:  # where(keep, scores, fill)
-                masks.append(("where", x.args[0], _arg(x, 2, "other")))
+                masks.append(("where", x.args[0], _arg(x, 2, "other"), scale))
                 x = x.args[1]
             elif x.target == "masked_fill" or x.target is torch.masked_fill:  # masked_fill(scores, drop, fill)
-                masks.append(("masked_fill", _arg(x, 1, "mask"), _arg(x, 2, "value")))
+                masks.append(("masked_fill", _arg(x, 1, "mask"), _arg(x, 2, "value"), scale))
                 x = x.args[0]
             else:  # add(scores, mask) or add(mask, scores): follow the side that reaches the matmul
                 hits = [(i, r) for i, r in enumerate(map(_walk_up, x.args)) if r is not None]
                 if len(hits) != 1:
                     return None
                 i, (mm, more, sc, inner) = hits[0]
-                return mm, passed + more, scale * sc, [*masks, ("add", x.args[1 - i], None), *inner]
+                inner = [(kind, m, fill, scale * post) for kind, m, fill, post in inner]
+                return mm, passed + more, scale * sc, [*masks, ("add", x.args[1 - i], None, scale), *inner]
         else:
             return None
     return None
 
 
 def _mask_reason(masks: list[tuple], qv, kv) -> tuple[bool, str | None]:
-    """(is_causal, reason) from q's and K's fake tensors: one mask that is provably causal is served as is_causal."""
+    """(is_causal, reason) from q's and K's fake tensors: one mask that is provably causal is served as is_causal.
+
+    The proof covers the masked logits as the softmax sees them: the fill (or additive mask) times the
+    scalings applied after the mask, so ``masked_fill(-65504) * 1e-4`` (masked weight exp(-6.5), not 0) is
+    not causal.
+    """
     if not masks:
         return False, None
     if len(masks) == 1 and qv is not None and kv is not None:
-        kind, node, fill = masks[0]
+        kind, node, fill, post = masks[0]
         if isinstance(fill, fx.Node):
             f = evaluate_constant(fill)
             fill = float(f) if f is not None and f.numel() == 1 else None
-        if is_causal_mask(node, qv.shape[-2], kv.shape[-2], kind=kind, fill=fill):
+        if is_causal_mask(node, qv.shape[-2], kv.shape[-2], kind=kind, fill=fill, post_scale=post):
             return True, None
     return False, ("explicit attention with a mask tensor that is not provably causal (add/masked_fill/where "
                    "before softmax); only causal masks are served")
