@@ -231,3 +231,42 @@ def test_overwrite_is_wrong_data_and_detected():
         assert "has not retired its read" in overwrite.message and overwrite.partition == "producer"
         wrong += not torch.equal(out["c"], inst.reference["c"])
     assert wrong == SEEDS
+
+
+def test_dropped_in_loop_wait_ready_is_a_stale_slot():
+    """reliability-2 D7: an earlier wait of the same group must not cover a dropped one after advance()."""
+    from torch_autows.runtime.attention import CONFIGS as ATTENTION_CONFIGS
+    from torch_autows.templates.attention import AttentionRequest
+    from torch_autows.templates.attention import build as build_attention
+
+    after = pipeline.run(build_attention(AttentionRequest(64, "bf16", False), ATTENTION_CONFIGS["ws_p_128x128"]))
+    mutated = drop_text_line(after, "consumer0", "      wait_ready() {group='g0'}")  # the K/V ring, in the loop
+    body = mutated.partition("consumer0").body
+    loop = next(o for o in body if o.kind == "loop")
+    assert not any(o.kind == "wait_ready" for o in loop.body)
+    assert any(o.kind == "wait_ready" and o.attr("group") == "g0" for o in body)  # the prologue's stays
+    block_n = next(o.results[0].type.shape[0] for o in walk(after.partition("producer").body)
+                   if o.kind == "load" and o.attr("buffer") == "k_smem")
+    caught = 0
+    for policy in POLICIES:
+        for seed in range(8):
+            inst = make_instance(mutated, seed)
+            steps = -(-inst.scalars["Skv"] // block_n)
+            if steps < 2:  # no loop iteration: the mutated code never runs
+                out = run_partitioned(mutated, inst.inputs(), policy=policy, seed=seed)
+                assert inst.matches(out), (inst.desc, inst.error(out))
+                continue
+            with pytest.raises(Violation) as info:
+                run_partitioned(mutated, inst.inputs(), policy=policy, seed=seed)
+            v, text = info.value, str(info.value)
+            assert (v.kind, v.partition, v.group) == ("stale-slot", "consumer0", "g0"), (inst.desc, text)
+            assert v.op.kind == "get" and v.op.attr("buffer") == "k_smem", text
+            for part in ("violation [stale-slot]: consumer0 uses the slot of group g0 at fill n=",
+                         "without an acquire/wait_ready", "advance() at #", "op: %k:bf16[128,64]@smem = get()",
+                         "last 40 events:", f"cta{v.cta} consumer0: %k:bf16[128,64]@smem = get()"):
+                assert part in text, (part, text)
+            assert len(v.events) == 40
+            caught += 1
+    assert caught >= len(POLICIES)  # some seeds do run >= 2 K/V steps
+    with pytest.raises(Violation, match=r"violation \[stale-slot\]"):  # and a fixed long one, whatever the seeds
+        run_partitioned(mutated, make_instance(mutated, 0, shape=(1, 1, 1, 64, 300)).inputs())

@@ -7,6 +7,8 @@ wait cannot pass yet. Mirrored from the generated code:
     load         async TMA copy into buffer[g_s] (lands later, completing ready[g_s]'s bytes)
     wait_ready   g_s = n % count; wait ready[g_s] with phase (n // count) & 1
     get          the value is buffer[g_s]: a slot reference read at each use
+                 (g_s, like load's and release{0}'s, is the one the last acquire/wait_ready set; after an
+                 advance it is stale until the next acquire/wait_ready: using it is a `stale-slot` violation)
     release{L}   L=0: arrive empty[g_s]; else arrive empty[(n + count - L) % count] if (var - lb) >= L
     release_tail for j in 1..L: arrive empty[(n + count - j) % count] if _trip >= j
     advance      n += 1
@@ -72,7 +74,8 @@ class PartRun:
         for o in walk(part.body):
             if o.attr("group") is not None:
                 self.counters[o.attr("group")] += 0  # codegen: `{g}_n = 0` for every group the body names
-        self.slotvar: dict[str, tuple[int, int]] = {}
+        self.slotvar: dict[str, tuple[int, int]] = {}  # group -> (slot, fill n) set by acquire/wait_ready
+        self.stale: dict[str, tuple[int, int, int]] = {}  # group -> (slot, fill n, step) of an advanced-past slot
         self.loops: list[tuple[str, int]] = []
         self.wgmma: collections.deque = collections.deque()
         self.stores: list[StoreRead] = []
@@ -235,6 +238,7 @@ def _this_step(pr: PartRun, o: Op):
     n = pr.counters[g]
     s, lap = n % G.count, n // G.count
     pr.slotvar[g] = (s, n)
+    pr.stale.pop(g, None)
     return g, G, n, s, lap
 
 
@@ -264,6 +268,12 @@ def _wait_ready(pr: PartRun, o: Op):
 
 
 def _slotvar(pr: PartRun, o: Op, g: str):
+    if g in pr.stale:
+        s, n, step = pr.stale[g]
+        pr.fail("stale-slot", f"{pr.name} uses the slot of group {g} at fill n={pr.counters[g]} without an "
+                f"acquire/wait_ready for that fill: the last one set slot {s} for fill n={n}, and advance() at "
+                f"#{step} moved the counter past it (codegen would reuse {g}_s: an old or not yet landed slot)",
+                o, group=g, slot=s)
     if g not in pr.slotvar:
         pr.fail("no-wait", f"{pr.name} uses the slot of group {g} before any acquire/wait_ready set it", o, group=g)
     return pr.slotvar[g]
@@ -334,6 +344,8 @@ def _release_tail(pr: PartRun, o: Op):
 
 def _advance(pr: PartRun, o: Op):
     g, _ = _group(pr, o)
+    if g in pr.slotvar:  # the slot belongs to the fill just passed: the next step needs its own wait
+        pr.stale[g] = (*pr.slotvar.pop(g), pr.run.step)
     pr.counters[g] += 1
 
 
