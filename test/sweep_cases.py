@@ -95,8 +95,8 @@ def bmm_cases(n: int = N, seed: int = SEED) -> list[Case]:
         tiled = r.random() < 0.75
         m = 128 * r.randint(1, 2) if tiled else _len(r, 300)
         k = 64 * r.randint(1, 8) if tiled else _len(r, 512)
-        n = r.choices([8 * r.randint(1, 64), r.randint(1, 512)], [80, 20])[0]
-        p = dict(b=r.randint(1, 4), m=m, n=n, k=k, dtype=dtype,
+        n_ = r.choices([8 * r.randint(1, 64), r.randint(1, 512)], [80, 20])[0]
+        p = dict(b=r.randint(1, 4), m=m, n=n_, k=k, dtype=dtype,
                  out32=dtype == "bf16" and r.random() < 0.2, b_transposed=r.random() < 0.1, nonfinite=None,
                  tseed=r.getrandbits(62))
         if r.random() < 0.15:
