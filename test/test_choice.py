@@ -212,3 +212,23 @@ def test_materialize_keeps_sizes_strides_dtype():
     r = choice.materialize(t)
     assert r.shape == t.shape and r.stride() == t.stride() and r.dtype == t.dtype and torch.isfinite(r).all()
     assert choice.materialize(torch.empty(0, 3)).shape == (0, 3)
+
+
+def test_compile_time_choice_measures_on_real_tensors_under_a_fake_mode(monkeypatch):
+    """Inductor's passes may run under a FakeTensorMode: the measurement must still see real tensors."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from torch_autows.inductor import target
+
+    monkeypatch.setattr(config, "choice", "measure", raising=False)
+    monkeypatch.setattr(target, "_capability", lambda index: (9, 0))
+    a = target._fake((64, 64), (64, 1), torch.bfloat16, CUDA)
+    seen = []
+
+    def decide():
+        seen.append(isinstance(torch.randn(2), FakeTensor))
+        return choice.Decision(False, "measured", 2.0, 1.0, 0.0)
+
+    with FakeTensorMode():
+        sc = target._site_choice(decide, lambda: True, a)
+    assert seen == [False] and not sc.use_ours and "measured" in sc.vendor_reason

@@ -217,8 +217,11 @@ def _site_choice(decide: Callable, prior: Callable[[], bool], *ts) -> SiteChoice
     real = all(t is None or (t.device.type == "cuda" and _capability(t.device.index) == (9, 0)) for t in ts)
     if not (real and _static(*ts)):
         return SiteChoice(True)
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
     try:
-        d = decide()
+        with unset_fake_temporarily():  # the measurement runs on real tensors, whatever mode the pass runs in
+            d = decide()
     except Exception as e:  # a failed measurement must not break compilation: the runtime decides later
         log.warning("autows: could not measure the choice at compile time (%s: %s); deciding at run time",
                     type(e).__name__, e)
