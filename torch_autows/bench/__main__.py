@@ -22,11 +22,12 @@ from pathlib import Path
 from . import cases as _cases
 from .results import DEFAULT_OUT, default_markdown
 
-WORKS = ("gemm", "attention", "model", "decode")
+WORKS = ("gemm", "attention", "model", "decode", "fallback")
 #: Timing defaults per work: a model forward takes ~50 ms, so do_bench's default 100 ms would time it
 #: twice; measured on the H200, 1 round of that put max-autotune 8% ahead of Inductor default, 3 rounds of
 #: 1 s put them within 1% (model-6 against model-7).
-TIMING = {"gemm": (1, 25, 100), "attention": (1, 25, 100), "model": (3, 200, 1000), "decode": (3, 10, 50)}
+TIMING = {"gemm": (1, 25, 100), "attention": (1, 25, 100), "model": (3, 200, 1000), "decode": (3, 10, 50),
+          "fallback": (3, 25, 100)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,6 +74,8 @@ def peers_of(work: str):
         from . import peers_attention as mod
     elif work == "decode":
         from . import peers_decode as mod
+    elif work == "fallback":
+        from . import peers_fallback as mod
     else:
         from . import model as mod
     peers, notes = mod.all_peers()

@@ -174,6 +174,12 @@ def decode_cases() -> list:
     return cases + [MlpCase(r) for r in (1, 8, 64, 256)]
 
 
+def fallback_cases() -> list[AttnCase]:
+    """Head dims the generated attention does not serve: 16 heads, 16k tokens per batch."""
+    return [AttnCase(TOKENS // s, 16, 16, s, d, causal) for d in (96, 256) for causal in (False, True)
+            for s in (1024, 4096)]
+
+
 def model_cases() -> list[ModelCase]:
     return [ModelCase(8, 2048), ModelCase(1, 16384)]
 
@@ -183,9 +189,11 @@ QUICK = {
     "attention": ["s2048-d128", "s2048-d128-causal", "s4096-d64", "gqa32x8-s4096-d128-causal"],
     "model": ["8x2048"],
     "decode": ["m1-4096x4096", "m16-4096x28672", "m64-14336x4096", "mlp4096x14336-r8"],
+    "fallback": ["s1024-d96", "s4096-d256-causal"],
 }
 
-ALL = {"gemm": gemm_cases, "attention": attention_cases, "model": model_cases, "decode": decode_cases}
+ALL = {"gemm": gemm_cases, "attention": attention_cases, "model": model_cases, "decode": decode_cases,
+       "fallback": fallback_cases}
 
 
 def select(work: str, names: list[str] | None = None, quick: bool = False) -> list:
