@@ -13,6 +13,7 @@ import tempfile
 
 import pytest
 import torch
+from fs_paths import unwritable
 
 from torch_autows import config, diskcache, ops
 from torch_autows.codegen import compile as cc
@@ -24,26 +25,9 @@ from torch_autows.runtime import gemm as rtg
 from torch_autows.templates.gemm import GemmRequest, build
 
 
-def _bad_dir(tmp_path, kind: str) -> str:
-    f = tmp_path / "a_file"
-    f.write_text("not a directory")
-    if kind == "file":
-        return str(f)
-    if kind == "file/sub":
-        return str(f / "sub")
-    d = tmp_path / "ro"
-    d.mkdir()
-    d.chmod(0o555)
-    try:
-        (d / "probe").write_text("")
-    except OSError:
-        return str(d)
-    pytest.skip("running as root: chmod does not stop writes (the 'file' and 'file/sub' cases cover this)")
-
-
 @pytest.mark.parametrize("kind", ["file", "file/sub", "read-only"])
 def test_unusable_dump_dir_warns_once_and_the_pipeline_goes_on(tmp_path, monkeypatch, caplog, kind):
-    bad = _bad_dir(tmp_path, kind)
+    bad = unwritable(tmp_path, kind)
     monkeypatch.setattr(config, "dump_dir", bad)
     monkeypatch.setattr(pipeline, "_dump_warned", set())
     monkeypatch.setattr(diskcache, "_warned", set())
@@ -100,7 +84,7 @@ def _attention_inputs():
 
 def _no_cache_anywhere(tmp_path, monkeypatch):
     """The cache root is a regular file and no private temporary directory can be made either."""
-    monkeypatch.setattr(config, "cache_dir", _bad_dir(tmp_path, "file"))
+    monkeypatch.setattr(config, "cache_dir", unwritable(tmp_path, "file"))
 
     def no_tmp(*args, **kwargs):
         raise OSError(errno.EROFS, "Read-only file system", tempfile.gettempdir())
@@ -160,9 +144,9 @@ def test_compile_oserror_at_first_launch_falls_back(fake_gpu, tmp_path, monkeypa
 @pytest.mark.parametrize("what", ["cache", "dump"])
 def test_kernel_path_still_launches_with_an_unusable_cache_or_dump_dir(fake_gpu, tmp_path, monkeypatch, what):
     """An unusable cache root (the source goes to a private temp dir) or dump dir does not stop the kernel."""
-    monkeypatch.setattr(config, "cache_dir", _bad_dir(tmp_path, "file") if what == "cache" else
+    monkeypatch.setattr(config, "cache_dir", unwritable(tmp_path, "file") if what == "cache" else
                         str(tmp_path / "cache"))
-    monkeypatch.setattr(config, "dump_dir", _bad_dir(tmp_path, "file/sub") if what == "dump" else None)
+    monkeypatch.setattr(config, "dump_dir", unwritable(tmp_path, "file/sub") if what == "dump" else None)
     a, b = _gemm_inputs()
     served = fallback.counters["gemm.autows"]
     ops.gemm(a, b)  # the launch is recorded, not run: the output is not checked

@@ -15,6 +15,7 @@ import threading
 import uuid
 
 import pytest
+from fs_paths import unwritable
 
 from torch_autows import config, diskcache
 from torch_autows.codegen import compile as cc
@@ -171,27 +172,9 @@ def test_a_module_that_failed_to_load_is_not_kept(cache):
         delattr(builtins, flag)
 
 
-def _unwritable(tmp_path, kind: str) -> str:
-    """A cache path that cannot be used: a regular file, a path under one, or a read-only directory."""
-    f = tmp_path / "a_file"
-    f.write_text("not a directory")
-    if kind == "file":
-        return str(f)
-    if kind == "file/sub":
-        return str(f / "sub")
-    d = tmp_path / "ro"
-    d.mkdir()
-    d.chmod(0o555)
-    try:
-        (d / "probe").write_text("")
-    except OSError:
-        return str(d)
-    pytest.skip("running as root: chmod does not stop writes (the 'file' and 'file/sub' cases cover this)")
-
-
 @pytest.mark.parametrize("kind", ["file", "file/sub", "read-only"])
 def test_unusable_root_falls_back_to_a_private_dir(tmp_path, monkeypatch, caplog, kind):
-    bad = _unwritable(tmp_path, kind)
+    bad = unwritable(tmp_path, kind)
     monkeypatch.setattr(config, "cache_dir", bad)
     monkeypatch.setattr(cc, "_modules", {})
     monkeypatch.setattr(cc, "_private", None)
