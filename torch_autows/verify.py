@@ -6,8 +6,8 @@ those of the stages before it.
 from __future__ import annotations
 
 from .ir import Program, check_expr, defs, format_op, walk
+from .ir_ops import LATENCY, OPS, STRUCTURAL
 from .passes.buffers import value_partition
-from .passes.loop_schedule import LATENCY
 
 ORDER = ["template", "data_partition", "loop_schedule", "partition_schedule", "buffers", "memory_plan",
          "code_partition"]
@@ -45,6 +45,7 @@ def _check_ssa(p: Program, stage: str):
 
     def visit(ops, scope, loop_vars):
         for o in ops:
+            _check_kind(o, stage)
             for x in o.operands:
                 if x not in scope:
                     _fail(stage, f"%{x} used before it is defined", o)
@@ -70,10 +71,20 @@ def _check_ssa(p: Program, stage: str):
     visit(p.body, set(), set())
 
 
+def _check_kind(o, stage: str):
+    """The op's kind is in the op table (ir_ops) and its operand and result counts are in the kind's ranges."""
+    k = OPS.get(o.kind)
+    if k is None:
+        _fail(stage, f"unknown op kind {o.kind!r}: add an OpKind for it to torch_autows/ir_ops.py", o)
+    for what, n, (lo, hi) in (("operands", len(o.operands), k.operands), ("results", len(o.results), k.results)):
+        if n < lo or (hi is not None and n > hi):
+            _fail(stage, f"{o.kind} takes {lo}..{'' if hi is None else hi} {what}, not {n}", o)
+
+
 def _check_chains(p: Program, stage: str):
     dmap = defs(p.body)
     for o in walk(p.body):
-        if o.kind in ("loop", "yield") or o.chain is None:
+        if o.kind in STRUCTURAL or o.chain is None:
             continue
         for x in o.operands:
             d = dmap.get(x)
@@ -108,7 +119,7 @@ def _check_schedule(p: Program, stage: str):
 def _check_partitions(p: Program, stage: str):
     names = {pt.name for pt in p.partitions}
     for o in walk(p.body):
-        if o.kind in ("loop", "yield"):
+        if o.kind in STRUCTURAL:
             continue
         if o.partition not in names:
             _fail(stage, f"op has partition {o.partition!r}, not one of {sorted(names)}", o)
@@ -124,7 +135,7 @@ def _check_channels(p: Program, stage: str):
     dmap = defs(p.body)
     chans = {(c.value, d) for c in p.channels for d in c.dsts}
     for o in walk(p.body):
-        if o.kind in ("loop", "yield"):
+        if o.kind in STRUCTURAL:
             continue
         for x in o.operands:
             for src in value_partition(x, dmap):
