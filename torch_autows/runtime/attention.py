@@ -257,9 +257,12 @@ def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
         program, launcher = _plan(AttentionRequest(D, DTYPES[q.dtype], bool(is_causal)), options_for(config, scale))
     except OSError as e:
         raise Unsupported(f"could not build the kernel: {e}") from e
-    args = [_tma(view) for view in (qv, kv, vv)]
     BH = B * Hq
-    args += [out, lse, Sq, Skv, Hq, Hkv, Hq // Hkv, float(scale) * LOG2E, *qv[1:4], *kv[1:4], *ov[1:4], BH]
+    values = {"q": _tma(qv), "k": _tma(kv), "v": _tma(vv), "o": out, "lse": lse, "Sq": Sq, "Skv": Skv, "Hq": Hq,
+              "Hkv": Hkv, "G": Hq // Hkv, "qk_scale": float(scale) * LOG2E, "BH": BH}
+    for prefix, view in (("q", qv), ("kv", kv), ("o", ov)):  # (rb, rh, ch) of each row view
+        values.update(zip((f"{prefix}_rb", f"{prefix}_rh", f"{prefix}_ch"), view[1:4]))
+    args = launcher.ordered(values)  # by templates.attention's argument names
     tiles = BH * math.ceil(Sq / program.options.block_m)
     idx = dev.index(out.device)
     grid = min(tiles, dev.num_sms(idx)) if program.grid.persistent else tiles

@@ -149,10 +149,11 @@ def _launch(req: GemmRequest, config: str, a2, b2, c2, bias, M, N, K, device, ke
         launcher, persistent, o = _plan(req, config)
     except OSError as e:
         raise Unsupported(f"could not build the kernel: {e}") from e
-    args = [Tma(t, t.shape, t.stride()) for t in (a2, b2, c2)]
+    values = {name: Tma(t, t.shape, t.stride()) for name, t in (("a", a2), ("b", b2), ("c", c2))}
     if bias is not None:
-        args.append(bias)
-    args += [M, N, K]
+        values["bias"] = bias
+    values.update(M=M, N=N, K=K)
+    args = launcher.ordered(values)  # by templates.gemm's argument names
     idx = dev.index(device)
     tiles = req.batch * -(-M // o.block_m) * -(-N // o.block_n)
     grid = min(tiles, dev.num_sms(idx)) if persistent else tiles

@@ -51,14 +51,29 @@ _MAP_CACHE_MAX = 1024
 
 
 class Launcher:
-    """One compiled kernel: ``launcher(grid, args)`` with ``Tma`` entries for descriptor args."""
+    """One compiled kernel: ``launcher(grid, args)`` with ``Tma`` entries for descriptor args, ``args`` in the
+    kernel's argument order; ``launcher.ordered({name: value})`` puts values given by name in that order."""
 
-    def __init__(self, kernel, descs: list, num_warps: int):
+    def __init__(self, kernel, descs: list, num_warps: int, names: tuple[str, ...] = ()):
         self.kernel = kernel          # the @gluon.jit function
         self.descs = descs            # (block, layout) per Tma argument, in argument order
         self.num_warps = num_warps
+        self.names = tuple(names)     # the kernel's arguments (Program.args), in order
         self._direct: dict[tuple, tuple | None] = {}  # (device, specialisation) -> direct state (None: slow)
         self._maps: dict = {}
+
+    def ordered(self, values: dict) -> list:
+        """The launch arguments ``values`` (argument name -> value) in the kernel's order; a ValueError naming
+        every missing and extra name where they do not match the kernel's arguments exactly."""
+        if len(values) == len(self.names):
+            try:
+                return [values[n] for n in self.names]
+            except KeyError:
+                pass
+        missing = [n for n in self.names if n not in values]
+        extra = [n for n in values if n not in self.names]
+        raise ValueError(f"launch arguments do not match the kernel's {list(self.names)}: missing {missing}, "
+                         f"extra {extra}; pass exactly the names of the Program's args")
 
     @property
     def direct(self) -> bool:
@@ -271,8 +286,10 @@ def _direct_state(compiled, n_desc: int):
 
 
 def launcher_for(program) -> Launcher:
-    """The Launcher of a partitioned Program (descriptor args in the Program's argument order)."""
+    """The Launcher of a partitioned Program (descriptor args in the Program's argument order; ``ordered``
+    binds values by the Program's argument names)."""
     from ..codegen.compile import launch_plan
 
     kernel, descs, warps = launch_plan(program)
-    return Launcher(kernel, [descs[a.name] for a in program.args if a.kind == "tensor"], warps)
+    return Launcher(kernel, [descs[a.name] for a in program.args if a.kind == "tensor"], warps,
+                    tuple(a.name for a in program.args))
