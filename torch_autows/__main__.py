@@ -140,11 +140,11 @@ def _cubin_path(kernel, out: str | None) -> str | None:
 
 def _parser() -> _Parser:
     from . import __version__
-    from .passes.pipeline import PIPELINE
+    from .passes.pipeline import STAGES
     from .runtime import attention as rt_attention
     from .runtime import gemm as rt_gemm
 
-    stages = ["template"] + [n for n, _ in PIPELINE]
+    stages = list(STAGES)
     ap = _Parser(prog="python -m torch_autows", description=__doc__,
                  formatter_class=argparse.RawDescriptionHelpFormatter)
     import torch

@@ -1,16 +1,14 @@
 """IR invariants per pipeline stage. ``check(program, stage)`` raises ``VerifyError`` naming the op.
 
-Stages are the names in passes.pipeline.PIPELINE (plus "template"); each stage's checks include
-those of the stages before it.
+Stages are ``passes.pipeline.STAGES`` ("template" and the name of each pass in PIPELINE); each stage's
+checks include those of the stages before it.
 """
 from __future__ import annotations
 
 from .ir import Program, check_expr, defs, format_op, walk
 from .ir_ops import LATENCY, OPS, STRUCTURAL
 from .passes.buffers import value_partition
-
-ORDER = ["template", "data_partition", "loop_schedule", "partition_schedule", "buffers", "memory_plan",
-         "code_partition"]
+from .passes.pipeline import STAGES
 
 
 class VerifyError(AssertionError):
@@ -23,19 +21,21 @@ def _fail(stage: str, msg: str, o=None):
 
 
 def check(program: Program, stage: str = "code_partition") -> None:
-    level = ORDER.index(stage)
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r}; the stages are {', '.join(STAGES)}")
+    level = STAGES.index(stage)
     _check_ssa(program, stage)
-    if level >= ORDER.index("data_partition"):
+    if level >= STAGES.index("data_partition"):
         _check_chains(program, stage)
-    if level >= ORDER.index("loop_schedule"):
+    if level >= STAGES.index("loop_schedule"):
         _check_schedule(program, stage)
-    if level >= ORDER.index("partition_schedule"):
+    if level >= STAGES.index("partition_schedule"):
         _check_partitions(program, stage)
-    if level >= ORDER.index("buffers"):
+    if level >= STAGES.index("buffers"):
         _check_channels(program, stage)
-    if level >= ORDER.index("memory_plan"):
+    if level >= STAGES.index("memory_plan"):
         _check_memory(program, stage)
-    if level >= ORDER.index("code_partition"):
+    if level >= STAGES.index("code_partition"):
         _check_code(program, stage)
 
 
