@@ -50,7 +50,7 @@ def fake_gpu(monkeypatch):
 def _forget():
     for rt in (rtg, rta):
         rt._BOUND.clear()
-        rt._plan.cache_clear()  # the Launchers, with their direct states
+    launch.compile_kernel.cache_clear()  # the Launchers, with their direct states
 
 
 def _bound_vs_full(log, cache: dict, call, make_inputs):

@@ -93,3 +93,28 @@ def test_ordered_names_missing_and_extra_arguments():
         L.ordered({"a": 1, "M": 2, "K": 3})
     with pytest.raises(ValueError, match=r"missing \[\], extra \['K'\]"):
         L.ordered({"a": 1, "M": 2, "N": 3, "K": 4})
+
+
+def test_compile_kernel_is_the_pipeline_once_per_key():
+    from torch_autows.ir import format_program
+    from torch_autows.passes import pipeline
+    from torch_autows.runtime.gemm import CONFIGS
+    from torch_autows.templates.gemm import GemmRequest, build
+
+    req, opts = GemmRequest(1, 1, 1, bias=True), CONFIGS["ws_p_128x128"]
+    k = launch.compile_kernel("gemm", req, opts)
+    assert launch.compile_kernel("gemm", req, opts) is k
+    trace = []
+    pipeline.run(build(req, opts), trace=trace)
+    assert [(n, format_program(p)) for n, p in k.trace] == [(n, format_program(p)) for n, p in trace]
+    assert k.program is k.trace[-1][1]
+
+
+def test_compile_kernel_names_a_wrong_template_or_request():
+    from torch_autows.runtime.gemm import CONFIGS
+    from torch_autows.templates.attention import AttentionRequest
+
+    with pytest.raises(TypeError, match="template 'gemm' takes a GemmRequest"):
+        launch.compile_kernel("gemm", AttentionRequest(64), CONFIGS["ws_p_128x128"])
+    with pytest.raises(KeyError, match="unknown template 'conv'; the templates are gemm, attention"):
+        launch.compile_kernel("conv", AttentionRequest(64), CONFIGS["ws_p_128x128"])

@@ -14,12 +14,12 @@ from dataclasses import replace
 import torch
 
 from ..ir import Options
-from ..templates.attention import AttentionRequest, build
+from ..templates.attention import AttentionRequest
 from . import choice
 from . import device as dev
 from .fallback import Unsupported
 from .gemm import DTYPES
-from .launch import BoundCache, Tma, launcher_for
+from .launch import BoundCache, Tma, compile_kernel
 
 LOG2E = 1.4426950408889634
 
@@ -99,12 +99,10 @@ def options_for(config: str, scale: float) -> Options:
     return replace(opts, raw_max=False) if opts.raw_max and not scale > 0 else opts
 
 
-@functools.lru_cache(maxsize=64)
 def _plan(req: AttentionRequest, opts: Options):
-    from ..passes import pipeline
-
-    program = pipeline.run(build(req, opts))
-    return program, launcher_for(program)
+    """(Program, Launcher) of a request (launch.compile_kernel caches them)."""
+    kernel = compile_kernel("attention", req, opts)
+    return kernel.program, kernel.launcher
 
 
 def _in_place(t: torch.Tensor, bshd_first: bool = False):

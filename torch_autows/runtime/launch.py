@@ -285,6 +285,33 @@ def _direct_state(compiled, n_desc: int):
         return None
 
 
+class Kernel:
+    """A compiled template instance: the pipeline's ``trace`` ((stage, Program) after every stage), the final
+    ``program`` and, loaded on first use (it writes and imports the Gluon), its ``launcher``."""
+
+    def __init__(self, trace: tuple):
+        self.trace = trace
+        self.program = trace[-1][1]
+
+    @functools.cached_property
+    def launcher(self) -> Launcher:
+        return launcher_for(self.program)
+
+
+@functools.lru_cache(maxsize=256)
+def compile_kernel(template: str, request, options) -> Kernel:
+    """The Kernel of ``templates.TEMPLATES[template]`` for ``request`` and ``options`` (runtime.gemm,
+    runtime.attention and the CLI all build kernels here): template -> passes.pipeline, once per key."""
+    from ..passes import pipeline
+    from ..templates import template as lookup
+
+    if not isinstance(request, lookup(template).request):
+        raise TypeError(f"template {template!r} takes a {lookup(template).request.__name__}, not {request!r}")
+    trace: list = []
+    pipeline.run(lookup(template).build(request, options), trace=trace)
+    return Kernel(tuple(trace))
+
+
 def launcher_for(program) -> Launcher:
     """The Launcher of a partitioned Program (descriptor args in the Program's argument order; ``ordered``
     binds values by the Program's argument names)."""
