@@ -78,6 +78,9 @@ OPS: dict[str, OpKind] = _kinds(
     OpKind("mulc", _UNARY, _ONE, axes="elementwise"),
     OpKind("fin0", _UNARY, _ONE, axes="elementwise"),
     OpKind("mask", _UNARY, _ONE, axes="elementwise", row_attrs=(("row", "offset"),)),
+    # no template builds these yet (the interpreter's tests do)
+    OpKind("neg", _UNARY, _ONE, axes="elementwise"),
+    OpKind("where", (3, 3), _ONE, axes="elementwise"),
     # made by code_partition: channel rings, wgmma retirement, ping-pong turns
     OpKind("acquire", _NONE, _NONE, phase="partitioned", blocking=True),
     OpKind("wait_ready", _NONE, _NONE, phase="partitioned", blocking=True),

@@ -215,6 +215,17 @@ def _exp2(ctx, o, args):
     return torch.exp2(args[0].float())
 
 
+@semantics("neg")
+def _neg(ctx, o, args):
+    return -args[0]
+
+
+@semantics("where")
+def _where(ctx, o, args):
+    c, a, b = args
+    return torch.where(c.bool(), a, b.to(a.dtype))
+
+
 @semantics("reduce_max")
 def _reduce_max(ctx, o, args):
     return torch.amax(args[0], dim=o.attr("axis"))
