@@ -50,7 +50,7 @@ def fake_gpu(monkeypatch):
 def _forget():
     for rt in (rtg, rta):
         rt._BOUND.clear()
-        rt._plan.cache_clear()  # the Launchers, with their direct states
+    launch.compile_kernel.cache_clear()  # the Launchers, with their direct states
 
 
 def _bound_vs_full(log, cache: dict, call, make_inputs):
@@ -155,3 +155,48 @@ def test_launch_hook_takes_the_kernel_grid_path(fake_gpu):
     finally:
         knobs.runtime.launch_enter_hook.remove(hook)
     assert fake_gpu == ["slow", "slow"]  # a profiler's hook sees every launch
+
+
+def _kernel_args(flat: tuple) -> list:
+    """The kernel's own arguments from the C launcher's (after the 13 fixed ones): a descriptor (its map, shape
+    and strides) as ("map", address, shape, strides), other arguments as they are."""
+    out, i = [], 0
+    while i < len(flat):
+        x = flat[i]
+        if isinstance(x, tuple) and x[0] == "map":
+            out.append(x[:4])
+            i += 1 + len(x[2]) + len(x[3])
+        else:
+            out.append(x)
+            i += 1
+    return out
+
+
+def test_gemm_launch_arguments_by_position(fake_gpu):
+    """Every argument the GEMM kernel gets, in templates.gemm's order (a, b, c, bias, M, N, K)."""
+    a, b, bias, out = (torch.randn(256, 64).bfloat16(), torch.randn(96, 64).bfloat16().t(), torch.randn(96).bfloat16(),
+                       torch.empty(256, 96).bfloat16())
+    rtg.gemm(a, b, bias, torch.bfloat16, out=out)
+    rtg.gemm(a, b, bias, torch.bfloat16, out=out)  # bound: the C launcher sees the arguments
+    assert _kernel_args(fake_gpu[1][13:]) == [
+        ("map", a.data_ptr(), (256, 64), (64, 1)), ("map", b.data_ptr(), (96, 64), (64, 1)),
+        ("map", out.data_ptr(), (256, 96), (96, 1)), bias.data_ptr(), 256, 96, 64]
+
+
+def test_attention_launch_arguments_by_position(fake_gpu):
+    """Every argument the attention kernel gets, in templates.attention's order: a reorder of the scalars there
+    or in the runtime would pass the wrong value silently, so each is pinned (with values that differ)."""
+    q = torch.randn(2, 6, 100, 64).bfloat16()                                  # [B, H, S, D]
+    k, v = torch.randn(2, 120, 2, 2, 64).bfloat16().permute(2, 0, 3, 1, 4)    # from a fused KV projection, GQA
+    out, lse = torch.empty(2, 100, 6, 64).bfloat16().transpose(1, 2), torch.empty(2, 6, 100)  # o as [B, S, H, D]
+    rta.attention(q, k, v, False, 0.125, out=out, lse=lse)
+    rta.attention(q, k, v, False, 0.125, out=out, lse=lse)
+    kv = ((240, 128), (256, 1))
+    assert _kernel_args(fake_gpu[1][13:]) == [
+        ("map", q.data_ptr(), (1200, 64), (64, 1)), ("map", k.data_ptr(), *kv), ("map", v.data_ptr(), *kv),
+        out.data_ptr(), lse.data_ptr(),
+        100, 120, 6, 2, 3, 0.125 * rta.LOG2E,  # Sq, Skv, Hq, Hkv, G, qk_scale
+        600, 100, 0,                           # q (rb, rh, ch): [B, H, S, D] rows
+        120, 0, 64,                            # k and v: [B, S, H, D] rows
+        100, 0, 64,                            # o: [B, S, H, D] rows
+        12]                                    # BH

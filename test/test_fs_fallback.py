@@ -71,7 +71,7 @@ def fake_gpu(monkeypatch):
 def _forget():
     for rt in (rtg, rta):
         rt._BOUND.clear()
-        rt._plan.cache_clear()
+    launch.compile_kernel.cache_clear()
 
 
 def _gemm_inputs():

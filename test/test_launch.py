@@ -1,6 +1,7 @@
 """The direct launcher's decisions that can be checked without a GPU."""
 from __future__ import annotations
 
+import pytest
 from triton import knobs
 
 from torch_autows.runtime import launch
@@ -77,3 +78,43 @@ def test_direct_path_per_specialization(monkeypatch):
     L(8, [33, 64], 0)   # the key of 17: direct
     assert [e[0] for e in log] == ["jit", "direct", "jit", "jit", "direct"], log
     assert log[1][2] == (128, 48) and log[4][2] == (33, 64)
+
+
+def test_ordered_binds_arguments_by_name():
+    L = launch.Launcher(object(), [], 4, ("a", "M", "N"))
+    assert L.ordered({"N": 3, "a": "t", "M": 2}) == ["t", 2, 3]
+
+
+def test_ordered_names_missing_and_extra_arguments():
+    L = launch.Launcher(object(), [], 4, ("a", "M", "N"))
+    with pytest.raises(ValueError, match=r"missing \['N'\], extra \[\]"):
+        L.ordered({"a": 1, "M": 2})
+    with pytest.raises(ValueError, match=r"missing \['N'\], extra \['K'\]"):
+        L.ordered({"a": 1, "M": 2, "K": 3})
+    with pytest.raises(ValueError, match=r"missing \[\], extra \['K'\]"):
+        L.ordered({"a": 1, "M": 2, "N": 3, "K": 4})
+
+
+def test_compile_kernel_is_the_pipeline_once_per_key():
+    from torch_autows.ir import format_program
+    from torch_autows.passes import pipeline
+    from torch_autows.runtime.gemm import CONFIGS
+    from torch_autows.templates.gemm import GemmRequest, build
+
+    req, opts = GemmRequest(1, 1, 1, bias=True), CONFIGS["ws_p_128x128"]
+    k = launch.compile_kernel("gemm", req, opts)
+    assert launch.compile_kernel("gemm", req, opts) is k
+    trace = []
+    pipeline.run(build(req, opts), trace=trace)
+    assert [(n, format_program(p)) for n, p in k.trace] == [(n, format_program(p)) for n, p in trace]
+    assert k.program is k.trace[-1][1]
+
+
+def test_compile_kernel_names_a_wrong_template_or_request():
+    from torch_autows.runtime.gemm import CONFIGS
+    from torch_autows.templates.attention import AttentionRequest
+
+    with pytest.raises(TypeError, match="template 'gemm' takes a GemmRequest"):
+        launch.compile_kernel("gemm", AttentionRequest(64), CONFIGS["ws_p_128x128"])
+    with pytest.raises(KeyError, match="unknown template 'conv'; the templates are gemm, attention"):
+        launch.compile_kernel("conv", AttentionRequest(64), CONFIGS["ws_p_128x128"])

@@ -36,7 +36,8 @@ def _positive(text: str) -> int:
 
 def _gemm(args) -> int:
     from .runtime.gemm import CONFIGS, choose_config
-    from .templates.gemm import GemmRequest, build
+    from .runtime.launch import compile_kernel
+    from .templates.gemm import GemmRequest
 
     config = args.config or choose_config(args.m, args.n, args.k)
     if config not in CONFIGS:
@@ -45,18 +46,19 @@ def _gemm(args) -> int:
     req = GemmRequest(args.m, args.n, args.k, args.dtype, args.out_dtype, args.trans_a, args.trans_b, args.bias,
                       args.batch)
     print(f"# request: {req}\n# config: {config} (runtime heuristic: {choose_config(args.m, args.n, args.k)})")
-    program = build(req, CONFIGS[config])
+    kernel = compile_kernel("gemm", req, CONFIGS[config])
     interp = None
     if args.interpret and args.batch > 2:  # the batch is compiled into the grid: build a smaller twin
-        interp = (build(replace(req, batch=2), CONFIGS[config]),
+        interp = (compile_kernel("gemm", replace(req, batch=2), CONFIGS[config]),
                   f"interpreting a program built for batch=2 instead of {args.batch} (it differs only in the "
                   f"grid's batch extent), to keep the CPU interpreter fast")
-    return _show(program, args, (args.m, args.n, args.k), interp)
+    return _show(kernel, args, (args.m, args.n, args.k), interp)
 
 
 def _attention(args) -> int:
     from .runtime.attention import CONFIGS, HEAD_DIMS, choose_config, serves
-    from .templates.attention import AttentionRequest, build
+    from .runtime.launch import compile_kernel
+    from .templates.attention import AttentionRequest
 
     config = args.config or choose_config(args.d, args.causal, args.skv or args.s)
     if config not in CONFIGS:
@@ -74,18 +76,19 @@ def _attention(args) -> int:
     print(f"# problem: B={args.b} Hq={args.h} Hkv={hkv} Sq={args.s} Skv={skv} D={args.d} "
           f"causal={args.causal} ({args.dtype}); the kernel takes B, heads and lengths at run time")
     print(f"# request: {req}\n# config: {config}")
-    return _show(build(req, CONFIGS[config]), args, (args.b, args.h, hkv, args.s, skv), None)
+    return _show(compile_kernel("attention", req, CONFIGS[config]), args, (args.b, args.h, hkv, args.s, skv), None)
 
 
-def _show(program, args, shape, interp) -> int:
-    """Run the pipeline and print what the flags ask for; ``interp``: (template program, note) to
-    interpret instead of ``program``'s own, or None."""
+def _show(kernel, args, shape, interp) -> int:
+    """Print what the flags ask for of ``kernel`` (runtime.launch.Kernel: the pipeline's trace, every stage
+    verified here); ``interp``: (Kernel, note) to interpret instead of ``kernel``, or None."""
+    from . import verify
     from .codegen import gluon
     from .ir import format_program
-    from .passes import pipeline
 
-    trace: list = []
-    program = pipeline.run(program, verify=True, trace=trace)
+    trace, program = kernel.trace, kernel.program
+    for name, p in trace:
+        verify.check(p, name)
     show_ir = args.ir or args.stage is not None or not args.gluon
     show_gluon = args.gluon or (not args.ir and args.stage is None)
     if show_ir:
@@ -102,7 +105,9 @@ def _show(program, args, shape, interp) -> int:
 
         before, after, notes = trace[0][1], program, []
         if interp is not None:
-            before, after = interp[0], pipeline.run(interp[0], verify=True)
+            before, after = interp[0].trace[0][1], interp[0].program
+            for name, p in interp[0].trace:
+                verify.check(p, name)
             notes.append(interp[1])
         shape, note = fit_shape(after, shape)
         notes += [note] if note else []
@@ -140,11 +145,11 @@ def _cubin_path(kernel, out: str | None) -> str | None:
 
 def _parser() -> _Parser:
     from . import __version__
-    from .passes.pipeline import PIPELINE
+    from .passes.pipeline import STAGES
     from .runtime import attention as rt_attention
     from .runtime import gemm as rt_gemm
 
-    stages = ["template"] + [n for n, _ in PIPELINE]
+    stages = list(STAGES)
     ap = _Parser(prog="python -m torch_autows", description=__doc__,
                  formatter_class=argparse.RawDescriptionHelpFormatter)
     import torch

@@ -1,16 +1,14 @@
 """IR invariants per pipeline stage. ``check(program, stage)`` raises ``VerifyError`` naming the op.
 
-Stages are the names in passes.pipeline.PIPELINE (plus "template"); each stage's checks include
-those of the stages before it.
+Stages are ``passes.pipeline.STAGES`` ("template" and the name of each pass in PIPELINE); each stage's
+checks include those of the stages before it.
 """
 from __future__ import annotations
 
 from .ir import Program, check_expr, defs, format_op, walk
+from .ir_ops import LATENCY, OPS, STRUCTURAL
 from .passes.buffers import value_partition
-from .passes.loop_schedule import LATENCY
-
-ORDER = ["template", "data_partition", "loop_schedule", "partition_schedule", "buffers", "memory_plan",
-         "code_partition"]
+from .passes.pipeline import STAGES
 
 
 class VerifyError(AssertionError):
@@ -23,19 +21,21 @@ def _fail(stage: str, msg: str, o=None):
 
 
 def check(program: Program, stage: str = "code_partition") -> None:
-    level = ORDER.index(stage)
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r}; the stages are {', '.join(STAGES)}")
+    level = STAGES.index(stage)
     _check_ssa(program, stage)
-    if level >= ORDER.index("data_partition"):
+    if level >= STAGES.index("data_partition"):
         _check_chains(program, stage)
-    if level >= ORDER.index("loop_schedule"):
+    if level >= STAGES.index("loop_schedule"):
         _check_schedule(program, stage)
-    if level >= ORDER.index("partition_schedule"):
+    if level >= STAGES.index("partition_schedule"):
         _check_partitions(program, stage)
-    if level >= ORDER.index("buffers"):
+    if level >= STAGES.index("buffers"):
         _check_channels(program, stage)
-    if level >= ORDER.index("memory_plan"):
+    if level >= STAGES.index("memory_plan"):
         _check_memory(program, stage)
-    if level >= ORDER.index("code_partition"):
+    if level >= STAGES.index("code_partition"):
         _check_code(program, stage)
 
 
@@ -45,6 +45,7 @@ def _check_ssa(p: Program, stage: str):
 
     def visit(ops, scope, loop_vars):
         for o in ops:
+            _check_kind(o, stage)
             for x in o.operands:
                 if x not in scope:
                     _fail(stage, f"%{x} used before it is defined", o)
@@ -70,10 +71,20 @@ def _check_ssa(p: Program, stage: str):
     visit(p.body, set(), set())
 
 
+def _check_kind(o, stage: str):
+    """The op's kind is in the op table (ir_ops) and its operand and result counts are in the kind's ranges."""
+    k = OPS.get(o.kind)
+    if k is None:
+        _fail(stage, f"unknown op kind {o.kind!r}: add an OpKind for it to torch_autows/ir_ops.py", o)
+    for what, n, (lo, hi) in (("operands", len(o.operands), k.operands), ("results", len(o.results), k.results)):
+        if n < lo or (hi is not None and n > hi):
+            _fail(stage, f"{o.kind} takes {lo}..{'' if hi is None else hi} {what}, not {n}", o)
+
+
 def _check_chains(p: Program, stage: str):
     dmap = defs(p.body)
     for o in walk(p.body):
-        if o.kind in ("loop", "yield") or o.chain is None:
+        if o.kind in STRUCTURAL or o.chain is None:
             continue
         for x in o.operands:
             d = dmap.get(x)
@@ -108,7 +119,7 @@ def _check_schedule(p: Program, stage: str):
 def _check_partitions(p: Program, stage: str):
     names = {pt.name for pt in p.partitions}
     for o in walk(p.body):
-        if o.kind in ("loop", "yield"):
+        if o.kind in STRUCTURAL:
             continue
         if o.partition not in names:
             _fail(stage, f"op has partition {o.partition!r}, not one of {sorted(names)}", o)
@@ -124,7 +135,7 @@ def _check_channels(p: Program, stage: str):
     dmap = defs(p.body)
     chans = {(c.value, d) for c in p.channels for d in c.dsts}
     for o in walk(p.body):
-        if o.kind in ("loop", "yield"):
+        if o.kind in STRUCTURAL:
             continue
         for x in o.operands:
             for src in value_partition(x, dmap):

@@ -94,3 +94,13 @@ def test_unbalanced_advance_is_caught():
     p = _broken("code_partition", "      advance() {group='g0'}\n      yield()", "      yield()")
     with pytest.raises(VerifyError, match="phases would drift"):
         check(p, "code_partition")
+
+
+def test_stages_are_the_pipelines():
+    """The verifier knows exactly the template's stage and each pass of PIPELINE (no second list to keep)."""
+    assert pipeline.STAGES == ("template", *(n for n, _ in pipeline.PIPELINE))
+    trace = []
+    pipeline.run(small_gemm(), trace=trace)
+    assert tuple(n for n, _ in trace) == pipeline.STAGES
+    with pytest.raises(ValueError, match="unknown stage 'codegen'; the stages are template, data_partition"):
+        check(trace[-1][1], "codegen")

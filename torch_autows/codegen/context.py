@@ -6,8 +6,11 @@ from __future__ import annotations
 import ast
 
 from ..ir import Op, Program, value_types, walk
+from ..ir_ops import kinds
 
 GL_DTYPE = {"bf16": "gl.bfloat16", "fp16": "gl.float16", "f32": "gl.float32", "i32": "gl.int32"}
+REDUCE = kinds(axes="reduce")  # reductions: a 2-D layout to its row or column slice
+
 
 class _ExprRewriter(ast.NodeTransformer):
     def visit_Call(self, node):
@@ -67,7 +70,7 @@ class Ctx:
                 rs = [r for r in o.results if r.type.space == "reg"]
                 if o.kind in ("mma", "zeros") or (o.kind == "full" and len(rs[0].type.shape) == 2):
                     L[rs[0].name] = self._mma_layout(rs[0].type.shape[1])
-                elif o.kind in ("reduce_max", "reduce_sum") and o.operands[0] in L:
+                elif o.kind in REDUCE and o.operands[0] in L:
                     L.setdefault(rs[0].name, self._slice(o.attr("axis"), L[o.operands[0]]))
                 elif o.kind == "expand" and o.operands[0] in L:
                     L.setdefault(rs[0].name, L[o.operands[0]].rsplit("_S", 1)[0])
@@ -94,7 +97,7 @@ class Ctx:
                     continue
                 if o.kind == "expand":
                     L.setdefault(o.operands[0], self._slice(o.attr("axis"), L[rs[0].name]))
-                elif o.kind not in ("mma", "reduce_max", "reduce_sum", "loop"):
+                elif o.kind not in REDUCE and o.kind not in ("mma", "loop"):
                     for x in o.operands:
                         t = types.get(x)
                         if t is not None and t.space == "reg" and len(t.shape) == len(rs[0].type.shape):

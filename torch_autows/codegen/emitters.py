@@ -288,6 +288,17 @@ def _exp2(ctx, o, indent):
     return [f"{v(o.results[0].name)} = gl.exp2({v(o.operands[0])})"]
 
 
+@emitter("neg")
+def _neg(ctx, o, indent):
+    return [f"{v(o.results[0].name)} = -{v(o.operands[0])}"]
+
+
+@emitter("where")
+def _where(ctx, o, indent):  # as interp: a nonzero condition keeps a; b takes a's dtype
+    c, a, b = (v(x) for x in o.operands)
+    return [f"{v(o.results[0].name)} = gl.where({c} != 0, {a}, {b}.to({GL_DTYPE[o.results[0].type.dtype]}))"]
+
+
 @emitter("cast")
 def _cast(ctx, o, indent):
     return [f"{v(o.results[0].name)} = {v(o.operands[0])}.to({GL_DTYPE[o.results[0].type.dtype]})"]

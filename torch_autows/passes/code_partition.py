@@ -44,6 +44,7 @@ import re
 from dataclasses import dataclass, replace
 
 from ..ir import BarrierGroup, Op, Program, Value, op, walk
+from ..ir_ops import BLOCKING
 from . import PassError
 from .buffers import channel_groups, value_partition
 
@@ -301,9 +302,6 @@ def _pipeline(loop: Op) -> list[Op] | None:
     return prologue + [new_loop] + epilogue + release
 
 
-_BLOCKING = ("mma_wait", "wait_ready", "acquire", "store", "turn_wait")
-
-
 def _take_turns(body: tuple[Op, ...], me: int, turns: int) -> tuple[Op, ...]:
     """``body`` with every issue group of mmas wrapped in turn_wait / turn_pass (see the module docstring)."""
     out: list[Op] = []
@@ -321,7 +319,7 @@ def _take_turns(body: tuple[Op, ...], me: int, turns: int) -> tuple[Op, ...]:
             continue
         j = i  # the issue group ends at the last mma before anything that may block (or a nested body)
         for k in range(i + 1, len(ops)):
-            if ops[k].kind in _BLOCKING or ops[k].body:
+            if ops[k].kind in BLOCKING or ops[k].body:
                 break
             if ops[k].kind == "mma":
                 j = k

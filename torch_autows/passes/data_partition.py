@@ -17,41 +17,46 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..ir import Op, Program, TileType, Value, add_offset, defs, value_types, walk
+from ..ir_ops import OPS
 from . import PassError
 
-_ELEMENTWISE = {"add", "sub", "mul", "max", "cast", "exp2", "where", "zeros", "neg", "full", "mask", "mulc", "fin0",
-                "div0", "lse"}
-_STORES = {"store": 0, "store_ptr": 0, "store_vec": 0}  # output ops and the axis their operand splits on
+
+def _output(o: Op) -> bool:
+    """An output op (its operand splits along rows, axis 0)."""
+    k = OPS.get(o.kind)
+    return k is not None and k.output
 
 
 def _operand_axes(o: Op, axis: int, types: dict[str, TileType]) -> dict[str, int | None]:
-    """For an op whose result is split along ``axis``: operand -> axis it must be split along (None: not split)."""
-    k = o.kind
-    if k in _ELEMENTWISE:
+    """For an op whose result is split along ``axis``: operand -> axis it must be split along (None: not split);
+    the rule is the kind's ``axes`` in the op table (ir_ops)."""
+    k = OPS.get(o.kind)
+    rule = k.axes if k is not None else None
+    if rule == "elementwise":
         return {x: (axis if types[x].shape[axis] != 1 else None) for x in o.operands}
-    if k == "mma":  # acc is optional (use_acc=False without it)
+    if rule == "mma":  # acc is optional (use_acc=False without it)
         a, b, *acc = o.operands
         out = {a: 0, b: None} if axis == 0 else {a: None, b: 1}
         out.update({x: axis for x in acc})
         return out
-    if k == "trans":
+    if rule == "trans":
         return {o.operands[0]: 1 - axis}
-    if k == "expand":
+    if rule == "expand":
         e = o.attr("axis")
         return {o.operands[0]: axis if axis < e else axis - 1}
-    if k in ("reduce_max", "reduce_sum"):
+    if rule == "reduce":
         r = o.attr("axis")
         return {o.operands[0]: axis if axis < r else axis + 1}
-    if k in ("load", "load_vec"):
+    if rule == "source":
         return {}
-    raise PassError(f"data_partition: no split rule for op kind {k!r}")
+    raise PassError(f"data_partition: no split rule for op kind {o.kind!r} (give it ``axes`` in ir_ops.py)")
 
 
 def _split_axes(body: tuple[Op, ...]) -> dict[str, int]:
     types = value_types(body)
     dmap = defs(body)
     split: dict[str, int] = {}
-    work = [(o.operands[0], _STORES[o.kind]) for o in walk(body) if o.kind in _STORES]
+    work = [(o.operands[0], 0) for o in walk(body) if _output(o)]
     while work:
         v, axis = work.pop()
         if split.get(v) == axis:
@@ -125,12 +130,10 @@ def run(program: Program, options=None) -> Program:
             new = new.with_attrs(coords=coords)
         rows = o.results[0].type.shape[0] if o.results else types[o.operands[0]].shape[0]
         step = i * (rows // f)
-        if o.kind in ("mask", "store_ptr") and step:  # row-indexed attrs follow the chain's rows
-            new = new.with_attrs(row=add_offset(o.attr("row"), step))
-        if o.kind == "store_ptr" and step:
-            new = new.with_attrs(rows_valid=f"{o.attr('rows_valid')}-{step}")
-        if o.kind == "store_vec" and step:
-            new = new.with_attrs(offset=add_offset(o.attr("offset"), step), valid=f"{o.attr('valid')}-{step}")
+        if step:  # row-indexed attrs follow the chain's rows
+            for a, how in OPS[o.kind].row_attrs if o.kind in OPS else ():
+                v = o.attr(a)
+                new = new.with_attrs(**{a: add_offset(v, step) if how == "offset" else f"{v}-{step}"})
         return new
 
     def rebuild(ops: tuple[Op, ...]) -> tuple[Op, ...]:
@@ -156,7 +159,7 @@ def run(program: Program, options=None) -> Program:
                 for x in o.operands:
                     ops_ += [rename(x, i) for i in range(f)] if (x in split or x in needed) else [x]
                 out.append(replace(o, operands=tuple(ops_)))
-            elif o.kind in _STORES or any(r.name in split or r.name in needed for r in o.results):
+            elif _output(o) or any(r.name in split or r.name in needed for r in o.results):
                 out += [clone(o, i) for i in range(f)]
             else:
                 out.append(o)

@@ -25,8 +25,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..ir import Op, Program
-
-LATENCY = {"load": 1}
+from ..ir_ops import LATENCY
 
 
 def _schedule(loop: Op, opts) -> Op:

@@ -17,9 +17,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..ir import Partition, Program, map_ops, walk
+from ..ir_ops import STRUCTURAL
 from . import PassError
-
-CONTAINERS = ("loop", "yield")
 
 
 def _rows(program: Program, chain: int) -> int:
@@ -36,7 +35,7 @@ def run(program: Program, options=None) -> Program:
     opts = options or program.options
 
     def assign(o):
-        if o.kind in CONTAINERS:
+        if o.kind in STRUCTURAL:
             return o
         if o.kind == "load":
             return replace(o, partition="producer")

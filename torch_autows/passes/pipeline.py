@@ -1,5 +1,9 @@
 """The pass pipeline: one visible list, in order, with why each step runs there.
 
+A kernel is made in eight steps: the template builds the Program (stage "template"), the six passes of
+``PIPELINE`` transform it, and codegen (``codegen.gluon.generate``) prints the partitioned result as Gluon.
+``STAGES`` names the IR stages in order (the template's and each pass's); the verifier and the CLI read it.
+
 ``run(program)`` applies every pass, runs the verifier after each one when ``config.debug`` is set
 (tests set it), and writes the IR after every step to ``config.dump_dir`` (TORCH_AUTOWS_DUMP=dir); a dump
 directory that cannot be written is warned about once and skipped.
@@ -31,6 +35,9 @@ PIPELINE = [
     # Last: split into per-role bodies and lower channels to mbarrier rings, with all decisions fixed.
     ("code_partition", code_partition.run),
 ]
+
+#: The IR's stages, in order: the template's output, then each pass's.
+STAGES: tuple[str, ...] = ("template", *(name for name, _ in PIPELINE))
 
 
 def run(program: Program, options=None, *, verify: bool | None = None, dump_dir: str | None = None,

@@ -14,12 +14,12 @@ from dataclasses import replace
 import torch
 
 from ..ir import Options
-from ..templates.attention import AttentionRequest, build
+from ..templates.attention import AttentionRequest
 from . import choice
 from . import device as dev
 from .fallback import Unsupported
 from .gemm import DTYPES
-from .launch import BoundCache, Tma, launcher_for
+from .launch import BoundCache, Tma, compile_kernel
 
 LOG2E = 1.4426950408889634
 
@@ -99,12 +99,10 @@ def options_for(config: str, scale: float) -> Options:
     return replace(opts, raw_max=False) if opts.raw_max and not scale > 0 else opts
 
 
-@functools.lru_cache(maxsize=64)
 def _plan(req: AttentionRequest, opts: Options):
-    from ..passes import pipeline
-
-    program = pipeline.run(build(req, opts))
-    return program, launcher_for(program)
+    """(Program, Launcher) of a request (launch.compile_kernel caches them)."""
+    kernel = compile_kernel("attention", req, opts)
+    return kernel.program, kernel.launcher
 
 
 def _in_place(t: torch.Tensor, bshd_first: bool = False):
@@ -257,9 +255,12 @@ def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
         program, launcher = _plan(AttentionRequest(D, DTYPES[q.dtype], bool(is_causal)), options_for(config, scale))
     except OSError as e:
         raise Unsupported(f"could not build the kernel: {e}") from e
-    args = [_tma(view) for view in (qv, kv, vv)]
     BH = B * Hq
-    args += [out, lse, Sq, Skv, Hq, Hkv, Hq // Hkv, float(scale) * LOG2E, *qv[1:4], *kv[1:4], *ov[1:4], BH]
+    values = {"q": _tma(qv), "k": _tma(kv), "v": _tma(vv), "o": out, "lse": lse, "Sq": Sq, "Skv": Skv, "Hq": Hq,
+              "Hkv": Hkv, "G": Hq // Hkv, "qk_scale": float(scale) * LOG2E, "BH": BH}
+    for prefix, view in (("q", qv), ("kv", kv), ("o", ov)):  # (rb, rh, ch) of each row view
+        values.update(zip((f"{prefix}_rb", f"{prefix}_rh", f"{prefix}_ch"), view[1:4]))
+    args = launcher.ordered(values)  # by templates.attention's argument names
     tiles = BH * math.ceil(Sq / program.options.block_m)
     idx = dev.index(out.device)
     grid = min(tiles, dev.num_sms(idx)) if program.grid.persistent else tiles

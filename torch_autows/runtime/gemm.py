@@ -12,11 +12,11 @@ import functools
 import torch
 
 from ..ir import Options
-from ..templates.gemm import GemmRequest, build
+from ..templates.gemm import GemmRequest
 from . import choice
 from . import device as dev
 from .fallback import Unsupported
-from .launch import BoundCache, Tma, launcher_for
+from .launch import BoundCache, Tma, compile_kernel
 
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "f32"}
 
@@ -116,13 +116,11 @@ def _bmm_reason(a, b) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=128)
 def _plan(req: GemmRequest, config: str):
-    """Everything a launch needs that does not depend on the tensors' addresses (keeps launches cheap)."""
-    from ..passes import pipeline
-
-    program = pipeline.run(build(req, CONFIGS[config]))
-    return launcher_for(program), program.grid.persistent, program.options
+    """Everything a launch needs that does not depend on the tensors' addresses (launch.compile_kernel caches
+    it: keeps launches cheap)."""
+    kernel = compile_kernel("gemm", req, CONFIGS[config])
+    return kernel.launcher, kernel.program.grid.persistent, kernel.program.options
 
 
 #: A call's metadata (shapes, strides, dtypes, device, config) -> (launch.Bound, output shape). A repeated
@@ -149,10 +147,11 @@ def _launch(req: GemmRequest, config: str, a2, b2, c2, bias, M, N, K, device, ke
         launcher, persistent, o = _plan(req, config)
     except OSError as e:
         raise Unsupported(f"could not build the kernel: {e}") from e
-    args = [Tma(t, t.shape, t.stride()) for t in (a2, b2, c2)]
+    values = {name: Tma(t, t.shape, t.stride()) for name, t in (("a", a2), ("b", b2), ("c", c2))}
     if bias is not None:
-        args.append(bias)
-    args += [M, N, K]
+        values["bias"] = bias
+    values.update(M=M, N=N, K=K)
+    args = launcher.ordered(values)  # by templates.gemm's argument names
     idx = dev.index(device)
     tiles = req.batch * -(-M // o.block_m) * -(-N // o.block_n)
     grid = min(tiles, dev.num_sms(idx)) if persistent else tiles

@@ -51,14 +51,29 @@ _MAP_CACHE_MAX = 1024
 
 
 class Launcher:
-    """One compiled kernel: ``launcher(grid, args)`` with ``Tma`` entries for descriptor args."""
+    """One compiled kernel: ``launcher(grid, args)`` with ``Tma`` entries for descriptor args, ``args`` in the
+    kernel's argument order; ``launcher.ordered({name: value})`` puts values given by name in that order."""
 
-    def __init__(self, kernel, descs: list, num_warps: int):
+    def __init__(self, kernel, descs: list, num_warps: int, names: tuple[str, ...] = ()):
         self.kernel = kernel          # the @gluon.jit function
         self.descs = descs            # (block, layout) per Tma argument, in argument order
         self.num_warps = num_warps
+        self.names = tuple(names)     # the kernel's arguments (Program.args), in order
         self._direct: dict[tuple, tuple | None] = {}  # (device, specialisation) -> direct state (None: slow)
         self._maps: dict = {}
+
+    def ordered(self, values: dict) -> list:
+        """The launch arguments ``values`` (argument name -> value) in the kernel's order; a ValueError naming
+        every missing and extra name where they do not match the kernel's arguments exactly."""
+        if len(values) == len(self.names):
+            try:
+                return [values[n] for n in self.names]
+            except KeyError:
+                pass
+        missing = [n for n in self.names if n not in values]
+        extra = [n for n in values if n not in self.names]
+        raise ValueError(f"launch arguments do not match the kernel's {list(self.names)}: missing {missing}, "
+                         f"extra {extra}; pass exactly the names of the Program's args")
 
     @property
     def direct(self) -> bool:
@@ -270,9 +285,38 @@ def _direct_state(compiled, n_desc: int):
         return None
 
 
+class Kernel:
+    """A compiled template instance: the pipeline's ``trace`` ((stage, Program) after every stage), the final
+    ``program`` and, loaded on first use (it writes and imports the Gluon), its ``launcher``."""
+
+    def __init__(self, trace: tuple):
+        self.trace = trace
+        self.program = trace[-1][1]
+
+    @functools.cached_property
+    def launcher(self) -> Launcher:
+        return launcher_for(self.program)
+
+
+@functools.lru_cache(maxsize=256)
+def compile_kernel(template: str, request, options) -> Kernel:
+    """The Kernel of ``templates.TEMPLATES[template]`` for ``request`` and ``options`` (runtime.gemm,
+    runtime.attention and the CLI all build kernels here): template -> passes.pipeline, once per key."""
+    from ..passes import pipeline
+    from ..templates import template as lookup
+
+    if not isinstance(request, lookup(template).request):
+        raise TypeError(f"template {template!r} takes a {lookup(template).request.__name__}, not {request!r}")
+    trace: list = []
+    pipeline.run(lookup(template).build(request, options), trace=trace)
+    return Kernel(tuple(trace))
+
+
 def launcher_for(program) -> Launcher:
-    """The Launcher of a partitioned Program (descriptor args in the Program's argument order)."""
+    """The Launcher of a partitioned Program (descriptor args in the Program's argument order; ``ordered``
+    binds values by the Program's argument names)."""
     from ..codegen.compile import launch_plan
 
     kernel, descs, warps = launch_plan(program)
-    return Launcher(kernel, [descs[a.name] for a in program.args if a.kind == "tensor"], warps)
+    return Launcher(kernel, [descs[a.name] for a in program.args if a.kind == "tensor"], warps,
+                    tuple(a.name for a in program.args))

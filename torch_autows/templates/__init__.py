@@ -1,1 +1,34 @@
-"""Templates: a kernel request -> a tile-level Program (before any pass)."""
+"""Templates: a kernel request -> a tile-level Program (before any pass).
+
+``TEMPLATES`` names each template's request type and build function; ``runtime.launch.compile_kernel`` (the
+runtimes and the CLI) looks a template up here by name.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from . import attention, gemm
+
+
+@dataclass(frozen=True)
+class Template:
+    """One template: ``build(request, options) -> Program`` for a ``request`` of type ``request``."""
+
+    name: str
+    request: type
+    build: Callable
+
+
+TEMPLATES: dict[str, Template] = {
+    "gemm": Template("gemm", gemm.GemmRequest, gemm.build),
+    "attention": Template("attention", attention.AttentionRequest, attention.build),
+}
+
+
+def template(name: str) -> Template:
+    """The template called ``name``; a KeyError listing the known ones."""
+    t = TEMPLATES.get(name)
+    if t is None:
+        raise KeyError(f"unknown template {name!r}; the templates are {', '.join(TEMPLATES)}")
+    return t

@@ -1,0 +1,73 @@
+"""The op table (torch_autows.ir_ops) is the one list of op kinds: codegen, the interpreter and the templates agree
+with it, and the verifier enforces it."""
+from __future__ import annotations
+
+import pytest
+from test_golden_hashes import cases
+
+from torch_autows.codegen.emitters import EMITTERS
+from torch_autows.interp.ops import SEMANTICS
+from torch_autows.interp.partitioned import HANDLERS
+from torch_autows.ir import format_program, parse_program, walk
+from torch_autows.ir_ops import OPS, kind_of, kinds
+from torch_autows.passes import pipeline
+from torch_autows.verify import VerifyError, check
+
+
+def test_every_kind_has_a_gluon_emitter_and_nothing_else_does():
+    assert set(OPS) - set(EMITTERS) == set(), "kinds without a Gluon emitter (codegen/emitters.py @emitter)"
+    assert set(EMITTERS) - set(OPS) == set(), "emitters for kinds not in the op table (ir_ops.py)"
+
+
+def test_every_kind_has_an_interpreter_semantic():
+    for name, k in OPS.items():
+        if k.structural:  # loop / yield: both interpreters walk them as structure
+            continue
+        if k.phase == "template":  # the sequential interpreter runs template programs: SEMANTICS alone
+            assert name in SEMANTICS, f"{name}: no @semantics in interp/ops.py"
+        else:
+            assert name in SEMANTICS or name in HANDLERS, f"{name}: no semantics or partitioned handler"
+    assert set(SEMANTICS) | set(HANDLERS) <= set(OPS), "interpreter meanings for kinds not in the op table"
+
+
+def test_every_kind_the_templates_and_passes_make_is_in_the_table():
+    used: dict[str, set[str]] = {}
+    for _, build, req, opts in cases():
+        trace: list = []
+        pipeline.run(build(req, opts), verify=False, dump_dir="", trace=trace)
+        for stage, p in trace:
+            for body in (p.body, *(pt.body for pt in p.partitions)):
+                for o in walk(body):
+                    used.setdefault(o.kind, set()).add(stage)
+                    k = kind_of(o.kind)
+                    lo, hi = k.operands
+                    assert lo <= len(o.operands) and (hi is None or len(o.operands) <= hi), o
+                    lo, hi = k.results
+                    assert lo <= len(o.results) and (hi is None or len(o.results) <= hi), o
+    assert set(OPS) - set(used) == {"neg", "where"}, "kinds no template or pass makes (besides neg, where)"
+    for name in kinds(phase="partitioned"):  # made by code_partition, never before
+        assert used[name] == {"code_partition"}, name
+
+
+def test_unknown_kind_is_named_with_where_to_add_it():
+    with pytest.raises(KeyError, match="ir_ops.py"):
+        kind_of("frobnicate")
+
+
+def _template_text():
+    name, build, req, opts = cases()[0]
+    return format_program(build(req, opts))
+
+
+def test_verifier_rejects_a_kind_not_in_the_table():
+    p = parse_program(_template_text().replace("= zeros(", "= frobnicate(", 1))
+    with pytest.raises(VerifyError, match="unknown op kind 'frobnicate'"):
+        check(p, "template")
+
+
+def test_verifier_checks_the_operand_count():
+    text = _template_text()
+    assert "cast(%acc_out)" in text
+    p = parse_program(text.replace("cast(%acc_out)", "cast(%acc_out, %acc_out)", 1))
+    with pytest.raises(VerifyError, match="cast takes 1..1 operands, not 2"):
+        check(p, "template")

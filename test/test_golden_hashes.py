@@ -1,0 +1,109 @@
+"""Behaviour pin for refactors: the IR after every pipeline step and the generated Gluon of every runtime config.
+
+For each config in ``runtime.gemm.CONFIGS`` and ``runtime.attention.CONFIGS`` this builds the Programs the
+runtimes build (GEMM: both dtypes, out dtype = operand or f32, transposed operands, bias, batched; attention:
+each head dim the config serves, both dtypes, causal or not, positive and non-positive scales), runs the
+pipeline, and hashes (sha256) ``format_program`` after every step and ``gluon.generate`` of the result. The
+hashes must equal ``test/golden_hashes.json``.
+
+A change that is meant to change the generated code regenerates the file (and says so in its commit):
+
+    python test/test_golden_hashes.py --update
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import sys
+
+GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden_hashes.json")
+
+
+def cases():
+    """(case name, template build function, request, options) for every Program the runtimes can build."""
+    from torch_autows.runtime import attention as rt_attention
+    from torch_autows.runtime import gemm as rt_gemm
+    from torch_autows.templates.attention import AttentionRequest
+    from torch_autows.templates.attention import build as build_attention
+    from torch_autows.templates.gemm import GemmRequest
+    from torch_autows.templates.gemm import build as build_gemm
+
+    out = []
+    for config, opts in rt_gemm.CONFIGS.items():
+        for dt, f32, ta, tb, bias in itertools.product(("bf16", "fp16"), (False, True), (False, True),
+                                                       (False, True), (False, True)):
+            # as runtime.gemm.gemm: M, N, K are run-time scalars, the request leaves them at 1
+            req = GemmRequest(1, 1, 1, dt, "f32" if f32 else dt, ta, tb, bias)
+            out.append((f"gemm/{config}/{req}", build_gemm, req, opts))
+        for dt, f32, batch in itertools.product(("bf16", "fp16"), (False, True), (2, 8)):
+            # as runtime.gemm.bmm: the batch is compiled into the grid
+            req = GemmRequest(1, 1, 1, dt, "f32" if f32 else dt, False, False, False, batch)
+            out.append((f"gemm/{config}/{req}", build_gemm, req, opts))
+    for config in rt_attention.CONFIGS:
+        for d, dt, causal, scale in itertools.product((64, 128), ("bf16", "fp16"), (False, True), (0.125, -0.125)):
+            if not rt_attention.serves(config, d):
+                continue
+            opts = rt_attention.options_for(config, scale)
+            req = AttentionRequest(d, dt, causal)
+            out.append((f"attention/{config}/{req}/scale{'+' if scale > 0 else '-'}", build_attention, req, opts))
+    return out
+
+
+def hashes(build, req, opts) -> dict[str, str]:
+    """sha256 of the IR text after every pipeline step and of the generated Gluon."""
+    from torch_autows.codegen import gluon
+    from torch_autows.ir import format_program
+    from torch_autows.passes import pipeline
+
+    trace: list = []
+    program = pipeline.run(build(req, opts), verify=False, dump_dir="", trace=trace)
+    h = {name: hashlib.sha256(format_program(p).encode()).hexdigest() for name, p in trace}
+    h["gluon"] = hashlib.sha256(gluon.generate(program).encode()).hexdigest()
+    return h
+
+
+def compute() -> dict[str, dict[str, str]]:
+    return {name: hashes(build, req, opts) for name, build, req, opts in cases()}
+
+
+def test_golden_hashes_match():
+    with open(GOLDEN) as f:
+        want = json.load(f)
+    got = compute()
+    assert sorted(got) == sorted(want), (
+        f"the cases changed: new {sorted(set(got) - set(want))}, gone {sorted(set(want) - set(got))}; "
+        "regenerate with `python test/test_golden_hashes.py --update` if that is intended")
+    diff = [f"{name}: {step}" for name in sorted(got) for step in got[name] if got[name][step] != want[name].get(step)]
+    assert not diff, ("generated IR or Gluon changed (first differing step per case listed); if intended, "
+                      "regenerate with `python test/test_golden_hashes.py --update`:\n  " + "\n  ".join(diff[:40]))
+
+
+def test_golden_cases_cover_every_config():
+    from torch_autows.runtime import attention as rt_attention
+    from torch_autows.runtime import gemm as rt_gemm
+
+    names = [name for name, *_ in cases()]
+    for c in rt_gemm.CONFIGS:
+        assert any(n.startswith(f"gemm/{c}/") for n in names)
+    for c in rt_attention.CONFIGS:
+        assert any(n.startswith(f"attention/{c}/") for n in names)
+
+
+def test_hashes_change_with_the_program():
+    """The check can fail: a different option gives different hashes."""
+    from dataclasses import replace
+
+    name, build, req, opts = cases()[0]
+    assert hashes(build, req, opts) != hashes(build, req, replace(opts, stages=opts.stages - 1))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--update"]:
+        sys.exit("usage: python test/test_golden_hashes.py --update  (rewrites test/golden_hashes.json)")
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(GOLDEN, "w") as f:
+        json.dump(compute(), f, indent=1, sort_keys=True)
+        f.write("\n")
+    print(f"wrote {GOLDEN}")

@@ -1,0 +1,114 @@
+"""The op table: one record per IR op kind, with the per-kind rules the passes, codegen, interpreter and verifier read.
+
+Adding an op kind means adding its ``OpKind`` here, a Gluon emitter (``codegen/emitters.py``, ``@emitter``) and
+an interpreter meaning (``interp/ops.py`` ``@semantics``, or a handler in ``interp/partitioned.py`` for the
+synchronisation ops); ``test/ir/test_ir_ops.py`` checks all three agree.
+
+Fields:
+    operands, results  (min, max) counts; max None: any number (loop, yield)
+    phase        "template": templates build it and every pass sees it; "partitioned": code_partition makes it
+    axes         how the result's axes follow the operands' (data_partition's split rule; codegen's layouts):
+                 "elementwise" (same shape; size-1 dims broadcast), "mma" (rows from A and the accumulator,
+                 columns from B), "trans" (swapped), "expand" (a new size-1 dim at ``axis``), "reduce"
+                 (``axis`` removed), "source" (no tile operands: read from memory), None (no tile result)
+    output       writes a kernel output; data_partition splits its operand along rows (axis 0)
+    row_attrs    attributes indexed by the tile's rows, which a chain of a data partition shifts by its first
+                 row: (attribute, "offset") adds the row offset, (attribute, "bound") subtracts it
+    blocking     may block the warp (a wait): ends a ping-pong issue group of mmas (code_partition)
+    latency      stages a user must run after it in a software pipeline (loop_schedule, verify)
+    structural   a container (loop) or its terminator (yield): every pass and interpreter walks it as structure
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class OpKind:
+    """The rules of one op kind (see the module docstring for the fields)."""
+
+    name: str
+    operands: tuple[int, int | None]
+    results: tuple[int, int | None]
+    phase: str = "template"
+    axes: str | None = None
+    output: bool = False
+    row_attrs: tuple[tuple[str, str], ...] = ()
+    blocking: bool = False
+    latency: int = 0
+    structural: bool = False
+
+    @property
+    def elementwise(self) -> bool:
+        return self.axes == "elementwise"
+
+
+def _kinds(*records: OpKind) -> dict[str, OpKind]:
+    return {k.name: k for k in records}
+
+
+_UNARY, _BIN, _NONE, _ONE = (1, 1), (2, 2), (0, 0), (1, 1)
+
+OPS: dict[str, OpKind] = _kinds(
+    # structure
+    OpKind("loop", (0, None), (0, None), structural=True),
+    OpKind("yield", (0, None), _NONE, structural=True),
+    # memory
+    OpKind("load", _NONE, _ONE, axes="source", latency=1),
+    OpKind("load_vec", _NONE, _ONE, axes="source"),
+    OpKind("store", _UNARY, _NONE, output=True, blocking=True),
+    OpKind("store_ptr", _UNARY, _NONE, output=True, row_attrs=(("row", "offset"), ("rows_valid", "bound"))),
+    OpKind("store_vec", _UNARY, _NONE, output=True, row_attrs=(("offset", "offset"), ("valid", "bound"))),
+    # math
+    OpKind("mma", (2, 3), _ONE, axes="mma"),
+    OpKind("trans", _UNARY, _ONE, axes="trans"),
+    OpKind("expand", _UNARY, _ONE, axes="expand"),
+    OpKind("reduce_max", _UNARY, _ONE, axes="reduce"),
+    OpKind("reduce_sum", _UNARY, _ONE, axes="reduce"),
+    OpKind("zeros", _NONE, _ONE, axes="elementwise"),
+    OpKind("full", _NONE, _ONE, axes="elementwise"),
+    OpKind("add", _BIN, _ONE, axes="elementwise"),
+    OpKind("sub", _BIN, _ONE, axes="elementwise"),
+    OpKind("mul", _BIN, _ONE, axes="elementwise"),
+    OpKind("max", _BIN, _ONE, axes="elementwise"),
+    OpKind("div0", _BIN, _ONE, axes="elementwise"),
+    OpKind("lse", _BIN, _ONE, axes="elementwise"),
+    OpKind("cast", _UNARY, _ONE, axes="elementwise"),
+    OpKind("exp2", _UNARY, _ONE, axes="elementwise"),
+    OpKind("mulc", _UNARY, _ONE, axes="elementwise"),
+    OpKind("fin0", _UNARY, _ONE, axes="elementwise"),
+    OpKind("mask", _UNARY, _ONE, axes="elementwise", row_attrs=(("row", "offset"),)),
+    # no template builds these yet (the interpreter's tests do)
+    OpKind("neg", _UNARY, _ONE, axes="elementwise"),
+    OpKind("where", (3, 3), _ONE, axes="elementwise"),
+    # made by code_partition: channel rings, wgmma retirement, ping-pong turns
+    OpKind("acquire", _NONE, _NONE, phase="partitioned", blocking=True),
+    OpKind("wait_ready", _NONE, _NONE, phase="partitioned", blocking=True),
+    OpKind("get", _NONE, _ONE, phase="partitioned"),
+    OpKind("release", _NONE, _NONE, phase="partitioned"),
+    OpKind("release_tail", _NONE, _NONE, phase="partitioned"),
+    OpKind("advance", _NONE, _NONE, phase="partitioned"),
+    OpKind("mma_wait", (1, 2), _ONE, phase="partitioned", blocking=True),
+    OpKind("turn_wait", _NONE, _NONE, phase="partitioned", blocking=True),
+    OpKind("turn_pass", _NONE, _NONE, phase="partitioned"),
+)
+
+
+def kind_of(name: str) -> OpKind:
+    """The record of op kind ``name``; a KeyError that says where to add an unknown one."""
+    k = OPS.get(name)
+    if k is None:
+        raise KeyError(f"unknown op kind {name!r}: add an OpKind for it to torch_autows/ir_ops.py (with a Gluon "
+                       f"emitter and an interpreter semantic)")
+    return k
+
+
+def kinds(**where) -> frozenset[str]:
+    """The names of the kinds whose fields equal ``where`` (e.g. ``kinds(blocking=True)``)."""
+    return frozenset(n for n, k in OPS.items() if all(getattr(k, f) == v for f, v in where.items()))
+
+
+#: Derived views the passes read.
+STRUCTURAL = kinds(structural=True)
+BLOCKING = kinds(blocking=True)
+LATENCY: dict[str, int] = {n: k.latency for n, k in OPS.items() if k.latency}
