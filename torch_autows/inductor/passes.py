@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from .. import __version__, config
+from .. import config
+from .._version import __version__
 
 
 def hash_tree(root: Path) -> str:
