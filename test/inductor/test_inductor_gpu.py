@@ -26,7 +26,7 @@ def test_backward_matches_sdpa(path, causal, hkv, layout, monkeypatch):
     # both torch backwards we call, against fp32 SDPA's autograd: grouped k/v heads, [B, S, H, D] views (as
     # models transpose them), and an upstream grad in another layout than out's
     import torch_autows.inductor.ops  # noqa: F401  (registers torch.ops.autows.*)
-    from torch_autows.inductor import attention_grad
+    from torch_autows import attention_grad
 
     b, h, s, d = 2, 8, 256, 128
     if layout == "bhsd":

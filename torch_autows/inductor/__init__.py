@@ -2,7 +2,6 @@
 
     backend.py      the ``autows`` torch.compile backend (entry point ``torch_dynamo_backends``)
     ops.py          custom ops ``autows::attention`` / ``autows::gemm`` / ``autows::bmm`` (opaque to Inductor)
-    attention_grad.py  the backward of ``autows::attention`` (cuDNN's or flash's from the saved lse, or the math)
     lowering.py     the ops' Inductor lowerings: direct calls of our functions (no dispatcher per call)
     patterns.py     finds attention sites in the Dynamo (torch-level) graph and rewrites them to our op
     masks.py        which explicit mask tensors are provably causal (so the site can be served)
