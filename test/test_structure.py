@@ -26,8 +26,22 @@ LAYERS = [
     ["bench", "__main__", "__init__"],          # entry points: benchmarks, the CLI, the package __init__
 ]
 
+# Inside torch_autows.inductor, the same rule, low to high.
+INDUCTOR_LAYERS = [
+    ["masks", "support", "externs"],            # mask analysis; "can autows serve this?"; the extern kernels
+    ["lowering", "rewrite_attention"],          # the ops' lowerings; the attention rewrite (Dynamo graph)
+    ["rewrite_gemm"],                           # the post-grad GEMM rewrite (uses the lowerings, val())
+    ["graph_passes"],                           # the CustomGraphPass objects and their cache key
+    ["choices"],                                # the GEMM choices handler (acts while graph_passes are installed)
+    ["backend", "explain"],                     # the torch.compile backend; the per-site report
+    ["api", "__init__"],                        # enable() / disable() / inductor_options() / explain()
+]
+
 # Upward imports that are deliberate: (importer, imported, why). Keep it short.
-EXCEPTIONS: list[tuple[str, str, str]] = []
+EXCEPTIONS = [
+    ("torch_autows.inductor.graph_passes", "torch_autows.inductor.choices",
+     "the post-grad pass installs the choices handler in the compiling thread (lazily, at run of the pass)"),
+]
 
 
 def _modules() -> dict[str, Path]:
@@ -100,6 +114,9 @@ def test_every_module_has_a_layer():
     mods = _modules()
     missing = [m for m in mods if _layer(m, LAYERS, "torch_autows") is None]
     assert not missing, f"add these to LAYERS in test/test_structure.py: {missing}"
+    inductor = [m for m in mods if m.startswith("torch_autows.inductor")]
+    missing = [m for m in inductor if _layer(m, INDUCTOR_LAYERS, "torch_autows.inductor") is None]
+    assert not missing, f"add these to INDUCTOR_LAYERS in test/test_structure.py: {missing}"
 
 
 def test_no_import_circle_at_module_level():
@@ -129,6 +146,11 @@ def test_no_import_circle_at_module_level():
 def test_no_import_from_a_higher_layer():
     bad = _upward(LAYERS, "torch_autows")
     assert not bad, "imports from a higher layer (move the code down, or the import up):\n" + "\n".join(bad)
+
+
+def test_inductor_glue_is_layered():
+    bad = _upward(INDUCTOR_LAYERS, "torch_autows.inductor")
+    assert not bad, "inductor/: imports from a higher layer:\n" + "\n".join(bad)
 
 
 def test_exceptions_are_lazy_and_real():

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import torch_autows.inductor.ops  # noqa: F401  (registers torch.ops.autows.*)
+import torch_autows.custom_ops  # noqa: F401  (registers torch.ops.autows.*)
 from torch_autows.attention_grad import cudnn_backward_ok, flash_backward_ok
 
 attention = torch.ops.autows.attention
