@@ -126,7 +126,7 @@ def _measure(fn, inputs, args):
 
 def run(name: str, make_model, make_inputs, args: argparse.Namespace) -> None:
     """Compare eager, Inductor and autows on ``make_model()`` (fp32, on CPU) and ``make_inputs(device, dtype)``."""
-    from torch_autows.inductor import target
+    from torch_autows.inductor import support
     from torch_autows.runtime import fallback
 
     dtype = DTYPES[args.dtype]
@@ -158,11 +158,11 @@ def run(name: str, make_model, make_inputs, args: argparse.Namespace) -> None:
                       ("inductor", torch.compile(model, mode=args.mode)),
                       ("autows", torch.compile(model, backend="autows", mode=args.mode))):
         if label == "autows":
-            target.reset()
+            support.reset()
             fallback.reset()
             with no_graph_caches():  # so the compile-time counts are made on every run
                 out = _step(fn, inputs, args.train)
-            sites = dict(target.site_counters)
+            sites = dict(support.site_counters)
         else:
             out = _step(fn, inputs, args.train)  # compile + warm-up
         out = _logits(_step(fn, inputs, args.train))  # CUDA graphs record on a later call
@@ -173,7 +173,7 @@ def run(name: str, make_model, make_inputs, args: argparse.Namespace) -> None:
             m, steps = _measure(fn, inputs, args)
         if label == "autows":
             calls = {k: v / steps for k, v in fallback.counters.items()}
-            why = sorted({r for _, r in fallback._logged} | {r for _, r in target._logged})
+            why = sorted({r for _, r in fallback._logged} | {r for _, r in support._logged})
         diff = out.float() - ref
         rows.append((label, m, diff.abs().max().item(), (diff.norm() / ref.norm()).item()))
     _report(rows, sites, calls, why, args, timed=not not_here)

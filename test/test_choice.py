@@ -218,11 +218,11 @@ def test_compile_time_choice_measures_on_real_tensors_under_a_fake_mode(monkeypa
     """Inductor's passes may run under a FakeTensorMode: the measurement must still see real tensors."""
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-    from torch_autows.inductor import target
+    from torch_autows.inductor import support as target
 
     monkeypatch.setattr(config, "choice", "measure", raising=False)
     monkeypatch.setattr(target, "_capability", lambda index: (9, 0))
-    a = target._fake((64, 64), (64, 1), torch.bfloat16, CUDA)
+    a = target.fake_tensor((64, 64), (64, 1), torch.bfloat16, CUDA)
     seen = []
 
     def decide():

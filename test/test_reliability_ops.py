@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from torch_autows import ops
-from torch_autows.inductor.attention_grad import _math_backward, reference_attention
+from torch_autows.attention_grad import _math_backward, reference_attention
 from torch_autows.runtime import fallback
 
 ATT = torch.ops.autows.attention

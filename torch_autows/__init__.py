@@ -9,12 +9,11 @@ Public API:
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 # _logging first: it rewrites TORCH_LOGS=autows for torch before anything imports torch
 from . import _logging, config, ops  # noqa: E402,F401
 from . import custom_ops as _custom_ops  # noqa: E402,F401  (registers torch.ops.autows.*: torch.export.load needs them)
 from ._compat import UntestedVersionWarning  # noqa: E402,F401  (warns once outside the tested torch/triton)
+from ._version import __version__  # noqa: F401  (re-exported)
 
 
 def _register_backend() -> None:

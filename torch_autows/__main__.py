@@ -144,7 +144,7 @@ def _cubin_path(kernel, out: str | None) -> str | None:
 
 
 def _parser() -> _Parser:
-    from . import __version__
+    from ._version import __version__
     from .passes.pipeline import STAGES
     from .runtime import attention as rt_attention
     from .runtime import gemm as rt_gemm

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from . import config
 from . import ops as _kernels
-from .inductor.attention_grad import attention_backward
+from .attention_grad import attention_backward
 from .runtime.fallback import Unsupported, note_fallback, note_served, note_vendor
 
 _SERVED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)

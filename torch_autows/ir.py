@@ -319,5 +319,14 @@ def add_offset(expr: str | int, delta: int) -> str | int:
     return f"{expr}+{delta}"
 
 
-# The text form lives in ir_text.py; it is part of the IR's interface.
-from .ir_text import format_op, format_program, parse_program  # noqa: E402,F401
+_TEXT_FORM = ("format_op", "format_program", "parse_program")
+
+
+def __getattr__(name: str):
+    """The text form (``format_program``, ...) lives in ir_text.py, which imports this module; it is part of
+    the IR's interface, so ``from .ir import format_program`` works, loaded on first use (no import circle)."""
+    if name in _TEXT_FORM:
+        from . import ir_text
+
+        return getattr(ir_text, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

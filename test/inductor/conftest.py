@@ -1,6 +1,6 @@
 """Fixtures for the Inductor-integration tests: CPU only, fresh Dynamo state, no compile caches.
 
-``pretend`` makes CPU-traced graphs count as sm_90 targets and stubs the runtime's support checks, so
+``pretend`` makes CPU-traced graphs count as sm_90 targets and the runtime's support checks say yes, so
 the rewrites fire on this machine; the ops then still see CPU tensors and fall back to torch at run time.
 """
 from __future__ import annotations
@@ -13,8 +13,10 @@ import torch._dynamo
 import torch._inductor.config as ic
 
 from torch_autows import config
-from torch_autows.inductor import target
+from torch_autows.inductor import support
+from torch_autows.runtime import attention as rt_attention
 from torch_autows.runtime import fallback
+from torch_autows.runtime import gemm as rt_gemm
 
 
 def pytest_collection_modifyitems(config, items):
@@ -27,19 +29,30 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _fresh():
     torch._dynamo.reset()
-    target.reset()
+    support.reset()
     fallback.reset()
     with ic.patch(force_disable_caches=True, compile_threads=1):
         yield
     torch._dynamo.reset()
 
 
+def compile_time_yes(real):
+    """``real`` (a runtime ``support_reason``) that says yes where asked without the device check (the
+    compile-time question under ``pretend_sm90``); the run-time check (device checked) stays the real one."""
+
+    def support_reason(*args, check_device: bool = True, **kwargs):
+        return None if not check_device else real(*args, check_device=check_device, **kwargs)
+
+    return support_reason
+
+
 @pytest.fixture
 def pretend(monkeypatch):
-    """Rewrites fire on CPU-traced graphs; the runtime's support checks say yes."""
+    """Rewrites fire on CPU-traced graphs: the runtime's support checks say yes at compile time; at run time
+    the ops still see CPU tensors and fall back to torch."""
     monkeypatch.setattr(config, "pretend_sm90", True)
-    monkeypatch.setattr(target, "attention_support_fn", lambda: True)
-    monkeypatch.setattr(target, "gemm_support_fn", lambda: (lambda a, b, bias=None, out_dtype=None, **kw: None))
+    for rt in (rt_attention, rt_gemm):
+        monkeypatch.setattr(rt, "support_reason", compile_time_yes(rt.support_reason))
     yield
 
 

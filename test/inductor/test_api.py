@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import torch_autows
-from torch_autows.inductor import api, choices, passes, target
+from torch_autows.inductor import api, choices, graph_passes, support
 
 KEYS = ("pre_grad_custom_pass", "post_grad_custom_post_pass")
 
@@ -32,13 +32,13 @@ def test_enable_disable_round_trip_restores_config_exactly():
     assert all(unset for unset, _ in before.values())
     torch_autows.enable()
     torch_autows.enable()  # idempotent: no double wrapping
-    assert isinstance(ic.post_grad_custom_post_pass, passes.AutoWSPostGradPass)
-    assert isinstance(ic.pre_grad_custom_pass, passes.AutoWSPreGradPass)
-    assert ic.post_grad_custom_post_pass.user is None and passes.installed()
+    assert isinstance(ic.post_grad_custom_post_pass, graph_passes.AutoWSPostGradPass)
+    assert isinstance(ic.pre_grad_custom_pass, graph_passes.AutoWSPreGradPass)
+    assert ic.post_grad_custom_post_pass.user is None and graph_passes.installed()
     torch_autows.disable()
     torch_autows.disable()  # idempotent
     assert _state() == (before, copy)
-    assert not passes.installed()
+    assert not graph_passes.installed()
 
 
 def test_enable_chains_and_restores_the_users_passes():
@@ -46,7 +46,7 @@ def test_enable_chains_and_restores_the_users_passes():
     with ic.patch(pre_grad_custom_pass=pre, post_grad_custom_post_pass=post):
         torch_autows.enable()
         assert ic.pre_grad_custom_pass.user is pre and ic.post_grad_custom_post_pass.user is post
-        assert ic.post_grad_custom_post_pass.uuid() != passes.AutoWSPostGradPass(None).uuid()
+        assert ic.post_grad_custom_post_pass.uuid() != graph_passes.AutoWSPostGradPass(None).uuid()
         torch_autows.disable()
         assert ic.pre_grad_custom_pass is pre and ic.post_grad_custom_post_pass is post
         assert not api._unset(ic, "post_grad_custom_post_pass")
@@ -68,16 +68,16 @@ def test_enable_routes_plain_torch_compile(pretend):
             torch_autows.disable()
     assert not isinstance(choices._current(), choices.AutoWSChoices)
     torch.testing.assert_close(out, f(q, k, v), atol=1e-5, rtol=1e-5)
-    assert target.site_counters["attention.rewritten"] == 1
+    assert support.site_counters["attention.rewritten"] == 1
     assert user.calls == 1  # the user's pre-grad pass still ran
 
 
 def test_inductor_options():
     opts = torch_autows.inductor_options()
     assert set(opts) == set(KEYS)
-    assert isinstance(opts["post_grad_custom_post_pass"], passes.AutoWSPostGradPass)
+    assert isinstance(opts["post_grad_custom_post_pass"], graph_passes.AutoWSPostGradPass)
     opts = torch_autows.inductor_options("max-autotune")
-    assert opts["max_autotune"] is True and isinstance(opts["pre_grad_custom_pass"], passes.AutoWSPreGradPass)
+    assert opts["max_autotune"] is True and isinstance(opts["pre_grad_custom_pass"], graph_passes.AutoWSPreGradPass)
     assert all(getattr(ic, k) is None for k in KEYS)  # asking for options changes nothing
 
 
@@ -88,7 +88,7 @@ def test_env_var_enables(monkeypatch):
     monkeypatch.setenv("TORCH_AUTOWS", "1")
     api.enable_from_env()
     try:
-        assert api.enabled() and passes.installed()
+        assert api.enabled() and graph_passes.installed()
     finally:
         torch_autows.disable()
     assert not api.enabled()

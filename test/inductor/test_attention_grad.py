@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import torch_autows.inductor.ops  # noqa: F401  (registers torch.ops.autows.*)
-from torch_autows.inductor.attention_grad import cudnn_backward_ok, flash_backward_ok
+import torch_autows.custom_ops  # noqa: F401  (registers torch.ops.autows.*)
+from torch_autows.attention_grad import cudnn_backward_ok, flash_backward_ok
 
 attention = torch.ops.autows.attention
 
@@ -95,7 +95,7 @@ def test_flash_backward_only_where_contract_matches():
 
 def test_cudnn_backward_call_matches_the_op_schema():
     # the call the cuDNN path makes, on meta tensors (no GPU): grouped k/v heads as they are, lse as [B, H, S, 1]
-    from torch_autows.inductor.attention_grad import _cudnn_backward
+    from torch_autows.attention_grad import _cudnn_backward
 
     q = torch.empty(2, 8, 64, 128, device="meta", dtype=torch.bfloat16)
     k = torch.empty(2, 2, 64, 128, device="meta", dtype=torch.bfloat16).transpose(1, 2).contiguous().transpose(1, 2)

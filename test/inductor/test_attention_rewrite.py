@@ -7,8 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torch_autows.inductor import target
-from torch_autows.inductor.patterns import find_attention_sites, rewrite_attention
+from torch_autows import ops
+from torch_autows.inductor import support
+from torch_autows.inductor.rewrite_attention import find_attention_sites, rewrite_attention
+from torch_autows.runtime import attention as rt_attention
 
 OP = torch.ops.autows.attention.default
 
@@ -127,7 +129,7 @@ def test_rewrite_recognises_and_matches_eager(form, pretend, capture):
     assert F.scaled_dot_product_attention not in ts and not any("softmax" in str(t) for t in ts)
     out = _run(gm, q=q, k=k, v=v)
     torch.testing.assert_close(out, form(q, k, v), atol=1e-5, rtol=1e-5)
-    assert target.site_counters["attention.rewritten"] == 1
+    assert support.site_counters["attention.rewritten"] == 1
 
 
 def test_site_flags(pretend, capture):
@@ -185,13 +187,12 @@ def test_causal_mask_with_dynamic_sizes_is_not_proven(pretend, capture):
     assert "not provably causal" in find_attention_sites(gm.graph)[0].reason
 
 
-def test_unsupported_dtype_and_device(capture, monkeypatch):
+def test_unsupported_dtype_and_device(capture, monkeypatch, request):
     (gm,) = capture(sdpa_causal, *_qkv())
     assert "tensors on cpu" in find_attention_sites(gm.graph)[0].reason  # no pretend: CPU is not sm_90
     from torch_autows import config
 
-    monkeypatch.setattr(config, "pretend_sm90", True)
-    monkeypatch.setattr(target, "attention_support_fn", lambda: True)
+    request.getfixturevalue("pretend")
     (gm,) = capture(sdpa_causal, *_qkv(torch.float64))
     assert "float64" in find_attention_sites(gm.graph)[0].reason
     monkeypatch.setattr(config, "attention", False)
@@ -203,12 +204,12 @@ def test_missing_runtime_is_a_reason(monkeypatch, capture):
     from torch_autows import config
 
     monkeypatch.setattr(config, "pretend_sm90", True)
-    monkeypatch.setattr(target, "attention_support_fn", lambda: None)
-    (gm,) = capture(sdpa_causal, *_qkv())
-    assert "no generated attention kernel" in find_attention_sites(gm.graph)[0].reason
-    monkeypatch.setattr(target, "attention_support_fn", lambda: (lambda q, k, v, c, s: "head_dim 8 too small"))
+    monkeypatch.setattr(rt_attention, "support_reason", lambda q, k, v, c, s, check_device: "head_dim 8 too small")
     (gm,) = capture(sdpa_causal, *_qkv())
     assert find_attention_sites(gm.graph)[0].reason == "head_dim 8 too small"
+    monkeypatch.setattr(ops, "runtime_module", lambda name: None)  # no triton: the runtime cannot be imported
+    (gm,) = capture(sdpa_causal, *_qkv())
+    assert "no generated attention kernel" in find_attention_sites(gm.graph)[0].reason
 
 
 @pytest.mark.parametrize("train", [False, True])
@@ -233,7 +234,7 @@ def test_attention_lowers_to_a_direct_extern_call(train, pretend):
         rx, rw = torch.autograd.grad(ref.square().sum(), (x, w))
         torch.testing.assert_close(gx, rx, atol=1e-3, rtol=1e-3)
         torch.testing.assert_close(gw, rw, atol=1e-3, rtol=1e-3)
-    assert target.site_counters["attention.rewritten"] == 1
+    assert support.site_counters["attention.rewritten"] == 1
 
 
 
@@ -272,7 +273,7 @@ def test_scale_after_a_finite_mask_matches_eager_compiled(pretend):
     q, k, v = _qkv()
     out = torch.compile(_fill_then_tiny_scale, backend="autows")(q, k, v)
     torch.testing.assert_close(out, _fill_then_tiny_scale(q, k, v), atol=1e-5, rtol=1e-5)
-    assert target.site_counters["attention.rewritten"] == 0
+    assert support.site_counters["attention.rewritten"] == 0
 
 
 def test_sdpa_zero_scale_reason(pretend, capture):

@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from torch_autows.inductor import backend, passes, target
+from torch_autows.inductor import backend, graph_passes, support
 from torch_autows.runtime import fallback
 
 
@@ -50,8 +50,8 @@ def test_training_through_autows_matches_eager(pretend):
     torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
     for g, r in zip(grads, ref_grads):
         torch.testing.assert_close(g, r, atol=1e-5, rtol=1e-4)
-    assert target.site_counters["attention.rewritten"] == 2
-    assert target.site_counters["gemm.rewritten"] > 0  # forward and backward GEMMs (post-grad pass)
+    assert support.site_counters["attention.rewritten"] == 2
+    assert support.site_counters["gemm.rewritten"] > 0  # forward and backward GEMMs (post-grad pass)
     ran = fallback.counters["attention.autows"] + fallback.counters["attention.fallback"]
     assert ran >= 2  # the custom op ran (on CPU it falls back inside)
 
@@ -64,12 +64,12 @@ def test_cpu_goes_to_inductor_with_one_log_line_per_reason(log_warnings):
         ref = model(x)
         out = torch.compile(model, backend="autows")(x)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
-    assert target.site_counters["attention.rewritten"] == 0
+    assert support.site_counters["attention.rewritten"] == 0
     msgs = [r.getMessage() for r in log_warnings.records]
     att = [m for m in msgs if m.startswith("autows attention: left to Inductor") and "tensors on cpu" in m]
     gemm = [m for m in msgs if m.startswith("autows gemm: left to Inductor") and "tensors on cpu" in m]
     assert len(att) == 1 and len(gemm) == 1, msgs
-    assert target.site_counters["attention.left"] == 4
+    assert support.site_counters["attention.left"] == 4
 
 
 def test_dynamic_sequence_length(pretend):
@@ -85,7 +85,7 @@ def test_dynamic_sequence_length(pretend):
             torch._dynamo.mark_dynamic(x, 1)
             torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)
     assert counters["stats"]["unique_graphs"] == 1
-    assert target.site_counters["attention.rewritten"] == 2
+    assert support.site_counters["attention.rewritten"] == 2
 
 
 def test_config_patches_for_modes_and_user_passes():
@@ -98,7 +98,7 @@ def test_config_patches_for_modes_and_user_passes():
     assert all(p[k] == v for k, v in list_mode_options("reduce-overhead").items())
     assert p["max_autotune"] is True
     post = p["post_grad_custom_post_pass"]
-    assert isinstance(post, passes.AutoWSPostGradPass) and post.user is user_pass
+    assert isinstance(post, graph_passes.AutoWSPostGradPass) and post.user is user_pass
     assert "pre_grad_custom_pass" not in p  # the backend rewrites attention itself, before compile_fx
     assert post.uuid() is None  # the user's plain function has no uuid: Inductor must not cache
     assert backend._config_patches(None, None)["post_grad_custom_post_pass"].uuid()

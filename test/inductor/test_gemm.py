@@ -6,9 +6,10 @@ import torch.nn.functional as F
 from torch._inductor.select_algorithm import extern_kernels
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from torch_autows import config
-from torch_autows.inductor import choices, target
-from torch_autows.inductor.gemm_pass import find_gemm_sites, rewrite_gemms
+from torch_autows import config, ops
+from torch_autows.inductor import choices, externs, support
+from torch_autows.inductor.rewrite_gemm import find_gemm_sites, rewrite_gemms
+from torch_autows.runtime import gemm as rt_gemm
 
 aten = torch.ops.aten
 
@@ -75,40 +76,44 @@ def test_post_grad_reasons(pretend, log_warnings):
 
 def test_gemm_reason(monkeypatch):
     a, b = torch.randn(8, 16), torch.randn(16, 4)
-    assert "tensors on cpu" in target.gemm_reason(a, b)
+    assert "tensors on cpu" in support.gemm_reason(a, b)
     monkeypatch.setattr(config, "pretend_sm90", True)
     seen = {}
 
-    def support(a, b, bias=None, out_dtype=None, *, check_device=True):
+    def runtime_check(a, b, bias=None, out_dtype=None, *, check_device=True):
         seen.update(device=a.device.type, check_device=check_device)
         return None
 
-    monkeypatch.setattr(target, "gemm_support_fn", lambda: support)
-    assert target.gemm_reason(a, b) is None
+    monkeypatch.setattr(rt_gemm, "support_reason", runtime_check)
+    assert support.gemm_reason(a, b) is None
     assert seen == {"device": "cuda", "check_device": False}  # asked as a (fake) sm_90 request
-    assert "float64" in target.gemm_reason(a.double(), b.double())
-    monkeypatch.setattr(target, "gemm_support_fn", lambda: None)
-    assert "not available" in target.gemm_reason(a, b)
+    assert "float64" in support.gemm_reason(a.double(), b.double())
+    monkeypatch.setattr(rt_gemm, "support_reason", lambda *args, check_device: 1 / 0)
+    assert "runtime support check raised ZeroDivisionError" in support.gemm_reason(a, b)  # never breaks a compile
+    monkeypatch.setattr(ops, "runtime_module", lambda name: None)  # no triton: the runtime cannot be imported
+    assert "not available" in support.gemm_reason(a, b)
     monkeypatch.setattr(config, "gemm", False)
-    assert "disabled" in target.gemm_reason(a, b)
+    assert "disabled" in support.gemm_reason(a, b)
 
 
 def test_extern_kernels_registered_once():
-    for op in ("mm", "addmm", "bmm"):
-        assert getattr(extern_kernels, f"autows_{op}") is choices._KERNELS[op]
-        assert choices.extern_choice(op) is choices.extern_choice(op)
+    externs.register()
+    externs.register()
+    for op in ("mm", "addmm", "bmm", "attention"):
+        assert getattr(extern_kernels, f"autows_{op}") is externs.KERNELS[op]
+        assert externs.extern_choice(op) is externs.extern_choice(op)
 
 
 def test_extern_kernels_compute_into_out():
     a, b, bias = torch.randn(8, 16), torch.randn(16, 4), torch.randn(4)
     out = torch.empty(8, 4)
-    choices.autows_addmm(bias.expand(8, 4), a, b, out=out)
+    externs.autows_addmm(bias.expand(8, 4), a, b, out=out)
     torch.testing.assert_close(out, torch.addmm(bias, a, b))
     full = torch.randn(8, 4)
-    choices.autows_addmm(full, a, b, alpha=1, beta=1, out=out)  # a 2-D bias: plain torch.addmm
+    externs.autows_addmm(full, a, b, alpha=1, beta=1, out=out)  # a 2-D bias: plain torch.addmm
     torch.testing.assert_close(out, torch.addmm(full, a, b))
     x, y, out3 = torch.randn(2, 4, 16), torch.randn(2, 16, 4), torch.empty(2, 4, 4)
-    choices.autows_bmm(x, y, out=out3)
+    externs.autows_bmm(x, y, out=out3)
     torch.testing.assert_close(out3, torch.bmm(x, y))
 
 
@@ -127,7 +132,7 @@ def test_max_autotune_offers_our_choice(pretend, monkeypatch):
                       options={"max_autotune": True, "max_autotune_gemm_backends": "ATEN"})
     torch.testing.assert_close(f(a, b), torch.relu(a @ b))
     assert ("mm", "autows_mm") in seen and ("mm", "mm") in seen
-    assert target.site_counters["gemm.choice"] == 1 and target.site_counters["gemm.rewritten"] == 0
+    assert support.site_counters["gemm.choice"] == 1 and support.site_counters["gemm.rewritten"] == 0
 
 
 def test_rewritten_gemms_lower_to_direct_extern_calls(pretend):
@@ -148,7 +153,7 @@ def test_rewritten_gemms_lower_to_direct_extern_calls(pretend):
     assert "extern_kernels.autows_bmm(" in src and "torch.ops.autows" not in src
     for got, ref in zip(outs, f(a, b, bias, x)):
         torch.testing.assert_close(got, ref, atol=2e-2, rtol=2e-2)
-    assert target.site_counters["gemm.rewritten"] == 4 and fallback.counters["gemm.fallback"] == 3
+    assert support.site_counters["gemm.rewritten"] == 4 and fallback.counters["gemm.fallback"] == 3
     assert fallback.counters["bmm.fallback"] == 1
 
 
@@ -178,14 +183,14 @@ def test_direct_extern_calls_forward_and_backward(pretend):
     ref(xr).float().square().mean().backward()
     for got, want in ((x.grad, xr.grad), (lin.weight.grad, ref.weight.grad), (lin.bias.grad, ref.bias.grad)):
         torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
-    assert target.site_counters["gemm.rewritten"] >= 3  # the forward addmm and two backward mms
+    assert support.site_counters["gemm.rewritten"] >= 3  # the forward addmm and two backward mms
 
 
 def test_prior_keeps_small_gemms_on_the_vendor_path(pretend, monkeypatch, log_warnings):
     """With config.choice = "prior", a GEMM the cost rule gives to cuBLAS stays aten (logged with the reason);
     one it gives to ours is rewritten."""
     monkeypatch.setattr(config, "choice", "prior", raising=False)
-    target.reset()
+    support.reset()
     bf = dict(dtype=torch.bfloat16)
     small = (torch.randn(16, 64, **bf), torch.randn(64, 128, **bf))
     big = (torch.randn(4096, 1024, **bf), torch.randn(1024, 1024, **bf))
@@ -194,5 +199,5 @@ def test_prior_keeps_small_gemms_on_the_vendor_path(pretend, monkeypatch, log_wa
         sites = rewrite_gemms(gm.graph)
         assert sites[0].reason is None and (sites[0].vendor is None) is rewritten
         assert (torch.ops.autows.gemm.default in _ops(gm)) is rewritten
-    assert target.site_counters["gemm.rewritten"] == 1 and target.site_counters["gemm.left"] == 1
+    assert support.site_counters["gemm.rewritten"] == 1 and support.site_counters["gemm.left"] == 1
     assert any("the vendor's kernel is chosen: the cost rule" in r.message for r in log_warnings.records)

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torch_autows.inductor import target
+from torch_autows.inductor import support
 from torch_autows.runtime import fallback
 
 sm90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -25,8 +25,8 @@ def _qkv(dtype=torch.bfloat16, b=2, h=8, hkv=8, s=256, d=128):
 def test_backward_matches_sdpa(path, causal, hkv, layout, monkeypatch):
     # both torch backwards we call, against fp32 SDPA's autograd: grouped k/v heads, [B, S, H, D] views (as
     # models transpose them), and an upstream grad in another layout than out's
-    import torch_autows.inductor.ops  # noqa: F401  (registers torch.ops.autows.*)
-    from torch_autows.inductor import attention_grad
+    import torch_autows.custom_ops  # noqa: F401  (registers torch.ops.autows.*)
+    from torch_autows import attention_grad
 
     b, h, s, d = 2, 8, 256, 128
     if layout == "bhsd":
@@ -69,7 +69,7 @@ class Block(torch.nn.Module):
 def test_block_training(mode):
     torch._dynamo.reset()
     fallback.reset()
-    target.reset()
+    support.reset()
     torch.manual_seed(0)
     model = Block().cuda().to(torch.bfloat16)
     ref_model = Block().cuda()
@@ -86,7 +86,7 @@ def test_block_training(mode):
     torch.testing.assert_close(out.float(), ref, atol=5e-2, rtol=5e-2)
     assert fallback.counters["gemm.autows"] + fallback.counters["bmm.autows"] >= 1  # GEMM sites served
     if importlib.util.find_spec("torch_autows.runtime.attention") is not None:  # attention kernel exists
-        assert target.site_counters["attention.rewritten"] >= 1
+        assert support.site_counters["attention.rewritten"] >= 1
 
 
 def test_dynamic_sequence_length():

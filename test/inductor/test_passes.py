@@ -6,7 +6,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import torch_autows
 from torch_autows import config
-from torch_autows.inductor import passes
+from torch_autows.inductor import graph_passes
 
 
 class Named(CustomGraphPass):
@@ -23,9 +23,9 @@ class Named(CustomGraphPass):
 @pytest.mark.parametrize("setting,value", [("gemm", False), ("attention", False), ("pretend_sm90", True),
                                            ("debug", True)])
 def test_uuid_changes_with_settings(monkeypatch, setting, value):
-    base_pass = passes.AutoWSPostGradPass(None)
+    base_pass = graph_passes.AutoWSPostGradPass(None)
     base = base_pass.uuid()
-    assert base and base == passes.AutoWSPostGradPass(None).uuid()  # deterministic
+    assert base and base == graph_passes.AutoWSPostGradPass(None).uuid()  # deterministic
     old = getattr(config, setting)
     monkeypatch.setattr(config, setting, value if value != old else not old)
     assert base_pass.uuid() != base
@@ -36,26 +36,26 @@ def test_uuid_changes_with_settings(monkeypatch, setting, value):
 def test_uuid_covers_version_and_sources(monkeypatch, tmp_path):
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "a.py").write_text("x = 1\n")
-    before = passes.hash_tree(tmp_path)
+    before = graph_passes.hash_tree(tmp_path)
     (tmp_path / "pkg" / "a.py").write_text("x = 2\n")
-    assert passes.hash_tree(tmp_path) != before
-    assert len(passes.source_hash()) == 64
-    base = passes.autows_uuid()
-    monkeypatch.setattr(passes, "__version__", "0.0.0-other")
-    assert passes.autows_uuid() != base
-    monkeypatch.setattr(passes, "__version__", torch_autows.__version__)
-    assert passes.autows_uuid() == base
-    monkeypatch.setattr(passes, "source_hash", lambda: "edited-source")
-    assert passes.autows_uuid() != base
+    assert graph_passes.hash_tree(tmp_path) != before
+    assert len(graph_passes.source_hash()) == 64
+    base = graph_passes.autows_uuid()
+    monkeypatch.setattr(graph_passes, "__version__", "0.0.0-other")
+    assert graph_passes.autows_uuid() != base
+    monkeypatch.setattr(graph_passes, "__version__", torch_autows.__version__)
+    assert graph_passes.autows_uuid() == base
+    monkeypatch.setattr(graph_passes, "source_hash", lambda: "edited-source")
+    assert graph_passes.autows_uuid() != base
 
 
 def test_uuid_chains_user_passes():
-    a, b = passes.AutoWSPostGradPass(Named("u1")), passes.AutoWSPostGradPass(Named("u2"))
-    assert a.uuid() and a.uuid() != b.uuid() != passes.AutoWSPostGradPass(None).uuid()
-    assert passes.AutoWSPostGradPass([Named("u1"), Named("u2")]).uuid()  # 2.13 lists
-    assert passes.AutoWSPostGradPass(lambda g: None).uuid() is None     # no uuid: Inductor bypasses the cache
-    assert passes.AutoWSPostGradPass([Named("u1"), Named(None)]).uuid() is None
-    assert passes.AutoWSPreGradPass(None).uuid() != passes.AutoWSPostGradPass(None).uuid()
+    a, b = graph_passes.AutoWSPostGradPass(Named("u1")), graph_passes.AutoWSPostGradPass(Named("u2"))
+    assert a.uuid() and a.uuid() != b.uuid() != graph_passes.AutoWSPostGradPass(None).uuid()
+    assert graph_passes.AutoWSPostGradPass([Named("u1"), Named("u2")]).uuid()  # 2.13 lists
+    assert graph_passes.AutoWSPostGradPass(lambda g: None).uuid() is None     # no uuid: Inductor bypasses the cache
+    assert graph_passes.AutoWSPostGradPass([Named("u1"), Named(None)]).uuid() is None
+    assert graph_passes.AutoWSPreGradPass(None).uuid() != graph_passes.AutoWSPostGradPass(None).uuid()
 
 
 def test_chained_user_pass_runs_first():
@@ -68,7 +68,7 @@ def test_chained_user_pass_runs_first():
         def uuid(self):
             return "rec"
 
-    p = passes.AutoWSPostGradPass([Rec(), Rec()])
+    p = graph_passes.AutoWSPostGradPass([Rec(), Rec()])
     p.ours = lambda graph: order.append("autows")
     p(None)
     assert order == ["user", "user", "autows"]
@@ -76,8 +76,8 @@ def test_chained_user_pass_runs_first():
 
 def test_patches_do_not_double_wrap():
     user = Named("u")
-    first = passes.patches(lambda key: user)
-    again = passes.patches(lambda key: first[key])
+    first = graph_passes.patches(lambda key: user)
+    again = graph_passes.patches(lambda key: first[key])
     assert again == first and first["post_grad_custom_post_pass"].user is user
 
 
@@ -88,7 +88,7 @@ def test_autows_and_inductor_never_share_cache_entries(pretend, monkeypatch, tmp
     import torch._dynamo
     import torch._inductor.config as ic
 
-    from torch_autows.inductor import target
+    from torch_autows.inductor import support
     from torch_autows.runtime import fallback
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
@@ -103,7 +103,7 @@ def test_autows_and_inductor_never_share_cache_entries(pretend, monkeypatch, tmp
     with ic.patch(force_disable_caches=False, fx_graph_cache=True, fx_graph_remote_cache=False):
         for backend in ("autows", "inductor", "autows", "inductor"):
             torch._dynamo.reset()
-            target.reset()
+            support.reset()
             fallback.reset()
             torch.testing.assert_close(torch.compile(f, backend=backend)(a, b), f(a, b))
             ran_autows_op = fallback.counters["gemm.autows"] + fallback.counters["gemm.fallback"]

@@ -96,8 +96,8 @@ def collect_meta(subcommand: str, argv: list[str] | None = None, **extra) -> dic
             "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
             "git_commit": git_commit(), "gpu": None, "sm_count": None, "clocks": None}
     try:
-        from torch_autows import __version__
-        from torch_autows.inductor.passes import source_hash
+        from torch_autows._version import __version__
+        from torch_autows.inductor.graph_passes import source_hash
 
         meta["torch_autows"] = __version__
         # the package's content, exact even where the checkout's git metadata is stale (a copied tree)

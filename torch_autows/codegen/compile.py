@@ -24,7 +24,8 @@ import types
 
 import triton
 
-from .. import __version__, diskcache
+from .. import diskcache
+from .._version import __version__
 from ..ir import Program
 from .gluon import GL_DTYPE, block_shapes, generate
 

@@ -1,17 +1,22 @@
 """TorchInductor integration of torch_autows.
 
-    backend.py      the ``autows`` torch.compile backend (entry point ``torch_dynamo_backends``)
-    ops.py          custom ops ``autows::attention`` / ``autows::gemm`` / ``autows::bmm`` (opaque to Inductor)
-    attention_grad.py  the backward of ``autows::attention`` (cuDNN's or flash's from the saved lse, or the math)
-    lowering.py     the ops' Inductor lowerings: direct calls of our functions (no dispatcher per call)
-    patterns.py     finds attention sites in the Dynamo (torch-level) graph and rewrites them to our op
-    masks.py        which explicit mask tensors are provably causal (so the site can be served)
-    gemm_pass.py    post-grad rewrite of aten.mm/addmm/bmm to our op (when max-autotune is off)
-    choices.py      our GEMM as an ``ExternKernelChoice`` in Inductor's mm/addmm/bmm autotuning
-    passes.py       the ``CustomGraphPass`` objects (cache-key uuid, chaining the user's passes)
-    target.py       "can autows serve this?" checks shared by the rewrites, the choices and explain()
-    api.py          enable() / disable() / inductor_options() / explain()
-    explain.py      the per-site report ``explain()`` returns and prints
+Modules, low to high (a module imports only from its own line or lower ones; test/test_structure.py):
+
+    masks.py              which explicit mask tensors are provably causal (so the site can be served)
+    support.py            "can autows serve this?" checks shared by the rewrites, the choices and explain()
+    externs.py            the extern kernels ``extern_kernels.autows_{mm,addmm,bmm,attention}`` Inductor calls
+    lowering.py           the ops' Inductor lowerings: direct calls of the extern kernels (no dispatcher per call)
+    rewrite_attention.py  finds attention sites in the Dynamo (torch-level) graph and rewrites them to our op
+    rewrite_gemm.py       post-grad rewrite of aten.mm/addmm/bmm to our op (when max-autotune is off)
+    graph_passes.py       the ``CustomGraphPass`` objects (cache-key uuid, chaining the user's passes)
+    choices.py            our GEMM as an ``ExternKernelChoice`` in Inductor's mm/addmm/bmm autotuning
+    backend.py            the ``autows`` torch.compile backend (entry point ``torch_dynamo_backends``)
+    explain.py            the per-site report ``explain()`` returns and prints
+    api.py                enable() / disable() / inductor_options() / explain()
+
+The custom ops ``torch.ops.autows.{attention,gemm,bmm}`` (opaque to Inductor) are defined in
+``torch_autows.custom_ops``, which ``import torch_autows`` loads before any module here; their backward
+is ``torch_autows.attention_grad``.
 
 Importing this package is cheap; the modules above import ``torch._inductor`` themselves.
 """

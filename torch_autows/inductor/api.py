@@ -5,7 +5,7 @@
     torch_autows.disable()                    # the Inductor config is as it was before enable()
     torch_autows.explain(m, x)                # which attention/GEMM sites autows serves, and why not
 
-``enable()`` sets two existing Inductor options to our chaining passes (passes.py); the GEMM choices
+``enable()`` sets two existing Inductor options to our chaining passes (graph_passes.py); the GEMM choices
 handler is installed by the post-grad pass in the compiling thread. On torch 2.13 Inductor's config
 overrides are per thread (context variables): call ``enable()``/``disable()`` in the thread that compiles.
 ``TORCH_AUTOWS=1`` in the environment calls ``enable()`` at ``import torch_autows``.
@@ -31,10 +31,10 @@ def inductor_options(mode: str | None = None) -> dict:
     """
     from torch._inductor import list_mode_options
 
-    from . import backend, passes
+    from . import externs, graph_passes
 
-    del backend  # imported for its side effects: the ops, the extern kernels and the backend name
-    return {**list_mode_options(mode or "default"), **passes.patches()}
+    externs.register()  # output code loaded from Inductor's cache calls extern_kernels.autows_*
+    return {**list_mode_options(mode or "default"), **graph_passes.patches()}
 
 
 def enabled() -> bool:
@@ -48,10 +48,10 @@ def enable() -> None:
         return
     from torch._inductor import config as ic
 
-    from . import backend, passes
+    from . import externs, graph_passes
 
-    del backend  # the ops, the extern kernels and the backend name
-    opts = passes.patches()
+    externs.register()  # output code loaded from Inductor's cache calls extern_kernels.autows_*
+    opts = graph_passes.patches()
     _saved = {k: (_unset(ic, k), getattr(ic, k)) for k in _KEYS}
     for k in _KEYS:
         setattr(ic, k, opts[k])

@@ -6,10 +6,10 @@
 
 What one compile does (torch 2.11 and 2.13 alike):
 
-1. rewrite attention in the Dynamo graph to ``autows::attention`` (patterns.py), before AOTAutograd, so
+1. rewrite attention in the Dynamo graph to ``autows::attention`` (rewrite_attention.py), before AOTAutograd, so
    the op's autograd formula is what AOTAutograd differentiates;
-2. ``compile_fx`` with ``list_mode_options(mode)`` + the user's options + our post-grad pass (passes.py) as
-   config patches. The post-grad pass rewrites GEMMs when max-autotune is off (gemm_pass.py);
+2. ``compile_fx`` with ``list_mode_options(mode)`` + the user's options + our post-grad pass (graph_passes.py) as
+   config patches. The post-grad pass rewrites GEMMs when max-autotune is off (rewrite_gemm.py);
 3. an ``inner_compile`` that forwards every argument to ``compile_fx_inner`` (2.13 adds
    ``compile_region_name`` and ``get_decomp_fn``; forwarding ``*a, **kw`` covers both) inside
    ``V.set_choices_handler(AutoWSChoices())`` (choices.py); compile_fx reuses it for the lazily compiled
@@ -26,8 +26,8 @@ import logging
 import torch
 from torch._dynamo.backends import registry
 
-from . import choices, passes
-from .patterns import rewrite_attention
+from . import choices, externs, graph_passes
+from .rewrite_attention import rewrite_attention
 
 log = logging.getLogger("torch_autows")
 
@@ -37,7 +37,7 @@ def _config_patches(mode: str | None, options: dict | None) -> dict:
     from torch._inductor import list_mode_options
 
     patches = {**list_mode_options(mode or "default"), **(options or {})}
-    ours = passes.patches(lambda key: patches[key] if key in patches else getattr(ic, key))
+    ours = graph_passes.patches(lambda key: patches[key] if key in patches else getattr(ic, key))
     # The attention rewrite runs on the Dynamo graph right here (autows() below), so only the post-grad
     # pass is installed: running the pre-grad one too would find nothing left but count sites twice.
     patches["post_grad_custom_post_pass"] = ours["post_grad_custom_post_pass"]
@@ -62,6 +62,7 @@ def autows(gm: torch.fx.GraphModule, example_inputs, *, mode: str | None = None,
     """Dynamo backend: Inductor (``compile_fx``) with autows's rewrites and GEMM choice."""
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
+    externs.register()  # output code loaded from Inductor's cache calls extern_kernels.autows_*
     patches = _config_patches(mode, options)
     rewrite_attention(gm.graph)
     gm.recompile()

@@ -2,13 +2,13 @@
 
 ``AutoWSChoices`` subclasses ``InductorChoices`` and overrides ``get_template_configs`` (same signature in
 torch 2.11 and 2.13): after Inductor built its candidates (cuBLAS, Triton templates, ...), it appends an
-``ExternKernelChoice`` that calls our generated kernel, when ``target.gemm_reason`` is None for the
-shapes, dtypes and strides of the inputs (symbolic sizes: their hints). Inductor then benchmarks all of
-them, so a shape goes to autows only where autows wins.
+``ExternKernelChoice`` that calls our generated kernel, when ``support.gemm_reason`` is None for the
+shapes, dtypes and strides of the inputs (symbolic sizes: their hints; the kernel: externs.py). Inductor
+then benchmarks all of them, so a shape goes to autows only where autows wins.
 
 It only appends under max-autotune: without it, Inductor calls cuBLAS with no benchmark, and the
-post-grad rewrite (gemm_pass.py) serves GEMMs instead. It only acts while autows's passes are in the
-active Inductor config (``passes.installed()``), so a handler left installed in a thread after
+post-grad rewrite (rewrite_gemm.py) serves GEMMs instead. It only acts while autows's passes are in the
+active Inductor config (``graph_passes.installed()``), so a handler left installed in a thread after
 ``disable()`` behaves exactly like ``InductorChoices``.
 
 Installation: ``backend.autows`` sets it with ``V.set_choices_handler`` around each inner compile
@@ -21,65 +21,20 @@ from __future__ import annotations
 import logging
 import threading
 
-import torch
 from torch._inductor.choices import InductorChoices
-from torch._inductor.select_algorithm import ExternKernelChoice, extern_kernels
 from torch._inductor.virtualized import V
 
-from . import passes, target
-from .gemm_pass import max_autotune_on
-from .ops import attention_impl, gemm_into
+from . import graph_passes, support
+from .externs import extern_choice
 
 log = logging.getLogger("torch_autows")
-
-# --- the extern kernels (names are global in Inductor: created once; output code calls extern_kernels.<name>) ---
-
-
-def autows_mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor) -> None:
-    gemm_into(out, a, b)
-
-
-def autows_addmm(inp: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, alpha=1, beta=1, out: torch.Tensor) -> None:
-    if alpha != 1 or beta != 1 or not (inp.dim() == 1 or inp.shape[0] == 1 or inp.stride(0) == 0):
-        torch.addmm(inp, a, b, alpha=alpha, beta=beta, out=out)
-        return
-    gemm_into(out, a, b, inp if inp.dim() == 1 else inp[0])
-
-
-def autows_bmm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor) -> None:
-    gemm_into(out, a, b)
-
-
-_KERNELS = {"mm": autows_mm, "addmm": autows_addmm, "bmm": autows_bmm,
-            "attention": attention_impl}  # not a GEMM choice: the attention lowering's kernel name (lowering.py)
-_CHOICES: dict[str, ExternKernelChoice] = {}
-
-
-def extern_choice(op: str) -> ExternKernelChoice:
-    """The ``ExternKernelChoice`` for "mm" / "addmm" / "bmm" ("attention": only its name, registered in
-    ``extern_kernels``), created once per process."""
-    if op not in _CHOICES:
-        fn, name = _KERNELS[op], f"autows_{op}"
-        lookup = getattr(ExternKernelChoice, "lookup", None)  # 2.13; 2.11 only has the extern_kernels module
-        existing = lookup(name) if lookup else None
-        if existing is None and hasattr(extern_kernels, name):
-            delattr(extern_kernels, name)  # module re-import on 2.11: re-register under the same name
-        _CHOICES[op] = existing or ExternKernelChoice(fn, None, name=name, has_out_variant=op != "attention")
-    return _CHOICES[op]
-
-
-for _op in _KERNELS:
-    extern_choice(_op)
-
-
-# --- the choices handler ---
 
 
 def _fake_inputs(kernel_inputs):
     shapes, strides = kernel_inputs.shapes_hinted(), kernel_inputs.strides_hinted()
     out = []
     for node, size, stride in zip(kernel_inputs.nodes(), shapes, strides):
-        out.append(target._fake(size, stride, node.get_dtype(), node.get_device()))
+        out.append(support.fake_tensor(size, stride, node.get_dtype(), node.get_device()))
     return out
 
 
@@ -113,11 +68,11 @@ class AutoWSChoices(InductorChoices):
     """``InductorChoices`` plus our GEMM as an autotuning candidate while autows is on."""
 
     def uuid(self):  # needed when used as config.inductor_choices_class on 2.13
-        return passes.autows_uuid()
+        return graph_passes.autows_uuid()
 
     def get_template_configs(self, kernel_inputs, templates, op_name, kwarg_overrides=None):
         choices = super().get_template_configs(kernel_inputs, templates, op_name, kwarg_overrides)
-        if not (max_autotune_on() and passes.installed()) or getattr(V.graph, "cpp_wrapper", False):
+        if not (support.max_autotune_on() and graph_passes.installed()) or getattr(V.graph, "cpp_wrapper", False):
             return choices
         try:
             req = _request(kernel_inputs, templates, op_name)
@@ -127,13 +82,13 @@ class AutoWSChoices(InductorChoices):
         if req is None:
             return choices
         op, a, b, bias, kw = req
-        reason = target.gemm_reason(a, b, bias, kernel_inputs.out_dtype() if op != "addmm" else None)
+        reason = support.gemm_reason(a, b, bias, kernel_inputs.out_dtype() if op != "addmm" else None)
         if reason is not None:
-            target.note_site("gemm", reason)
+            support.note_site("gemm", reason)
             return choices
         layout = kernel_inputs.output_layout(flexible=False)
         choices.append(extern_choice(op).bind(kernel_inputs.nodes(), layout, **kw))
-        target.site_counters["gemm.choice"] += 1
+        support.site_counters["gemm.choice"] += 1
         return choices
 
 

@@ -2,7 +2,7 @@
 
 The model runs once under Dynamo with a capturing backend (each call gets a fresh code object, so the
 user's compiled caches are untouched and no recompile budget is used up). The report uses the matchers
-and support checks the compile uses (patterns.py, target.py) on the same torch-level graphs, so "autows"
+and support checks the compile uses (rewrite_attention.py, support.py) on the same torch-level graphs, so "autows"
 in the report means the compile will rewrite that site. GEMM sites are the torch-level linear / matmul /
 mm / bmm / addmm calls, described as the 2-D (or batched) GEMM they lower to. With max-autotune a served
 GEMM is a candidate that must still win Inductor's benchmark.
@@ -19,8 +19,8 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from . import target
-from .patterns import find_attention_sites, val
+from . import support
+from .rewrite_attention import find_attention_sites, val
 
 _LINEAR = (F.linear, torch._C._nn.linear)
 _MATMUL = (torch.matmul, operator.matmul, torch.mm, torch.bmm, torch.addmm)
@@ -134,13 +134,13 @@ def _sites_of(gm: fx.GraphModule, index: int, max_autotune: bool) -> list[Site]:
             continue
         form, a, b, bias = req
         bias = bias if isinstance(bias, torch.Tensor) and bias.dim() == 1 else None
-        reason = target.gemm_reason(a, b, bias)
+        reason = support.gemm_reason(a, b, bias)
         shape = f"[{_shape(a)}]@[{_shape(b)}]" + ("+bias" if bias is not None else "")
         kernel = "autows" if reason is None else "fallback"
         if reason is None and max_autotune:
             why = "ExternKernelChoice in Inductor's autotuning (used where it wins the benchmark)"
         elif reason is None:
-            chosen = target.gemm_choice(a, b, bias)
+            chosen = support.gemm_choice(a, b, bias)
             kernel = "autows" if chosen.use_ours else "vendor"
             why = chosen.vendor_reason or ("post-grad rewrite to autows::gemm/bmm (bias fused; other epilogues stay "
                                            "with Inductor)" + _chosen(chosen))
@@ -154,8 +154,6 @@ def explain(model, *inputs, mode: str | None = None, print_report: bool = True, 
     ``mode`` is the torch.compile mode you intend to use ("max-autotune" changes how GEMMs are served).
     """
     from torch._inductor import list_mode_options
-
-    from . import ops  # noqa: F401
 
     graphs: list[fx.GraphModule] = []
 

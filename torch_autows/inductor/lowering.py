@@ -6,7 +6,7 @@ Without a lowering, Inductor runs a custom op as a ``FallbackKernel``: the compi
 (autograd wrapper, redispatch, the Python impl) before our launcher, about 30 us of host time per call
 on a CPU where the launcher itself takes 20; small models, with many short GEMMs, wait on that. The
 lowering emits what max-autotune already emits when our choice wins: ``extern_kernels.autows_mm(a, b,
-out=buf)`` (choices.py) into a buffer Inductor plans like any other, so the wrapper calls our Python
+out=buf)`` (externs.py) into a buffer Inductor plans like any other, so the wrapper calls our Python
 function directly and Inductor can reuse the buffer.
 
 Same semantics as the op: ``gemm_into`` re-checks the real tensors and falls back to torch with a
@@ -15,7 +15,7 @@ the operands' (our rewrite never passes one): those keep the custom op's fallbac
 
 Attention returns two tensors (out, lse), which the extern-choice form (one ``out=`` buffer) cannot
 express: its lowering keeps Inductor's fallback node for the op (same schema, outputs, layouts and
-buffer handling) and only names ``extern_kernels.autows_attention`` (``ops.attention_impl``, the op's
+buffer handling) and only names ``extern_kernels.autows_attention`` (``custom_ops.attention_impl``, the op's
 body) as the function the wrapper calls. Host time per call measured on the H200 (small problem, launch
 bound): 37 us through the op, 24 through the direct call, 19 for the runtime alone (SDPA: 24).
 """
@@ -27,9 +27,9 @@ from torch._inductor.kernel.mm_common import mm_args
 from torch._inductor.lowering import fallback_handler, register_lowering
 from torch._inductor.virtualized import V
 
-from . import ops  # noqa: F401  (registers torch.ops.autows.*)
-from .choices import extern_choice
+from .externs import extern_choice
 
+# torch.ops.autows.* are defined by ``import torch_autows`` (custom_ops), which runs before this module
 _GEMM, _BMM = torch.ops.autows.gemm.default, torch.ops.autows.bmm.default
 _ATTENTION = torch.ops.autows.attention.default
 
@@ -44,7 +44,6 @@ def _as_op(op, *args, **kwargs):
     return fallback_handler(op, add_to_fallback_set=False)(*args, **kwargs)
 
 
-@register_lowering(_GEMM, type_promotion_kind=None)
 def _lower_gemm(a, b, bias=None, out_dtype=None):
     if not _direct(a, out_dtype):
         return _as_op(_GEMM, a, b, bias, out_dtype)
@@ -55,7 +54,6 @@ def _lower_gemm(a, b, bias=None, out_dtype=None):
     return extern_choice("addmm").bind((bias, a, b), layout, alpha=1, beta=1).output_node()
 
 
-@register_lowering(_BMM, type_promotion_kind=None)
 def _lower_bmm(a, b, out_dtype=None):
     if not _direct(a, out_dtype):
         return _as_op(_BMM, a, b, out_dtype)
@@ -71,12 +69,24 @@ def _fallback_node(x):
     return node if isinstance(node, ir.FallbackKernel) else None
 
 
-@register_lowering(_ATTENTION, type_promotion_kind=None)
 def _lower_attention(*args, **kwargs):
     outs = _as_op(_ATTENTION, *args, **kwargs)
     node = _fallback_node(outs[0])
     python_wrapper = not V.graph.cpp_wrapper and not getattr(V.graph, "fx_wrapper", False)  # prints the name
     if node is not None and node.op_overload is _ATTENTION and python_wrapper:
-        extern_choice("attention")  # registered at import; the wrapper looks the name up in extern_kernels
+        extern_choice("attention")  # the name must exist: the wrapper looks it up in extern_kernels
         node.python_kernel_name = "extern_kernels.autows_attention"
     return outs
+
+
+_registered = False
+
+
+def register() -> None:
+    """Register the three lowerings in Inductor (once per process; before Inductor lowers a graph with our ops:
+    the post-grad pass and ``rewrite_gemms`` call it)."""
+    global _registered
+    if not _registered:
+        for op, fn in ((_GEMM, _lower_gemm), (_BMM, _lower_bmm), (_ATTENTION, _lower_attention)):
+            register_lowering(op, type_promotion_kind=None)(fn)
+        _registered = True

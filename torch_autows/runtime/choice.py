@@ -33,7 +33,8 @@ from collections.abc import Callable
 
 import torch
 
-from .. import __version__, config, diskcache
+from .. import config, diskcache
+from .._version import __version__
 from .fallback import counters
 
 log = logging.getLogger("torch_autows")

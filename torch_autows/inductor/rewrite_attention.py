@@ -2,7 +2,7 @@
 
 Where: on the graph Dynamo hands to the backend, before AOTAutograd. ``backend.autows`` runs
 ``rewrite_attention`` on it directly; ``enable()`` / ``inductor_options()`` install the same rewrite as
-Inductor's ``pre_grad_custom_pass`` (passes.py), which sees the same torch-level graph. Why there and not
+Inductor's ``pre_grad_custom_pass`` (graph_passes.py), which sees the same torch-level graph. Why there and not
 as a ``joint_custom_pre_pass`` pattern:
 
 * one site, one node: SDPA is still ``F.scaled_dot_product_attention`` with its keyword arguments, and the
@@ -21,7 +21,7 @@ matmul(., v)`` with the scale on the scores, on q or on k (Inductor's fuse_atten
 dropout, incl. Hugging Face's ``k.transpose(2, 3)`` and ``/ math.sqrt(d)``). A mask (SDPA's ``attn_mask``, or
 ``+ mask`` / ``masked_fill`` / ``where`` before the softmax) is accepted only when masks.py proves it is the
 causal mask (Hugging Face materialises one under torch.compile); the site then runs with ``is_causal``.
-A site is rewritten only where ``target.attention_reason`` is None (CUDA sm_90 or ``config.pretend_sm90``);
+A site is rewritten only where ``support.attention_reason`` is None (CUDA sm_90 or ``config.pretend_sm90``);
 otherwise it stays as it is and the reason is logged once.
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from . import ops, target  # noqa: F401  (ops: registers torch.ops.autows.*)
+from . import support
 from .masks import evaluate_constant, is_causal_mask
 
 _SDPA = F.scaled_dot_product_attention
@@ -63,7 +63,7 @@ class AttentionSite:
     maybe_dead: tuple[fx.Node, ...] = ()  # q/k scalings and the k transpose: erased if unused afterwards
     reason: str | None = None       # None: autows can serve it
     vendor: str | None = None       # servable, but the vendor's kernel was chosen (runtime.choice): why
-    choice: object = None           # target.SiteChoice of a servable site
+    choice: object = None           # support.SiteChoice of a servable site
 
     def summary(self) -> str:
         q = val(self.q)
@@ -175,14 +175,14 @@ def _check_shapes(site: AttentionSite, k) -> str | None:
         return f"q/k/v must be 4-D [B, H, S, D]; got {q.dim()}-D/{k.dim()}-D/{v.dim()}-D"
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in _FLOATS:
         return f"dtypes q {q.dtype}, k {k.dtype}, v {v.dtype}: autows attention needs one of fp16/bf16/fp32"
-    if not (target.same_size(q.shape[0], k.shape[0]) and target.same_size(k.shape[0], v.shape[0])):
+    if not (support.same_size(q.shape[0], k.shape[0]) and support.same_size(k.shape[0], v.shape[0])):
         return "batch sizes of q, k, v differ (broadcasting is not served)"
-    if not (target.same_size(q.shape[3], k.shape[3]) and target.same_size(k.shape[3], v.shape[3])):
+    if not (support.same_size(q.shape[3], k.shape[3]) and support.same_size(k.shape[3], v.shape[3])):
         return f"head dims differ (q {q.shape[3]}, k {k.shape[3]}, v {v.shape[3]})"
-    if not (target.same_size(k.shape[1], v.shape[1]) and target.same_size(k.shape[2], v.shape[2])):
+    if not (support.same_size(k.shape[1], v.shape[1]) and support.same_size(k.shape[2], v.shape[2])):
         return "k and v shapes differ"
     hq, hkv = q.shape[1], k.shape[1]
-    if not target.same_size(hq, hkv):
+    if not support.same_size(hq, hkv):
         if not site.enable_gqa:
             return f"q has {hq} heads and k/v {hkv} without enable_gqa"
         if not (isinstance(hq, int) and isinstance(hkv, int) and hq % hkv == 0):
@@ -356,9 +356,9 @@ def find_attention_sites(graph: fx.Graph) -> list[AttentionSite]:
         if site.reason is None:
             site.reason = _check_shapes(site, kv)
         if site.reason is None:
-            site.reason = target.attention_reason(val(site.q), kv, val(site.v), site.is_causal, site.scale)
+            site.reason = support.attention_reason(val(site.q), kv, val(site.v), site.is_causal, site.scale)
         if site.reason is None and kv is not None:
-            site.choice = target.attention_choice(val(site.q), kv, val(site.v), site.is_causal, site.scale)
+            site.choice = support.attention_choice(val(site.q), kv, val(site.v), site.is_causal, site.scale)
             site.vendor = site.choice.vendor_reason
         sites.append(site)
     return sites
@@ -382,7 +382,7 @@ def rewrite_attention(graph: fx.Graph) -> list[AttentionSite]:
     sites = find_attention_sites(graph)
     for site in sites:
         if site.reason is not None or site.vendor is not None:
-            target.note_site("attention", site.reason or site.vendor)
+            support.note_site("attention", site.reason or site.vendor)
             continue
         with graph.inserting_before(site.node):
             k = site.k
@@ -406,6 +406,6 @@ def rewrite_attention(graph: fx.Graph) -> list[AttentionSite]:
             if n not in erased and not n.users and n.op != "placeholder":
                 graph.erase_node(n)
                 erased.add(n)
-        target.site_counters["attention.rewritten"] += 1
+        support.site_counters["attention.rewritten"] += 1
     graph.lint()
     return sites

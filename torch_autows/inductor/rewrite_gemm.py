@@ -8,7 +8,7 @@ Which path serves a GEMM:
   wins keeps its fused epilogue.
 * max-autotune off: Inductor would call cuBLAS (an extern kernel) for every mm/addmm/bmm; Triton GEMM
   templates, the only GEMMs Inductor fuses epilogues into, are not used at all. This pass swaps that
-  extern call for ours where ``target.gemm_reason`` is None, so no fusion Inductor would have made is lost.
+  extern call for ours where ``support.gemm_reason`` is None, so no fusion Inductor would have made is lost.
 
 Epilogues, explicitly: a 1-D bias is fused into our kernel: ``addmm(bias, a, b)`` (Inductor keeps bf16/fp16
 addmm fused) and ``add(mm(a, b), bias)`` (what Inductor's ``unfuse_bias_add_to_pointwise`` leaves for fp32 on
@@ -17,7 +17,7 @@ GPU, meaning the bias add would have run inside the next pointwise kernel). Ever
 it would have after cuBLAS. A 2-D bias, ``alpha``/``beta`` != 1 or a dtype change in the add are left to
 Inductor with a logged reason.
 
-The ops inserted here are lowered to direct ``extern_kernels.autows_*`` calls (lowering.py), the same
+The ops inserted here are lowered to direct ``extern_kernels.autows_*`` calls (lowering.py, externs.py), the same
 calls max-autotune makes when our choice wins, so no dispatcher sits between Inductor's wrapper and the
 launcher.
 
@@ -31,8 +31,8 @@ import dataclasses
 import torch
 import torch.fx as fx
 
-from . import target
-from .patterns import val
+from . import lowering, support
+from .rewrite_attention import val
 
 aten = torch.ops.aten
 
@@ -48,16 +48,10 @@ class GemmSite:
     vendor: str | None = None  # servable, but the vendor's kernel was chosen (runtime.choice): why
 
 
-def max_autotune_on() -> bool:
-    from torch._inductor import config as ic
-
-    return bool(ic.max_autotune or ic.max_autotune_gemm)
-
-
 def _is_bias(mm_val, bias) -> bool:
     b = val(bias)
     return (b is not None and b.dim() == 1 and mm_val is not None and b.dtype == mm_val.dtype
-            and target.same_size(b.shape[0], mm_val.shape[1]))
+            and support.same_size(b.shape[0], mm_val.shape[1]))
 
 
 def _site(n: fx.Node) -> GemmSite | None:
@@ -96,22 +90,21 @@ def find_gemm_sites(graph: fx.Graph) -> list[GemmSite]:
             sites.append(s)
     for s in sites:
         if s.reason is None:
-            s.reason = target.gemm_reason(val(s.a), val(s.b), val(s.bias), None)
+            s.reason = support.gemm_reason(val(s.a), val(s.b), val(s.bias), None)
         if s.reason is None:
-            s.vendor = target.gemm_choice(val(s.a), val(s.b), val(s.bias)).vendor_reason
+            s.vendor = support.gemm_choice(val(s.a), val(s.b), val(s.bias)).vendor_reason
     return sites
 
 
 def rewrite_gemms(graph: fx.Graph) -> list[GemmSite]:
     """Replace servable GEMMs by our ops (max-autotune off only); log why the others stay."""
-    if max_autotune_on():
+    if support.max_autotune_on():
         return []
-    from . import lowering  # noqa: F401  (registers torch.ops.autows.* and their lowerings)
-
+    lowering.register()  # Inductor lowers the inserted ops to direct extern calls
     sites = find_gemm_sites(graph)
     for s in sites:
         if s.reason is not None or s.vendor is not None:
-            target.note_site("gemm", s.reason or s.vendor)
+            support.note_site("gemm", s.reason or s.vendor)
             continue
         is_bmm = s.node.target is aten.bmm.default
         fn = torch.ops.autows.bmm.default if is_bmm else torch.ops.autows.gemm.default
@@ -128,7 +121,7 @@ def rewrite_gemms(graph: fx.Graph) -> list[GemmSite]:
         for dead in s.fused:
             if not dead.users:
                 graph.erase_node(dead)
-        target.site_counters["gemm.rewritten"] += 1
+        support.site_counters["gemm.rewritten"] += 1
     graph.lint()
     return sites
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from ..sdpa_fallback import softmax_from_lse
+from .sdpa_fallback import softmax_from_lse
 
 _FLASH_DTYPES = (torch.float16, torch.bfloat16)
 

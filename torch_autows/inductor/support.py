@@ -15,7 +15,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import inspect
 import logging
 from collections.abc import Callable
 
@@ -78,25 +77,12 @@ def same_size(a, b) -> bool:
     return a is b or statically_known_true(a == b)
 
 
-# --- runtime support hooks (import-guarded: the runtime is written in parallel; tests monkeypatch these) ---
+def max_autotune_on() -> bool:
+    """Whether the active Inductor config autotunes GEMMs: then our GEMM is an autotuning choice (choices.py),
+    else the post-grad rewrite serves GEMMs (rewrite_gemm.py)."""
+    from torch._inductor import config as ic
 
-def gemm_support_fn() -> Callable | None:
-    """``torch_autows.runtime.gemm.support_reason`` or None when the runtime has no GEMM yet."""
-    try:
-        from ..runtime import gemm as rt
-    except ImportError:
-        return None
-    return getattr(rt, "support_reason", None)
-
-
-def attention_support_fn() -> Callable | None | bool:
-    """``runtime.attention.support_reason(q, k, v, is_causal, scale)`` if the runtime has one; True when the
-    runtime exists without a compile-time check (the op then decides at run time); None when it is missing."""
-    try:
-        from ..runtime import attention as rt
-    except ImportError:
-        return None
-    return getattr(rt, "support_reason", True)
+    return bool(ic.max_autotune or ic.max_autotune_gemm)
 
 
 # --- fake tensors the runtime's support checks can read ---
@@ -112,7 +98,8 @@ def _hint(s, fallback: int = 4096) -> int:
 _fake_mode = None
 
 
-def _fake(size, stride, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def fake_tensor(size, stride, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A fake tensor of these sizes, strides, dtype and device (no memory; what the support checks read)."""
     global _fake_mode
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -131,19 +118,24 @@ def concrete(t: torch.Tensor | None) -> torch.Tensor | None:
     if not symbolic and not pretend:
         return t
     device = torch.device("cuda", 0) if pretend else t.device
-    return _fake([_hint(s) for s in t.shape], [_hint(s, 1) for s in t.stride()], t.dtype, device)
+    return fake_tensor([_hint(s) for s in t.shape], [_hint(s, 1) for s in t.stride()], t.dtype, device)
 
 
-def _ask(fn: Callable, *args) -> str | None:
-    kwargs = {}
-    if config.pretend_sm90:  # the runtime's own device check would see a CPU or non-sm_90 machine
-        try:
-            if "check_device" in inspect.signature(fn).parameters:
-                kwargs["check_device"] = False
-        except (TypeError, ValueError):
-            pass
+_MISSING = {"gemm": "torch_autows.runtime.gemm is not available in this build",
+            "attention": "no generated attention kernel in this build (torch_autows.runtime.attention is missing)"}
+
+
+def _runtime_reason(name: str, *args) -> str | None:
+    """``torch_autows.runtime.<name>.support_reason(*args)``, the check the op makes again at run time; asked
+    without its device check when pretending sm_90 (it would see this CPU or non-sm_90 machine). The runtime
+    is looked up as the ops look it up (``ops.runtime_module``: None where it cannot be imported)."""
+    from .. import ops
+
+    rt = ops.runtime_module(name)
+    if rt is None:
+        return _MISSING[name]
     try:
-        r = fn(*args, **kwargs)
+        r = rt.support_reason(*args, check_device=not config.pretend_sm90)
     except Exception as e:  # a support check must never break compilation
         return f"runtime support check raised {type(e).__name__}: {e}"
     return None if r is None else str(r)
@@ -162,26 +154,18 @@ def gemm_reason(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = No
             return f"{name} has dtype {t.dtype}; autows GEMM serves float16, bfloat16 and float32"
     if bias is not None and (bias.dim() != 1 or bias.dtype != a.dtype):
         return f"bias of shape {tuple(bias.shape)} / {bias.dtype}: only a 1-D [N] bias of the inputs' dtype is fused"
-    fn = gemm_support_fn()
-    if fn is None:
-        return "torch_autows.runtime.gemm is not available in this build"
-    return _ask(fn, concrete(a), concrete(b), concrete(bias), out_dtype)
+    return _runtime_reason("gemm", concrete(a), concrete(b), concrete(bias), out_dtype)
 
 
 def attention_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
                      scale: float | None) -> str | None:
-    """Why autows cannot serve this attention; None when it can (shape validity is checked by patterns.py)."""
+    """Why autows cannot serve this attention; None when it can (shape validity is checked by rewrite_attention.py)."""
     if not config.attention:
         return "disabled by torch_autows.config.attention = False (TORCH_AUTOWS_ATTENTION=0)"
     r = device_reason(q.device)
     if r:
         return r
-    fn = attention_support_fn()
-    if fn is None:
-        return "no generated attention kernel in this build (torch_autows.runtime.attention is missing)"
-    if fn is True:
-        return None
-    return _ask(fn, concrete(q), concrete(k), concrete(v), is_causal, scale)
+    return _runtime_reason("attention", concrete(q), concrete(k), concrete(v), is_causal, scale)
 
 
 # --- the measured choice at compile time (runtime.choice) ---

@@ -3,9 +3,9 @@
 Third parties cannot add keys to ``torch._inductor.config``; "autows on" therefore means two existing
 options hold our passes (``inductor_options()``):
 
-* ``pre_grad_custom_pass``: ``AutoWSPreGradPass`` rewrites attention in the torch-level graph (patterns.py);
+* ``pre_grad_custom_pass``: ``AutoWSPreGradPass`` rewrites attention in the torch-level graph (rewrite_attention.py);
 * ``post_grad_custom_post_pass``: ``AutoWSPostGradPass`` installs the GEMM choices handler for the rest of
-  the compile (choices.py) and, with max-autotune off, rewrites aten.mm/addmm/bmm (gemm_pass.py).
+  the compile (choices.py) and, with max-autotune off, rewrites aten.mm/addmm/bmm (rewrite_gemm.py).
 
 Each chains the pass the user had set in that option (run first; a 2.13 list is kept as a list) and
 its ``uuid()`` hashes our ``__version__``, every source file of the package and ``config.snapshot()``
@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from .. import __version__, config
+from .. import config
+from .._version import __version__
 
 
 def hash_tree(root: Path) -> str:
@@ -89,7 +90,7 @@ class AutoWSPreGradPass(_Chained):
     """Attention rewrite on the torch-level graph."""
 
     def ours(self, graph: torch.fx.Graph) -> None:
-        from .patterns import rewrite_attention
+        from .rewrite_attention import rewrite_attention
 
         rewrite_attention(graph)
 
@@ -99,9 +100,10 @@ class AutoWSPostGradPass(_Chained):
     autows::gemm/bmm."""
 
     def ours(self, graph: torch.fx.Graph) -> None:
-        from . import choices, lowering  # noqa: F401  (lowering: registers the ops' lowerings)
-        from .gemm_pass import rewrite_gemms
+        from . import choices, lowering  # choices: the one import upward (see test/test_structure.py)
+        from .rewrite_gemm import rewrite_gemms
 
+        lowering.register()  # also for the attention op the pre-grad rewrite inserted
         choices.ensure_installed()
         rewrite_gemms(graph)
 
