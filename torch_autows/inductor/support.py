@@ -165,6 +165,12 @@ def attention_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causa
     r = device_reason(q.device)
     if r:
         return r
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t is not None and is_traceable_wrapper_subclass(t):  # DTensor: the op has no sharding strategy
+            return (f"{name} is a {type(t).__name__}; autows::attention takes plain tensors (with tensor "
+                    "parallelism, keep the projections' outputs local: ColwiseParallel(use_local_output=True))")
     return _runtime_reason("attention", concrete(q), concrete(k), concrete(v), is_causal, scale)
 
 
