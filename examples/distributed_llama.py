@@ -246,7 +246,7 @@ def parse(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
-    from torch_autows.inductor import target
+    from torch_autows.inductor import support as target
     from torch_autows.runtime import fallback
 
     args = parse(argv)

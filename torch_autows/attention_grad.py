@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from .sdpa_fallback import softmax_from_lse
+from .sdpa_fallback import scores, softmax_from_lse
 
 _FLASH_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -82,21 +82,10 @@ def _flash_backward(grad_out, q, k, v, out, lse, is_causal: bool, scale: float):
     return dq, dk, dv
 
 
-def _scores(q, k, is_causal: bool, scale: float):
-    """Scaled scores in the accumulation dtype (fp32, or fp64 for fp64 inputs), -inf where causally masked."""
-    acc = torch.promote_types(q.dtype, torch.float32)
-    s = torch.matmul(q.to(acc), k.to(acc).transpose(-2, -1)) * scale
-    if is_causal:
-        Sq, Skv = q.shape[2], k.shape[2]
-        keep = torch.ones(Sq, Skv, dtype=torch.bool, device=q.device).tril(diagonal=0)
-        s = s.masked_fill(~keep, float("-inf"))
-    return s
-
-
 def reference_attention(q, k, v, is_causal: bool, scale: float):
     """(out, lse fp32) by the explicit math (``sdpa_fallback.math_attention``), for any float dtype (fp64: tests)."""
     group = _group(q, k)
-    s = _scores(q, _expand_kv(k, group), is_causal, scale)
+    s = scores(q, _expand_kv(k, group), is_causal, scale)
     lse = torch.logsumexp(s, dim=-1)
     p = softmax_from_lse(s, lse)
     out = torch.matmul(p, _expand_kv(v, group).to(s.dtype)).to(q.dtype)
@@ -104,7 +93,7 @@ def reference_attention(q, k, v, is_causal: bool, scale: float):
 
 
 def _math_backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: float):
-    s = _scores(q, k, is_causal, scale)
+    s = scores(q, k, is_causal, scale)
     acc = s.dtype
     qf, kf, vf = q.to(acc), k.to(acc), v.to(acc)
     # The softmax is recomputed rather than rebuilt from the saved lse: one more row reduction buys

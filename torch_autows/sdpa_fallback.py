@@ -46,16 +46,23 @@ def math_attention(q, k, v, is_causal: bool, scale: float) -> tuple[torch.Tensor
     if Hkv != Hq and Hkv:
         k = k.repeat_interleave(Hq // Hkv, dim=1)
         v = v.repeat_interleave(Hq // Hkv, dim=1)
+    s = scores(q, k, is_causal, scale)
+    lse = torch.logsumexp(s, dim=-1)
+    p = softmax_from_lse(s, lse)
+    out = torch.matmul(p, v.to(s.dtype)).to(q.dtype)
+    return out, lse.float()
+
+
+def scores(q, k, is_causal: bool, scale: float) -> torch.Tensor:
+    """Scaled scores in the accumulation dtype (fp32, or fp64 for fp64 inputs), -inf where causally masked
+    (top-left, as SDPA's ``is_causal``); k has q's head count."""
     acc = torch.promote_types(q.dtype, torch.float32)
     s = torch.matmul(q.to(acc), k.to(acc).transpose(-2, -1)) * scale
     if is_causal:
         Sq, Skv = q.shape[2], k.shape[2]
         keep = torch.ones(Sq, Skv, dtype=torch.bool, device=q.device).tril(diagonal=0)
         s = s.masked_fill(~keep, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
-    p = softmax_from_lse(s, lse)
-    out = torch.matmul(p, v.to(acc)).to(q.dtype)
-    return out, lse.float()
+    return s
 
 
 def softmax_from_lse(s: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:

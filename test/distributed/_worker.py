@@ -22,12 +22,20 @@ sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
 
 
 def _pretend() -> None:
+    """As test/inductor/conftest.py's ``pretend``: the compile-time support checks say yes; the run-time ones
+    (device checked) stay real, so the ops fall back to torch on CPU."""
     from torch_autows import config
-    from torch_autows.inductor import target
+    from torch_autows.runtime import attention as rt_attention
+    from torch_autows.runtime import gemm as rt_gemm
 
     config.pretend_sm90 = True
-    target.attention_support_fn = lambda: True
-    target.gemm_support_fn = lambda: (lambda a, b, bias=None, out_dtype=None, **kw: None)
+    for rt in (rt_attention, rt_gemm):
+        real = rt.support_reason
+
+        def support_reason(*args, check_device: bool = True, _real=real, **kwargs):
+            return None if not check_device else _real(*args, check_device=check_device, **kwargs)
+
+        rt.support_reason = support_reason
 
 
 def _dtensor_attention() -> dict:
@@ -67,7 +75,7 @@ def _one(mode: str, args) -> dict:
     import distributed_llama as ex
     import torch
 
-    from torch_autows.inductor import target
+    from torch_autows.inductor import support as target
     from torch_autows.runtime import fallback
 
     target.reset()
