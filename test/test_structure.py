@@ -15,7 +15,7 @@ MAX_LINES = 500
 # Layers, low to high, by the first name under torch_autows ("__init__": the package's own __init__).
 # A module imports from its own layer or a lower one only.
 LAYERS = [
-    ["_version", "_logging", "_compat", "config", "diskcache"],  # settings and plumbing, no torch_autows imports up
+    ["_version", "_logging", "_compat", "config", "diskcache", "diagnostics"],  # settings, plumbing, counters
     ["ir_ops", "ir", "ir_text"],                # the op table, the tile IR and its text form
     ["templates"],                              # the IR programs of GEMM and attention, before any pass
     ["passes", "verify"],                       # the pipeline and the invariants it checks between passes

@@ -12,7 +12,6 @@ ops then still check the real device at run time and fall back.
 """
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import logging
@@ -21,28 +20,28 @@ from collections.abc import Callable
 import torch
 
 from .. import config
+from ..diagnostics import sites
 
 log = logging.getLogger("torch_autows")
 
 #: Compile-time site counts: "<op>.rewritten", "<op>.left" (left to Inductor), "gemm.choice" (offered to autotune).
-site_counters: collections.Counter[str] = collections.Counter()
-_logged: set[tuple[str, str]] = set()
+#: They and the log-once are ``torch_autows.diagnostics.sites``: ``site_counters`` and ``_logged`` are its
+#: ``counters`` and ``logged`` (the same objects, under the names callers use).
+site_counters = sites.counters
+_logged = sites.logged
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def note_site(op: str, reason: str) -> None:
     """A site of ``op`` stays on Inductor's default path; log ``reason`` the first time it is seen."""
-    site_counters[f"{op}.left"] += 1
-    if (op, reason) not in _logged:
-        _logged.add((op, reason))
-        log.warning("autows %s: left to Inductor's default path: %s", op, reason)
+    sites.count(f"{op}.left")
+    sites.log_once((op, reason), "autows %s: left to Inductor's default path: %s", op, reason)
 
 
 def reset() -> None:
     """Forget site counts and which reasons were logged (tests, examples)."""
-    site_counters.clear()
-    _logged.clear()
+    sites.reset()
 
 
 @functools.cache

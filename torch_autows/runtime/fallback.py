@@ -5,16 +5,16 @@ by torch because the kernel cannot serve it, ``"gemm.vendor"`` servable but sent
 runtime.choice found faster; and ``"choice.measured"`` / ``"choice.cache"`` / ``"choice.prior"``: where
 decisions came from. Examples and ``explain()`` read them. ``Unsupported`` is raised by the
 runtime's support checks and carries the reason that is logged.
+
+The counting and the log-once are ``torch_autows.diagnostics.calls``; ``counters`` and ``_logged`` are its
+``counters`` and ``logged`` (the same objects, under the names callers use).
 """
 from __future__ import annotations
 
-import collections
-import logging
+from ..diagnostics import calls
 
-log = logging.getLogger("torch_autows")
-
-counters: collections.Counter[str] = collections.Counter()
-_logged: set[tuple[str, str]] = set()
+counters = calls.counters
+_logged = calls.logged
 
 
 class Unsupported(Exception):
@@ -22,24 +22,21 @@ class Unsupported(Exception):
 
 
 def note_served(op: str) -> None:
-    counters[f"{op}.autows"] += 1
+    """A call of ``op`` ran the generated kernel."""
+    calls.count(f"{op}.autows")
 
 
 def note_vendor(op: str) -> None:
     """A call the generated kernel could serve went to the vendor's path, which runtime.choice found faster."""
-    counters[f"{op}.vendor"] += 1
+    calls.count(f"{op}.vendor")
 
 
 def note_fallback(op: str, reason: str) -> None:
     """Count a fallback and log its reason the first time this (op, reason) is seen in the process."""
-    counters[f"{op}.fallback"] += 1
-    key = (op, reason)
-    if key not in _logged:
-        _logged.add(key)
-        log.warning("autows %s: falling back to torch: %s", op, reason)
+    calls.count(f"{op}.fallback")
+    calls.log_once((op, reason), "autows %s: falling back to torch: %s", op, reason)
 
 
 def reset() -> None:
     """Forget counters and which reasons were logged (tests)."""
-    counters.clear()
-    _logged.clear()
+    calls.reset()
