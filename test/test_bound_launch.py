@@ -200,3 +200,21 @@ def test_attention_launch_arguments_by_position(fake_gpu):
         120, 0, 64,                            # k and v: [B, S, H, D] rows
         100, 0, 64,                            # o: [B, S, H, D] rows
         12]                                    # BH
+
+
+def test_the_choice_sends_a_call_to_the_vendor_and_remembers_it(fake_gpu, monkeypatch):
+    """Where runtime.choice picks the vendor (here the prior, for M=16), the runtime returns None without
+    launching, remembers that per shape, and the public op runs cuBLAS's path and counts it as "vendor"."""
+    from torch_autows import config, ops
+    from torch_autows.runtime import fallback
+
+    monkeypatch.setattr(config, "choice", "prior")
+    fallback.reset()
+    a, b = torch.randn(16, 64).bfloat16(), torch.randn(64, 96).bfloat16()
+    assert rtg.gemm(a, b, None, torch.bfloat16) is None and fake_gpu == []  # nothing launched
+    assert rtg.VENDOR in rtg._BOUND.values()
+    out = ops.gemm(a, b)
+    torch.testing.assert_close(out, torch.mm(a, b))
+    assert fallback.counters["gemm.vendor"] == 1 and fallback.counters["gemm.autows"] == 0 and fake_gpu == []
+    monkeypatch.setattr(config, "choice", "autows")  # the same call, forced: our kernel launches
+    assert rtg.gemm(a, b, None, torch.bfloat16) is not None and fake_gpu == ["slow"]

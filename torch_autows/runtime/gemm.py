@@ -197,12 +197,22 @@ def site_decision(a, b, bias=None, out_dtype=None) -> choice.Decision:
 
 def _decide(op, a, b, bias, out_dtype, m, n, k, layout) -> choice.Decision:
     key = (op, str(a.dtype), str(out_dtype), layout, bias is not None, choice.bucket(m), n, k)
-    c1 = torch.empty(_out_shape(a, b), device=a.device, dtype=out_dtype)
-    c2 = torch.empty_like(c1)
+    scratch: dict[str, torch.Tensor] = {}  # outputs for the measurement, allocated only if it runs
+
+    def out(side: str) -> torch.Tensor:
+        if side not in scratch:
+            scratch[side] = torch.empty(_out_shape(a, b), device=a.device, dtype=out_dtype)
+        return scratch[side]
+
     fn = bmm if op == "bmm" else functools.partial(gemm, bias=bias)
-    ours = functools.partial(fn, a, b, out_dtype=out_dtype, config="auto", out=c1)
-    vendor = functools.partial(vendor_gemm, a, b, bias, c2) if out_dtype == a.dtype else None
-    return choice.decide(key, ours, vendor, choice.gemm_prior(m, n, k), a.device)
+
+    def ours():
+        return fn(a, b, out_dtype=out_dtype, config="auto", out=out("ours"))
+
+    def vendor():
+        return vendor_gemm(a, b, bias, out("vendor"))
+
+    return choice.decide(key, ours, vendor if out_dtype == a.dtype else None, choice.gemm_prior(m, n, k), a.device)
 
 
 def _out_shape(a, b) -> tuple:
