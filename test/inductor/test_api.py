@@ -28,8 +28,23 @@ def _state():
 
 
 def test_enable_disable_round_trip_restores_config_exactly():
+    _round_trip()
+
+
+def test_round_trip_from_a_fresh_process_keeps_the_keys_unset():
+    """In a fresh process the keys start unset (an earlier compile in this one may have left them "set to
+    None", which the round trip above must restore as it found it); disable() leaves them unset again."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.path.insert(0, 'test/inductor'); import test_api as t; "
+            "b, _ = t._state(); assert all(u for u, _ in b.values()), b; t._round_trip(); print('ok')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
+
+
+def _round_trip():
     before, copy = _state()
-    assert all(unset for unset, _ in before.values())
     torch_autows.enable()
     torch_autows.enable()  # idempotent: no double wrapping
     assert isinstance(ic.post_grad_custom_post_pass, graph_passes.AutoWSPostGradPass)
