@@ -11,7 +11,7 @@ import threading
 import pytest
 import torch
 
-from torch_autows import config
+from torch_autows import config, diagnostics
 from torch_autows.runtime import choice
 from torch_autows.runtime.fallback import counters
 
@@ -117,7 +117,7 @@ def test_a_corrupted_entry_is_logged_once_ignored_and_measured_again(measure, mo
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
         f.write(garbage)
-    choice._bad_logged.clear()
+    diagnostics.faults.reset()
     d = choice.decide(KEY, ours, vendor, prior=False, device=CUDA)
     assert d.source == "measured" and d.use_ours
     assert sum("corrupted choice cache entry" in r.message for r in caplog.records) == 1

@@ -15,7 +15,7 @@ import pytest
 import torch
 from fs_paths import unwritable
 
-from torch_autows import config, diskcache, ops
+from torch_autows import config, diagnostics, ops
 from torch_autows.codegen import compile as cc
 from torch_autows.passes import pipeline
 from torch_autows.runtime import attention as rta
@@ -29,8 +29,7 @@ from torch_autows.templates.gemm import GemmRequest, build
 def test_unusable_dump_dir_warns_once_and_the_pipeline_goes_on(tmp_path, monkeypatch, caplog, kind):
     bad = unwritable(tmp_path, kind)
     monkeypatch.setattr(config, "dump_dir", bad)
-    monkeypatch.setattr(pipeline, "_dump_warned", set())
-    monkeypatch.setattr(diskcache, "_warned", set())
+    diagnostics.faults.reset()
     template = build(GemmRequest(1, 1, 1, "bf16", "bf16", False, False, False), rtg.CONFIGS["ws_p_128x128"])
     with caplog.at_level(logging.WARNING, logger="torch_autows"):
         program = pipeline.run(template)

@@ -6,6 +6,8 @@ One mechanism, two instances:
   / ``"<op>.vendor"`` and logs a fallback's reason once; ``runtime.choice`` counts ``"choice.*"``.
 - ``sites``: compile-time, per site in a graph. ``inductor.support`` counts ``"<op>.rewritten"`` /
   ``"<op>.left"`` / ``"gemm.choice"`` and logs once why a site was left to Inductor.
+- ``faults``: things on disk that went wrong and were worked around (an unusable cache or dump directory, a
+  corrupted cache entry), logged once per (source, place); nothing is counted.
 
 A reason is logged the first time its key (usually ``(op, reason)``) is seen in the process, so a model of
 48 identical layers logs one line, not 48. ``runtime.fallback.counters`` / ``_logged`` and
@@ -55,9 +57,12 @@ class Diagnostics:
 calls = Diagnostics()
 #: Compile-time: sites rewritten, left to Inductor or offered to autotuning, per op.
 sites = Diagnostics()
+#: Filesystem and cache faults worked around (diskcache, codegen.compile, the IR dump, runtime.choice).
+faults = Diagnostics()
 
 
 def reset() -> None:
-    """Reset both ``calls`` and ``sites``."""
+    """Reset ``calls``, ``sites`` and ``faults``."""
     calls.reset()
     sites.reset()
+    faults.reset()

@@ -18,24 +18,16 @@ is. Nothing here imports ``torch._inductor`` at module import time.
 """
 from __future__ import annotations
 
-import logging
 import os
 import tempfile
-import threading
-
-log = logging.getLogger("torch_autows")
-
-_warned: set[tuple[str, str]] = set()
-_warned_lock = threading.Lock()
 
 
 def _warn_once(kind: str, where: str, msg: str, *args) -> None:
-    """Log ``msg`` the first time this (kind, place) goes wrong in the process."""
-    with _warned_lock:
-        if (kind, where) in _warned:
-            return
-        _warned.add((kind, where))
-    log.warning(msg, *args)
+    """Log ``msg`` the first time this (kind, place) goes wrong in the process (``diagnostics.faults``; imported
+    here, so this module alone still loads with the standard library only)."""
+    from . import diagnostics
+
+    diagnostics.faults.log_once(("diskcache", kind, where), msg, *args)
 
 
 def root() -> str | None:

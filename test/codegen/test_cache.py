@@ -17,7 +17,7 @@ import uuid
 import pytest
 from fs_paths import unwritable
 
-from torch_autows import config, diskcache
+from torch_autows import config, diagnostics, diskcache
 from torch_autows.codegen import compile as cc
 
 
@@ -178,7 +178,7 @@ def test_unusable_root_falls_back_to_a_private_dir(tmp_path, monkeypatch, caplog
     monkeypatch.setattr(config, "cache_dir", bad)
     monkeypatch.setattr(cc, "_modules", {})
     monkeypatch.setattr(cc, "_private", None)
-    monkeypatch.setattr(diskcache, "_warned", set())
+    diagnostics.faults.reset()
     src = _source(f"unusable {uuid.uuid4()}")
     with caplog.at_level(logging.WARNING, logger="torch_autows"):
         assert diskcache.root() is None

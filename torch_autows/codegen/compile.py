@@ -24,7 +24,7 @@ import types
 
 import triton
 
-from .. import diskcache
+from .. import diagnostics, diskcache
 from .._version import __version__
 from ..ir import Program
 from .gluon import GL_DTYPE, block_shapes, generate
@@ -43,7 +43,6 @@ _modules: dict[str, types.ModuleType] = {}  # key -> a module that loaded and ha
 _key_locks: dict[str, threading.Lock] = {}
 _guard = threading.Lock()
 _private: str | None = None  # this process's own directory, used when the cache root is unusable
-_logged: set[tuple[str, str]] = set()
 
 
 def load_module(source: str) -> types.ModuleType:
@@ -69,11 +68,7 @@ def load_module(source: str) -> types.ModuleType:
 
 
 def _log_once(what: str, key: str, msg: str, *args) -> None:
-    with _guard:
-        if (what, key) in _logged:
-            return
-        _logged.add((what, key))
-    log.warning(msg, *args)
+    diagnostics.faults.log_once(("compile", what, key), msg, *args)
 
 
 def _private_dir() -> str:

@@ -14,12 +14,11 @@ import logging
 import os
 import re
 
-from .. import config, diskcache
+from .. import config, diagnostics, diskcache
 from ..ir import Program, format_program
 from . import buffers, code_partition, data_partition, loop_schedule, memory_plan, partition_schedule
 
 log = logging.getLogger("torch_autows")
-_dump_warned: set[str] = set()
 
 PIPELINE = [
     # Split the output tile along M first: every later decision (schedule, roles, buffers) is per chain.
@@ -70,10 +69,9 @@ def _dump(dump_dir, program: Program, i: int, name: str) -> None:
     try:
         os.makedirs(dump_dir, exist_ok=True)
     except OSError as e:
-        if dump_dir not in _dump_warned:
-            _dump_warned.add(dump_dir)
-            log.warning("torch_autows: cannot dump the IR to %r (TORCH_AUTOWS_DUMP): %s; going on without the "
-                        "dump. Point TORCH_AUTOWS_DUMP at a writable directory, or unset it.", dump_dir, e)
+        diagnostics.faults.log_once(("dump", dump_dir), "torch_autows: cannot dump the IR to %r (TORCH_AUTOWS_DUMP): "
+                                    "%s; going on without the dump. Point TORCH_AUTOWS_DUMP at a writable directory, "
+                                    "or unset it.", dump_dir, e)
         return
     safe = re.sub(r"[^\w.-]", "_", program.name)
     diskcache.atomic_write(os.path.join(dump_dir, f"{safe}.{i:02d}.{name}.ir"), format_program(program))

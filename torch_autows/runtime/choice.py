@@ -33,7 +33,7 @@ from collections.abc import Callable
 
 import torch
 
-from .. import config, diskcache
+from .. import config, diagnostics, diskcache
 from .._version import __version__
 from .fallback import counters
 
@@ -229,9 +229,6 @@ def _full_key(key: tuple, device: torch.device) -> str:
     return _key_text((*key, *environment(dev.index(device))))
 
 
-_bad_logged: set[str] = set()
-
-
 def _read(key: tuple, device: torch.device) -> Decision | None:
     full = _full_key(key, device)
     path = _path(full)
@@ -246,9 +243,8 @@ def _read(key: tuple, device: torch.device) -> Decision | None:
             raise ValueError("use_ours is not a bool")
         return Decision(rec["use_ours"], "cache", rec.get("ours_ms"), rec.get("vendor_ms"), rec.get("spread"))
     except (ValueError, KeyError, TypeError) as e:
-        if path not in _bad_logged:
-            _bad_logged.add(path)
-            log.warning("autows: ignoring a corrupted choice cache entry %s (%s); measuring again", path, e)
+        diagnostics.faults.log_once(("choice", path), "autows: ignoring a corrupted choice cache entry %s (%s); "
+                                    "measuring again", path, e)
         return None
 
 
