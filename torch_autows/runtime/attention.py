@@ -190,12 +190,6 @@ def _new(q, shape, transposed: bool, dtype=None) -> torch.Tensor:
 VENDOR = ("vendor",)
 
 
-def _use_ours(q, k, v, is_causal: bool, scale: float, vendor) -> bool:
-    """The measured / cached / prior choice (runtime.choice) between our kernel and ``vendor`` (SDPA's fused pick,
-    given by the caller) for this call."""
-    return _decide(q, k, v, is_causal, scale, vendor).use_ours
-
-
 def site_decision(q, k, v, is_causal: bool, scale: float | None, vendor) -> choice.Decision:
     """The choice for an attention site seen at compile time with static sizes (fake tensors allowed): made on
     real random tensors like them on the same GPU (see runtime.gemm.site_decision)."""
@@ -204,6 +198,8 @@ def site_decision(q, k, v, is_causal: bool, scale: float | None, vendor) -> choi
 
 
 def _decide(q, k, v, is_causal: bool, scale: float, vendor) -> choice.Decision:
+    """The measured / cached / prior choice (runtime.choice) between our kernel and ``vendor`` (SDPA's fused pick,
+    given by the caller) for this call."""
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
     layout = tuple(bool(x and x[3]) for x in (_in_place(q), _in_place(k), _in_place(v)))  # [B, S, H, D] rows?
@@ -235,7 +231,7 @@ def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
     why = support_reason(q, k, v, is_causal, scale)
     if why:
         raise Unsupported(why)
-    if choose and not _use_ours(q, k, v, is_causal, scale, vendor):
+    if choose and not _decide(q, k, v, is_causal, scale, vendor).use_ours:
         _BOUND.put(key, VENDOR)
         return None
     config = None if config == "auto" else config

@@ -175,11 +175,6 @@ def vendor_gemm(a, b, bias, out):
     return torch.addmm(bias, a, b, out=out) if bias is not None else torch.mm(a, b, out=out)
 
 
-def _use_ours(op, a, b, bias, out_dtype, m, n, k, layout) -> bool:
-    """The measured / cached / prior choice (runtime.choice) between our kernel and cuBLAS for this call."""
-    return _decide(op, a, b, bias, out_dtype, m, n, k, layout).use_ours
-
-
 def site_decision(a, b, bias=None, out_dtype=None) -> choice.Decision:
     """The choice for a GEMM site seen at compile time with static sizes (``a``, ``b``, ``bias`` may be fake):
     made on real random tensors of the same sizes, strides and dtypes on the same GPU, so the compiled graph
@@ -196,6 +191,7 @@ def site_decision(a, b, bias=None, out_dtype=None) -> choice.Decision:
 
 
 def _decide(op, a, b, bias, out_dtype, m, n, k, layout) -> choice.Decision:
+    """The measured / cached / prior choice (runtime.choice) between our kernel and cuBLAS for this call."""
     key = (op, str(a.dtype), str(out_dtype), layout, bias is not None, choice.bucket(m), n, k)
     scratch: dict[str, torch.Tensor] = {}  # outputs for the measurement, allocated only if it runs
 
@@ -240,7 +236,7 @@ def gemm(a, b, bias, out_dtype, config: str | None = None, out: torch.Tensor | N
     N = b.shape[1]
     ta, _ = _tma_view(a, M, K)
     tb, _ = _tma_view(b, K, N)
-    if config is None and not _use_ours("mm", a, b, bias, out_dtype, M, N, K, (ta, tb)):
+    if config is None and not _decide("mm", a, b, bias, out_dtype, M, N, K, (ta, tb)).use_ours:
         _BOUND.put(key, VENDOR)
         return None
     config = None if config == "auto" else config
@@ -270,7 +266,7 @@ def bmm(a, b, out_dtype, config: str | None = None, out: torch.Tensor | None = N
         raise Unsupported(why)
     B, M, K = a.shape
     N = b.shape[2]
-    if config is None and not _use_ours("bmm", a, b, None, out_dtype, B * M, N, K, B):
+    if config is None and not _decide("bmm", a, b, None, out_dtype, B * M, N, K, B).use_ours:
         _BOUND.put(key, VENDOR)
         return None
     config = None if config == "auto" else config
