@@ -83,6 +83,15 @@ def test_math_where_no_fused_kernel_applies(sm90):
     assert sdpa_fallback.fused_kernel(*_qkv(96), False) is None
 
 
+@pytest.mark.parametrize("scale", [0.0, -0.1])
+def test_non_positive_scales_take_the_math(sm90, scale):
+    # the fused kernels return NaN there on the H200 (attention sweep): scale 0 times masked -inf scores,
+    # flash's running max taken before a negative scale
+    assert sdpa_fallback.fused_kernel(*_qkv(96), False) == "flash"
+    assert sdpa_fallback.fused_kernel(*_qkv(96), False, scale) is None
+    assert sdpa_fallback.fused_kernel(*_qkv(80, hkv=2), True, scale) is None
+
+
 def test_flash_pads_head_dims_to_a_multiple_of_8():
     names = _aten_ops("flash", 100)
     assert ATEN["flash"] in names and "constant_pad_nd" in names

@@ -97,7 +97,13 @@ def fused_attention(kind: str, q, k, v, is_causal: bool, scale: float) -> tuple[
 
 
 def fused_kernel(q, k, v, is_causal: bool, scale: float | None = None) -> str | None:
-    """The fused kernel SDPA would run for this call ("cudnn", "flash", "efficient"), or None (math/CPU)."""
+    """The fused kernel SDPA would run for this call ("cudnn", "flash", "efficient"), or None (math/CPU).
+
+    A scale <= 0 takes the math: on the H200 (torch 2.11) the fused kernels return NaN for scale 0 (masked
+    -inf scores times 0) and flash for negative scales (its running max is taken before scaling), where the
+    softmax is well defined (the attention sweep, test/gpu/test_sweep_gpu.py, found it)."""
+    if scale is not None and scale <= 0:
+        return None
     if q.device.type != "cuda" or torch.version.hip is not None or q.dtype == torch.float64:
         return None
     if dev.is_real(q):
