@@ -37,7 +37,7 @@ def cases():
             # as runtime.gemm.gemm: M, N, K are run-time scalars, the request leaves them at 1
             req = GemmRequest(1, 1, 1, dt, "f32" if f32 else dt, ta, tb, bias)
             out.append((f"gemm/{config}/{req}", build_gemm, req, opts))
-        for dt, f32, batch in itertools.product(("bf16", "fp16"), (False, True), (2, 8)):
+        for dt, f32, batch in itertools.product(("bf16", "fp16"), (False, True), (2, 8) if opts.split_k == 1 else ()):
             # as runtime.gemm.bmm: the batch is compiled into the grid
             req = GemmRequest(1, 1, 1, dt, "f32" if f32 else dt, False, False, False, batch)
             out.append((f"gemm/{config}/{req}", build_gemm, req, opts))

@@ -39,13 +39,15 @@ def _gemm(args) -> int:
     from .runtime.launch import compile_kernel
     from .templates.gemm import GemmRequest
 
-    config = args.config or choose_config(args.m, args.n, args.k)
+    # as runtime.gemm: a batched GEMM's rows are its batch's rows together, and it never splits K
+    heuristic = choose_config(args.batch * args.m, args.n, args.k, split=args.batch == 1)
+    config = args.config or heuristic
     if config not in CONFIGS:
         print(f"unknown config {config!r}; choose one of {sorted(CONFIGS)}", file=sys.stderr)
         return 2
     req = GemmRequest(args.m, args.n, args.k, args.dtype, args.out_dtype, args.trans_a, args.trans_b, args.bias,
                       args.batch)
-    print(f"# request: {req}\n# config: {config} (runtime heuristic: {choose_config(args.m, args.n, args.k)})")
+    print(f"# request: {req}\n# config: {config} (runtime heuristic: {heuristic})")
     kernel = compile_kernel("gemm", req, CONFIGS[config])
     interp = None
     if args.interpret and args.batch > 2:  # the batch is compiled into the grid: build a smaller twin

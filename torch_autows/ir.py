@@ -156,6 +156,8 @@ class Options:
     serpentine: bool = False
     producer_warps: int = 1
     producer_regs: int = 40
+    # CTAs per output tile, each summing a contiguous range of the reduction loop (passes/split_k; 1: none)
+    split_k: int = 1
     smem_limit: int = 232448  # 227 KB per CTA on sm_90
     regs_per_sm: int = 65536
 

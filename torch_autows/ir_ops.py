@@ -57,6 +57,8 @@ OPS: dict[str, OpKind] = _kinds(
     OpKind("load", _NONE, _ONE, axes="source", latency=1),
     OpKind("load_vec", _NONE, _ONE, axes="source"),
     OpKind("store", _UNARY, _NONE, output=True, blocking=True),
+    # made by passes/split_k: a partial accumulator tile in, the sum of the split's parts out (in the last CTA)
+    OpKind("split_reduce", _UNARY, _ONE, axes="elementwise", row_attrs=(("rows_valid", "bound"),)),
     OpKind("store_ptr", _UNARY, _NONE, output=True, row_attrs=(("row", "offset"), ("rows_valid", "bound"))),
     OpKind("store_vec", _UNARY, _NONE, output=True, row_attrs=(("offset", "offset"), ("valid", "bound"))),
     # math

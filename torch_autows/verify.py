@@ -27,6 +27,7 @@ def check(program: Program, stage: str = "code_partition") -> None:
     _check_ssa(program, stage)
     if level >= STAGES.index("data_partition"):
         _check_chains(program, stage)
+        _check_split(program, stage)
     if level >= STAGES.index("loop_schedule"):
         _check_schedule(program, stage)
     if level >= STAGES.index("partition_schedule"):
@@ -94,6 +95,35 @@ def _check_chains(p: Program, stage: str):
                 _fail(stage, f"chain {o.chain} reads %{x}, a shared value that is not a read-only load", o)
             if d.chain is not None and d.chain != o.chain:
                 _fail(stage, f"chain {o.chain} reads %{x} of chain {d.chain}: chains must be independent", o)
+
+
+def _check_split(p: Program, stage: str):
+    """passes/split_k: each split_reduce's part count is the extent of its grid index (a counter target that
+    differs lets the last arriver sum parts not written yet, or never sum); its workspace and counters are
+    args of the right dtypes; a store's ``pred`` names a split_reduce result computed before it, and every
+    output op writing a value computed from one has a ``pred``."""
+    extents = dict(p.grid.tiles)
+    reduced: set[str] = set()
+    derived: set[str] = set()  # values computed from a split_reduce result: only the summing CTA may store them
+    for o in walk(p.body):
+        if any(x in derived for x in o.operands):
+            derived.update(r.name for r in o.results)
+            if OPS[o.kind].output and o.attr("pred") is None:
+                _fail(stage, f"{o.kind} writes a value computed from a split_reduce without its pred: every CTA "
+                      f"of the split would store", o)
+        if o.kind == "split_reduce":
+            if extents.get(o.attr("part")) != str(o.attr("splits")):
+                _fail(stage, f"split_reduce sums {o.attr('splits')} parts but grid index {o.attr('part')!r} has "
+                      f"extent {extents.get(o.attr('part'))!r}", o)
+            args = {a.name: a for a in p.args}
+            for name, dt in ((o.attr("ws"), "f32"), (o.attr("locks"), "i32")):
+                if name not in args or args[name].kind != "ptr" or args[name].dtype != dt:
+                    _fail(stage, f"split_reduce needs a ptr<{dt}> arg {name!r}", o)
+            reduced.add(o.results[0].name)
+            derived.add(o.results[0].name)
+        if o.attr("pred") is not None and o.attr("pred") not in reduced:
+            _fail(stage, f"{o.kind} is predicated on %{o.attr('pred')}, which is not a split_reduce result before it",
+                  o)
 
 
 def _check_schedule(p: Program, stage: str):

@@ -26,8 +26,8 @@ VARIANTS = {
 SEEDS = 20
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("config,variant", [(c, v) for c in CONFIGS for v in VARIANTS  # bmm never splits K
+                                            if "batch" not in VARIANTS[v] or CONFIGS[c].split_k == 1])
 def test_config_matches_torch_under_every_policy(config, variant):
     before = build(GemmRequest(1, 1, 1, **VARIANTS[variant]), CONFIGS[config])
     after = pipeline.run(before)

@@ -150,7 +150,7 @@ def signature(program: Program) -> dict[str, str]:
             tdt = {"bf16": "bf16", "fp16": "fp16", "f32": "fp32"}[a.dtype]
             sig[f"{a.name}_desc"] = f"tensordesc<{tdt}{list(block)},{desc_layout(block, a.dtype)!r}>"
         elif a.kind == "ptr":
-            sig[f"{a.name}_ptr"] = "*" + {"bf16": "bf16", "fp16": "fp16", "f32": "fp32"}[a.dtype]
+            sig[f"{a.name}_ptr"] = "*" + {"bf16": "bf16", "fp16": "fp16", "f32": "fp32", "i32": "i32"}[a.dtype]
         else:
             sig[a.name] = {"f32": "fp32"}.get(a.dtype, a.dtype)
     return sig

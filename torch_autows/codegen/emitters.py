@@ -320,8 +320,40 @@ def _store(ctx, o, indent):
         wait = (f"tma.store_wait({b.count - 1})  # at most {b.count - 1} stores in flight: "
                 f"slot {b.name}_n % {b.count} is free")
         buf, step = f"{b.name}.index({b.name}_n % {b.count})", [f"{b.name}_n += 1"]
-    return [wait, f"{buf}.store({v(o.operands[0])})", "fence_async_shared()",
-            f"tma.async_copy_shared_to_global({o.attr('arg')}_desc, [{coords}], {buf})", *step]
+    lines = [wait, f"{buf}.store({v(o.operands[0])})", "fence_async_shared()",
+             f"tma.async_copy_shared_to_global({o.attr('arg')}_desc, [{coords}], {buf})", *step]
+    if o.attr("pred"):  # after a split_reduce: only the CTA that summed the parts stores the tile
+        return [f"if {v(o.attr('pred'))}_last:"] + ["    " + ln for ln in lines]
+    return lines
+
+
+@emitter("split_reduce")
+def _split_reduce(ctx, o, indent):
+    # see passes/split_k: partial -> workspace slot; barrier; one arrival on the tile's counter; the last
+    # arriver resets the counter and sums the slots in order 0..S-1 (deterministic)
+    x, r = o.operands[0], o.results[0]
+    L = ctx.layouts[x]
+    bm, bn = r.type.shape
+    n, S = v(r.name), o.attr("splits")
+    locks = f"{o.attr('locks')}_ptr"
+    load = (f"gl.load({n}_ws + j * {bm * bn} + {n}_off, mask={n}_keep, other=0.0, "
+            f"cache_modifier=\".cg\")  # from L2: other SMs wrote it")
+    return [f"{n}_tile = {expr(o.attr('index'))}  # the output tile's counter and workspace slots",
+            f"{n}_r = gl.arange(0, {bm}, layout={ctx._slice(1, L)})",
+            f"{n}_c = gl.arange(0, {bn}, layout={ctx._slice(0, L)})",
+            f"{n}_off = ({n}_r * {bn})[:, None] + {n}_c[None, :]",
+            f"{n}_keep = ({n}_r < {expr(o.attr('rows_valid'))})[:, None] & ({n}_c < {bn})[None, :]",
+            f"{n}_ws = {o.attr('ws')}_ptr + {n}_tile.to(gl.int64) * {S * bm * bn}",
+            f"gl.store({n}_ws + ({expr(o.attr('part'))}) * {bm * bn} + {n}_off, {v(x)}, mask={n}_keep)",
+            "gl.thread_barrier()  # every thread's partial is written before the arrival",
+            f"{n}_seen = gl.atomic_add({locks} + {n}_tile, 1, sem=\"acq_rel\", scope=\"gpu\")",
+            "gl.thread_barrier()  # the other parts' writes are visible to every thread after the acquire",
+            f"{n}_last = {n}_seen == {S - 1}",
+            f"{n} = gl.zeros({[bm, bn]}, gl.float32, {L})",
+            f"if {n}_last:",
+            f"    for j in range({S}):  # in slot order: the sum does not depend on who came last",
+            f"        {n} = {n} + {load}",
+            f"    gl.atomic_xchg({locks} + {n}_tile, 0, sem=\"relaxed\", scope=\"gpu\")  # zero for the next launch"]
 
 
 @emitter("loop")

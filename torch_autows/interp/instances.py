@@ -117,7 +117,12 @@ def _gemm(program: Program, seed: int, shape, trans_a: bool, trans_b: bool, bias
             r = r + tensors["bias"].float()
         refs.append(r.to(TORCH_DTYPE[odt_name]))
     tiles = B * -(-M // BM) * -(-N // BN)
+    if "ws" in {a.name for a in program.args}:  # passes/split_k: NaN slots (a part read unwritten shows), zero counters
+        tensors["ws"] = torch.full((o.split_k * tiles * BM * BN,), float("nan"))
+        tensors["locks"] = torch.zeros(tiles, dtype=torch.int32)
     desc = f"M={M} N={N} K={K}" + (f" batch={B}" if B > 1 else "") + f" ({tiles} tiles, {-(-K // BK)} K steps)"
+    if o.split_k > 1:
+        desc += f" split {o.split_k} ways"
     return Instance(desc, tensors, {"M": M, "N": N, "K": K}, {"c": torch.cat(refs)}, {"c": TOL[odt_name]})
 
 

@@ -147,9 +147,59 @@ def _load(ctx, o, args):
     return tma_load(t, coords_of(ctx, o), r.type.shape)
 
 
+def skipped(ctx, o: Op) -> bool:
+    """A store after a split_reduce runs only in the CTA that summed the parts (its ``pred``)."""
+    return bool(o.attr("pred")) and not ctx.scalars.get(o.attr("pred") + "_last")
+
+
 @semantics("store")
 def _store(ctx, o, args):
-    tma_store(ctx.tensor(o.attr("arg")), coords_of(ctx, o), args[0])
+    if not skipped(ctx, o):
+        tma_store(ctx.tensor(o.attr("arg")), coords_of(ctx, o), args[0])
+
+
+def _split_order(ctx, msg: str, o: Op):
+    """A split-K reduction out of order: a Violation in the partitioned interpreter, an error in the sequential one."""
+    fail = getattr(ctx, "fail", None)
+    if fail is None:
+        raise InterpError(f"interp: {msg}")
+    fail("split-order", msg, o)
+
+
+@semantics("split_reduce")
+def _split_reduce(ctx, o, args):
+    """passes/split_k: write this part's tile to its workspace slot, arrive on the tile's counter; the last
+    arriver resets the counter and sums the slots in order. Slots start NaN (instances poison them) and are
+    poisoned again after the sum, so a part summed before it was written is a ``split-order`` violation."""
+    x = args[0].float()
+    bm, bn = x.shape
+    S, part, tile = o.attr("splits"), int(ctx.eval(o.attr("part"))), int(ctx.eval(o.attr("index")))
+    rows = max(0, min(bm, int(ctx.eval(o.attr("rows_valid")))))
+    ws, locks = ctx.tensor(o.attr("ws")), ctx.tensor(o.attr("locks"))
+    if (tile + 1) * S * bm * bn > ws.numel() or tile >= locks.numel():
+        raise InterpError(f"interp: split_reduce of tile {tile} needs {(tile + 1) * S * bm * bn} workspace floats and "
+                          f"{tile + 1} counters; got {ws.numel()} and {locks.numel()}")
+    if not 0 <= part < S:
+        _split_order(ctx, f"part {part} of output tile {tile} arrives on a counter of {S} parts", o)
+    slots = ws[tile * S * bm * bn:(tile + 1) * S * bm * bn].view(S, bm, bn)
+    slots[part, :rows] = x[:rows]
+    seen = int(locks[tile])
+    locks[tile] = seen + 1
+    last = seen == S - 1
+    ctx.scalars[o.results[0].name + "_last"] = int(last)
+    if not last:
+        return torch.zeros_like(x)
+    locks[tile] = 0
+    missing = [j for j in range(S) if slots[j, :rows].isnan().any()]
+    if missing:
+        msg = (f"the last of {S} parts of output tile {tile} (part {part}) sums parts {missing} before they were "
+               f"written: the counter's target does not match the parts that write")
+        _split_order(ctx, msg, o)
+    total = torch.zeros_like(x)
+    for j in range(S):
+        total[:rows] += slots[j, :rows]
+    slots[:, :rows] = float("nan")
+    return total
 
 
 @semantics("load_vec")

@@ -28,7 +28,7 @@ import torch
 
 from ..ir import Op, walk
 from .cta import CTA, SlotRef, TmaCopy
-from .ops import InterpError, apply, eval_index, tma_store
+from .ops import InterpError, apply, eval_index, skipped, tma_store
 from .sequential import tile_indices
 
 
@@ -381,6 +381,8 @@ def _mma_wait(pr: PartRun, o: Op):
 
 
 def _store(pr: PartRun, o: Op):
+    if skipped(pr, o):  # after a split_reduce, in a CTA that did not sum the parts
+        return
     x = o.operands[0]
     buf = next((b for b in pr.run.program.buffers if b.value == x and b.name.endswith("_stage")), None)
     if buf is None:

@@ -1,4 +1,5 @@
-"""data_partition: split the output tile along M into ``options.data_partition`` (1-3) independent chains.
+"""data_partition: split the output tile along M into ``options.data_partition`` (1-3) independent chains,
+after splitting the reduction loop across ``options.split_k`` CTAs (passes/split_k: the K axis).
 
 Assumes: a Program before partitioning (no chains, stages or partitions yet); outputs leave through
 ``store`` ops; every op kind's row/column structure is known (``_operand_axes`` below).
@@ -18,7 +19,7 @@ from dataclasses import replace
 
 from ..ir import Op, Program, TileType, Value, add_offset, defs, value_types, walk
 from ..ir_ops import OPS
-from . import PassError
+from . import PassError, split_k
 
 
 def _output(o: Op) -> bool:
@@ -83,6 +84,10 @@ def run(program: Program, options=None) -> Program:
     f = opts.data_partition
     if f not in (1, 2, 3):
         raise PassError(f"data_partition: factor {f} not supported; use 1, 2 or 3")
+    if opts.split_k > 1 and f > 1:
+        raise PassError(f"data_partition: split_k={opts.split_k} with {f} chains: the chains would share one "
+                        f"reduction counter; use data_partition=1 with split_k")
+    program = split_k.run(program, opts)  # the K axis across CTAs first; then the tile's rows across chains
     split = _split_axes(program.body)
     types = value_types(program.body)
     for v, ax in split.items():

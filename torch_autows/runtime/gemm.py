@@ -13,7 +13,7 @@ import torch
 
 from ..ir import Options
 from ..templates.gemm import GemmRequest
-from . import choice
+from . import choice, scratch
 from . import device as dev
 from .fallback import Unsupported
 from .launch import BoundCache, Tma, compile_kernel
@@ -35,6 +35,14 @@ CONFIGS: dict[str, Options] = {
     # One 8-warp consumer, one tile per CTA: the epilogue staging reuses the operand ring (4 stages).
     "ws_np_128x256": Options(block_m=128, block_n=256, block_k=64, stages=4, data_partition=1, persistent=False),
 }
+#: Decode tiles (a few rows, memory-bound): one 64-row consumer warpgroup, persistent, as deep a ring as SMEM
+#: holds, the K loop split across ``s`` CTAs (passes/split_k) so that enough SMs stream the weight. A 256-wide
+#: tile splits at most 2 ways: the reduction's partial sum, load and offsets of 3+ parts spill registers.
+DECODE_TILES = ((64, 128, (1, 2, 3, 4)), (128, 128, (1, 2, 3, 4)), (256, 64, (1, 2)))  # (block_n, block_k, splits)
+for _bn, _bk, _splits in DECODE_TILES:
+    for _s in _splits:
+        CONFIGS[f"dec_{_bn}x{_bk}_s{_s}"] = Options(block_m=64, block_n=_bn, block_k=_bk, stages=12, data_partition=1,
+                                                    persistent=True, split_k=_s)
 
 
 #: Throughput of a 128x128 tile relative to 128x256 when both fill every SM: 644 against 706 TFLOP/s at
@@ -42,7 +50,38 @@ CONFIGS: dict[str, Options] = {
 _EFF_128x128 = 0.91
 
 
-def choose_config(m: int, n: int, k: int, sms: int = 132) -> str:
+#: The decode model's constants (fit to sweeps/2026-11-30-h200-decode-configs.json, 42 shapes, M 1..128: the
+#: pick is on average 1.6% and at most 10% slower than the best of the 16 configs measured): HBM bandwidth,
+#: the most one SM streams alone, and the extra HBM traffic per byte of split-K partials.
+_HBM_BPS, _SM_BPS, _SPLIT_TRAFFIC = 4.1e12, 60e9, 8
+
+
+def decode_time(m: int, n: int, k: int, bn: int, bk: int, s: int, sms: int = 132) -> float:
+    """Estimated seconds of a decode config: each wave of persistent work units takes the longer of the
+    wave's bytes at HBM bandwidth and one unit's bytes at one SM's bandwidth; split-K adds its partials."""
+    units = -(-m // 64) * -(-n // bn) * s
+    k_steps = -(-k // bk)
+    steps = -(-k_steps // s)  # K steps of one part
+    unit_bytes = steps * bk * (bn + 64) * 2  # the weight tile and the (zero-padded) activation tile
+    t = 0.0
+    while units > 0:
+        w = min(units, sms)
+        units -= w
+        t += max(w * steps * bk * bn * 2 / _HBM_BPS, unit_bytes / _SM_BPS)
+    return t + (_SPLIT_TRAFFIC * m * n * 4 * s / _HBM_BPS if s > 1 else 0.0)
+
+
+def choose_config(m: int, n: int, k: int, sms: int = 132, split: bool = True) -> str:
+    """The config for an M x N x K GEMM: decode tiles (``decode_time``'s least) up to 128 rows, else the
+    large-GEMM choice below. ``split=False`` leaves out split-K (batched GEMMs: split_k takes 2-D grids)."""
+    if m <= 128:
+        best = min((decode_time(m, n, k, bn, bk, s, sms), -bn, s, bn, bk) for bn, bk, splits in DECODE_TILES
+                   for s in (splits if split else (1,)))
+        return f"dec_{best[3]}x{best[4]}_s{best[2]}"
+    return _large_config(m, n, k, sms)
+
+
+def _large_config(m: int, n: int, k: int, sms: int = 132) -> str:
     """The tile with the least estimated time: a persistent CTA runs ceil(tiles / SMs) tiles, so the cost is
     that many tiles of the tile's area at its throughput. 128x256 wins on big grids; 128x128 where the
     last wave of 128x256 tiles would leave many SMs idle (e.g. N=768 at M=8192: 2 rounds of 256-wide tiles
@@ -104,7 +143,7 @@ def support_reason(a, b, bias=None, out_dtype=None, *, check_device: bool = True
 def _bmm_reason(a, b) -> str | None:
     """bmm flattens batches into rows: tiles must not straddle batches and rows must be TMA-legal."""
     B, M, K = a.shape
-    o = CONFIGS[choose_config(B * M, b.shape[2], K)]
+    o = CONFIGS[choose_config(B * M, b.shape[2], K, split=False)]
     if M % o.block_m or K % o.block_k:
         return (f"bmm with M={M}, K={K}: batches are flattened into rows, so M must be a multiple of "
                 f"{o.block_m} and K of {o.block_k}")
@@ -137,8 +176,10 @@ def _replay(hit, a, b, out, out_dtype, bias=None):
     """The output of a call seen before (``hit``: its ``_BOUND`` entry), launched through its Bound; None where
     it cannot serve this call (then the full path runs)."""
     c = out if out is not None else torch.empty(hit[1], device=a.device, dtype=out_dtype)
-    addrs = (a.data_ptr(), b.data_ptr(), c.data_ptr()) if bias is None else \
-        (a.data_ptr(), b.data_ptr(), c.data_ptr(), bias.data_ptr())
+    addrs = [a.data_ptr(), b.data_ptr(), c.data_ptr()] + ([] if bias is None else [bias.data_ptr()])
+    if len(hit) > 2:  # split-K: this stream's current workspace and counters
+        ws, locks = scratch.get(a.get_device(), *hit[2])
+        addrs += [ws.data_ptr(), locks.data_ptr()]
     return c if hit[0](*addrs) else None
 
 
@@ -151,15 +192,20 @@ def _launch(req: GemmRequest, config: str, a2, b2, c2, bias, M, N, K, device, ke
     if bias is not None:
         values["bias"] = bias
     values.update(M=M, N=N, K=K)
-    args = launcher.ordered(values)  # by templates.gemm's argument names
     idx = dev.index(device)
     tiles = req.batch * -(-M // o.block_m) * -(-N // o.block_n)
-    grid = min(tiles, dev.num_sms(idx)) if persistent else tiles
+    extra = ()
+    if o.split_k > 1:  # passes/split_k: a workspace slot per part of every output tile, a counter per tile
+        extra = ((o.split_k * tiles * o.block_m * o.block_n, tiles),)
+        values["ws"], values["locks"] = scratch.get(idx, *extra[0])
+    args = launcher.ordered(values)  # by the Program's argument names
+    grid = tiles * o.split_k
+    grid = min(grid, dev.num_sms(idx)) if persistent else grid
     try:  # the first launch of a specialisation compiles it (Triton's cache may be unwritable)
         launcher(grid, args, idx)
     except OSError as e:
         raise Unsupported(f"could not compile the kernel: {e}") from e
-    _BOUND.remember(key, launcher, grid, args, idx, shape)
+    _BOUND.remember(key, launcher, grid, args, idx, shape, *extra)
 
 
 def _out_reason(out) -> str | None:
@@ -270,8 +316,11 @@ def bmm(a, b, out_dtype, config: str | None = None, out: torch.Tensor | None = N
         _BOUND.put(key, VENDOR)
         return None
     config = None if config == "auto" else config
-    cfg = config or choose_config(B * M, N, K)
+    cfg = config or choose_config(B * M, N, K, split=False)
     o = CONFIGS[cfg]
+    if o.split_k > 1:
+        raise Unsupported(f"config {cfg} splits K across CTAs, which serves 2-D GEMMs only; name a config with "
+                          f"split 1 for bmm")
     if M % o.block_m or K % o.block_k:  # an explicit config may have other tiles than the heuristic's
         raise Unsupported(f"bmm with M={M}, K={K} does not tile by {o.block_m}x{o.block_k} ({cfg})")
     a2 = a.reshape(B * M, K)
