@@ -123,6 +123,7 @@ def test_runtime_picks_decode_tiles_for_few_rows_and_never_splits_bmm():
     assert rt.CONFIGS[rt.choose_config(1, 4096, 14336 // 4)].split_k > 1
     assert rt.CONFIGS[rt.choose_config(1, 57344, 8192)].split_k == 1
     assert all(rt.CONFIGS[rt.choose_config(m, n, 8192, split=False)].split_k == 1 for m in (1, 64) for n in (256, 4096))
+    assert rt.CONFIGS[rt.choose_config(64, 4096, 192, split=False)].block_k == 64  # a batch's K in whole steps
     # the model: a wave of units is never faster than its bytes at HBM bandwidth
     t = rt.decode_time(1, 4096, 4096, 128, 128, 2)
     assert t >= 4096 * 4096 * 2 / rt._HBM_BPS

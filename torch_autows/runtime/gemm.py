@@ -73,11 +73,14 @@ def decode_time(m: int, n: int, k: int, bn: int, bk: int, s: int, sms: int = 132
 
 def choose_config(m: int, n: int, k: int, sms: int = 132, split: bool = True) -> str:
     """The config for an M x N x K GEMM: decode tiles (``decode_time``'s least) up to 128 rows, else the
-    large-GEMM choice below. ``split=False`` leaves out split-K (batched GEMMs: split_k takes 2-D grids)."""
+    large-GEMM choice below. ``split=False`` is for batched GEMMs: no split-K (split_k takes 2-D grids), and
+    only tiles whose K step divides K (a batch's rows are flattened, so no tile may straddle two)."""
     if m <= 128:
-        best = min((decode_time(m, n, k, bn, bk, s, sms), -bn, s, bn, bk) for bn, bk, splits in DECODE_TILES
-                   for s in (splits if split else (1,)))
-        return f"dec_{best[3]}x{best[4]}_s{best[2]}"
+        cands = [(decode_time(m, n, k, bn, bk, s, sms), -bn, s, bn, bk) for bn, bk, splits in DECODE_TILES
+                 for s in (splits if split else (1,)) if split or k % bk == 0]
+        if cands:
+            best = min(cands)
+            return f"dec_{best[3]}x{best[4]}_s{best[2]}"
     return _large_config(m, n, k, sms)
 
 
