@@ -11,6 +11,7 @@ import pytest
 
 import torch_autows
 from torch_autows.__main__ import main
+from torch_autows.ir import SM90
 
 
 def test_explain_gemm_compile_prints_every_pass_gluon_and_summary(capsys):
@@ -26,7 +27,7 @@ def test_explain_gemm_compile_prints_every_pass_gluon_and_summary(capsys):
     summary = json.loads(last[len("summary: "):])
     assert [p["name"] for p in summary["partitions"]] == ["consumer0", "consumer1", "producer"]
     assert summary["wgmma"] > 0 and summary["setmaxnreg"] > 0 and summary["spills"] == 0
-    assert summary["smem_bytes"] <= 232448
+    assert summary["smem_bytes"] <= SM90.smem_limit
 
 
 def test_explain_attention_compile(capsys):
@@ -35,7 +36,7 @@ def test_explain_attention_compile(capsys):
     out = capsys.readouterr().out
     assert "# ---- IR after code_partition ----" in out and "def producer(" in out
     summary = json.loads(out.strip().splitlines()[-1][len("summary: "):])
-    assert len(summary["partitions"]) == 3 and summary["smem_bytes"] <= 232448
+    assert len(summary["partitions"]) == 3 and summary["smem_bytes"] <= SM90.smem_limit
 
 
 def test_explain_attention_unsupported_head_dim():

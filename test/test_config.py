@@ -63,7 +63,7 @@ def test_parse_bool_rejects(value):
     assert f"TORCH_AUTOWS_GEMM={value!r}" in msg and "1/0, true/false, yes/no, on/off" in msg
 
 
-@pytest.mark.parametrize("setting", ["gemm", "attention", "debug", "pretend_sm90"])
+@pytest.mark.parametrize("setting", ["gemm", "attention", "debug"])
 def test_boolean_settings_at_import(monkeypatch, setting):
     var = "TORCH_AUTOWS_" + setting.upper()
     assert _load(monkeypatch, **{var: " Off "})[setting] is False
@@ -75,8 +75,18 @@ def test_boolean_settings_at_import(monkeypatch, setting):
 
 def test_defaults_at_import(monkeypatch):
     g = _load(monkeypatch)
-    assert (g["gemm"], g["attention"], g["debug"], g["pretend_sm90"]) == (True, True, False, False)
+    assert (g["gemm"], g["attention"], g["debug"]) == (True, True, False)
     assert g["dump_dir"] is None and g["cache_dir"] is None and g["choice"] == "measure"
+
+
+def test_pretending_a_target_is_not_a_product_setting(monkeypatch):
+    """The test-only "CPU graphs count as sm_90" switch lives in inductor/support.py (``_pretend_target``, set by
+    test fixtures), not in the settings: no environment variable, no ``patch`` name, not in the snapshot."""
+    with pytest.warns(UserWarning, match="TORCH_AUTOWS_PRETEND_SM90 is not read by torch_autows"):
+        g = _load(monkeypatch, TORCH_AUTOWS_PRETEND_SM90="1")
+    assert "pretend_sm90" not in g and not any("pretend" in k for k in config.snapshot())
+    with pytest.raises(AttributeError, match="no setting 'pretend_sm90'"):
+        config.patch(pretend_sm90=True)
 
 
 @pytest.mark.parametrize("value,expect", [(" ", None), ("", None), ("\t\n", None), ("out", "out"),
@@ -129,17 +139,17 @@ def test_patch_context_manager_restores():
 
 
 def test_patch_decorator():
-    seen, before = [], (config.pretend_sm90, config.dump_dir)
+    seen, before = [], (config.debug, config.dump_dir)
 
-    @config.patch(pretend_sm90=True, dump_dir="/tmp/x")
+    @config.patch(debug=not config.debug, dump_dir="/tmp/x")
     def f(n):
-        seen.append((config.pretend_sm90, config.dump_dir))
+        seen.append((config.debug, config.dump_dir))
         if n:
             f(n - 1)
         return n
 
-    assert f(1) == 1 and seen == [(True, "/tmp/x")] * 2
-    assert (config.pretend_sm90, config.dump_dir) == before
+    assert f(1) == 1 and seen == [(not before[0], "/tmp/x")] * 2
+    assert (config.debug, config.dump_dir) == before
 
 
 def test_patch_rejects_unknown_names_and_bad_values():

@@ -37,7 +37,7 @@ CHOICES = ("measure", "prior", "autows", "vendor")
 #: TORCH_AUTOWS is the enable switch (``torch_autows/__init__.py``); REFERENCE is read by the benchmarks,
 #: TEST_SHARD by the GPU tests.
 ENV_VARS = frozenset({PREFIX} | {f"{PREFIX}_{n}" for n in (
-    "DUMP", "DEBUG", "GEMM", "ATTENTION", "CACHE_DIR", "PRETEND_SM90", "CHOICE", "REFERENCE", "TEST_SHARD")})
+    "DUMP", "DEBUG", "GEMM", "ATTENTION", "CACHE_DIR", "CHOICE", "REFERENCE", "TEST_SHARD")})
 
 
 def parse_bool(name: str, value: str) -> bool:
@@ -101,8 +101,6 @@ attention: bool = env_flag(f"{PREFIX}_ATTENTION", True)
 #: Root directory for generated sources and compiled kernels on disk (TORCH_AUTOWS_CACHE_DIR); None: the
 #: default root: TORCHINDUCTOR_CACHE_DIR's autows/ subfolder (Inductor's default /tmp/torchinductor_<user>).
 cache_dir: str | None = env_path(f"{PREFIX}_CACHE_DIR")
-#: Test-only: let the FX rewrites run on graphs traced on CPU as if the target were sm_90.
-pretend_sm90: bool = env_flag(f"{PREFIX}_PRETEND_SM90", False)
 #: How a site picks between the generated kernel and the vendor path (TORCH_AUTOWS_CHOICE): "measure" on
 #: the GPU and cache the decision / "prior": a cost rule without measuring / "autows": always ours where
 #: servable / "vendor": always the vendor's.
@@ -123,7 +121,6 @@ _SETTINGS = {
     "gemm": (lambda v: isinstance(v, bool), "a bool"),
     "attention": (lambda v: isinstance(v, bool), "a bool"),
     "cache_dir": (_is_dir, "a directory (str or os.PathLike) or None"),
-    "pretend_sm90": (lambda v: isinstance(v, bool), "a bool"),
     "choice": (lambda v: v in CHOICES, f"one of {', '.join(map(repr, CHOICES))}"),
 }
 
@@ -168,4 +165,4 @@ def patch(changes: dict | None = None, **kw) -> _Patch:
 
 def snapshot() -> dict:
     """The settings that change what is compiled, as a plain dict (for cache keys and reports)."""
-    return {"gemm": gemm, "attention": attention, "debug": debug, "pretend_sm90": pretend_sm90, "choice": choice}
+    return {"gemm": gemm, "attention": attention, "debug": debug, "choice": choice}

@@ -1,7 +1,8 @@
 """The tile IR: a Program of Ops over tile values, frozen dataclasses with a deterministic text form.
 
 A ``Program`` is one kernel: its arguments (tensors in memory and scalars), the output-tile grid it
-walks (``Grid``; persistent or one tile per CTA), its decision points (``Options``) and the body of
+walks (``Grid``; persistent or one tile per CTA), its decision points (``Options``), the GPU generation
+it targets (``Arch``: SMEM, register file, MMA kind; ``SM90`` unless built otherwise) and the body of
 ``Op``s that computes one output tile. Values are SSA names (``%acc``) with a ``TileType``: dtype,
 shape and memory space (``reg`` or ``smem``). Index expressions (load coordinates, loop bounds) are
 small Python expressions over scalar names (``pid_m*128+64``, ``cdiv(K,64)``), kept as strings.
@@ -134,6 +135,35 @@ class Grid:
 
 
 @dataclass(frozen=True)
+class Arch:
+    """The GPU generation a Program targets: the hardware facts the passes, the verifier and codegen read.
+
+    ``name`` picks codegen's lowering module (``codegen.gluon.LOWERINGS``); ``sm`` is the compute capability
+    as triton's ``GPUTarget`` takes it. A new generation is a record here (and in ``ARCHS``) plus its
+    lowering module beside ``codegen/sm90.py``."""
+
+    name: str
+    sm: int
+    smem_limit: int  # bytes of shared memory one CTA may allocate
+    regs_per_sm: int  # 32-bit registers in an SM's register file, shared by all partitions
+    max_regs_per_thread: int  # most registers per thread setmaxnreg gives
+    min_regs_per_thread: int  # fewest registers per thread setmaxnreg gives
+    reg_granularity: int  # setmaxnreg takes multiples of this
+    mma: str  # the MMA instruction family the lowering emits ("wgmma")
+    mma_rows: int  # rows of an MMA tile one warpgroup (4 warps) issues
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
+
+
+#: Hopper (H100/H200): 227 KB of SMEM per CTA, asynchronous wgmma with M=64 per warpgroup.
+SM90 = Arch("sm90", sm=90, smem_limit=232448, regs_per_sm=65536, max_regs_per_thread=256, min_regs_per_thread=24,
+            reg_granularity=8, mma="wgmma", mma_rows=64)
+#: Every generation codegen can lower, by name.
+ARCHS = {a.name: a for a in (SM90,)}
+
+
+@dataclass(frozen=True)
 class Options:
     """Decision points. Templates fix the tile; passes read the rest; a heuristic or search picks all."""
 
@@ -158,8 +188,6 @@ class Options:
     producer_regs: int = 40
     # CTAs per output tile, each summing a contiguous range of the reduction loop (passes/split_k; 1: none)
     split_k: int = 1
-    smem_limit: int = 232448  # 227 KB per CTA on sm_90
-    regs_per_sm: int = 65536
 
     def items(self) -> list[tuple[str, Any]]:
         return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
@@ -224,6 +252,7 @@ class Program:
     groups: tuple[BarrierGroup, ...] = ()
     smem_bytes: int | None = None
     notes: tuple[str, ...] = field(default=())
+    arch: Arch = SM90
 
     def arg(self, name: str) -> Arg:
         for a in self.args:

@@ -7,7 +7,7 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from .ir import Arg, BarrierGroup, Buffer, Channel, Grid, Op, Options, Partition, Program, TileType, Value
+from .ir import SM90, Arch, Arg, BarrierGroup, Buffer, Channel, Grid, Op, Options, Partition, Program, TileType, Value
 
 
 def _fmt_attr(v: Any) -> str:
@@ -40,6 +40,7 @@ _UNSET = {("split_k", 1)}
 
 def format_program(p: Program) -> str:
     lines = [f"program {p.name}"]
+    lines.append(f"  arch {p.arch.name} " + " ".join(f"{k}={v}" for k, v in p.arch.items() if k != "name"))
     lines += [f"  {a}" for a in p.args]
     lines.append(f"  {p.grid}")
     lines.append("  options " + " ".join(f"{k}={v}" for k, v in p.options.items() if (k, v) not in _UNSET))
@@ -158,13 +159,17 @@ def parse_program(text: str) -> Program:
     name = lines[0].split()[1]
     args, parts, bufs, chans, groups, notes = [], [], [], [], [], []
     grid = options = smem = None
+    arch = SM90  # text without an arch line (hand-written pass inputs) targets Hopper
     body: tuple[Op, ...] = ()
     codes: dict[str, tuple[Op, ...]] = {}
     i = 1
     while i < len(lines):
         s = lines[i].strip()
         i += 1
-        if s.startswith("arg "):
+        if s.startswith("arch "):
+            _, aname, rest = (s + " ").split(" ", 2)
+            arch = Arch(aname, **{k: _lit(v) for k, v in _kv(rest).items()})
+        elif s.startswith("arg "):
             m = re.fullmatch(r"arg (\w+): (?:(\w+)<(\w+)>\[([^\]]*)\]( out)?|(\w+))", s)
             if m.group(6):
                 args.append(Arg(m.group(1), "scalar", m.group(6)))
@@ -205,4 +210,4 @@ def parse_program(text: str) -> Program:
             raise ValueError(f"cannot parse line {s!r}")
     parts = [replace(pt, body=codes.get(pt.name, ())) for pt in parts]
     return Program(name, tuple(args), grid, options or Options(), body, tuple(parts), tuple(bufs), tuple(chans),
-                   tuple(groups), smem, tuple(notes))
+                   tuple(groups), smem, tuple(notes), arch)

@@ -154,11 +154,13 @@ def _check_partitions(p: Program, stage: str):
         if o.partition not in names:
             _fail(stage, f"op has partition {o.partition!r}, not one of {sorted(names)}", o)
     regs = sum(pt.regs * 32 * max(4, pt.warps) for pt in p.partitions)
-    if regs > p.options.regs_per_sm:
-        _fail(stage, f"partitions need {regs} registers, more than the {p.options.regs_per_sm} of an SM")
+    a = p.arch
+    if regs > a.regs_per_sm:
+        _fail(stage, f"partitions need {regs} registers, more than the {a.regs_per_sm} of an SM")
     for pt in p.partitions:
-        if pt.regs % 8 or not 24 <= pt.regs <= 256:
-            _fail(stage, f"partition {pt.name}: {pt.regs} registers; setmaxnreg takes multiples of 8 in 24..256")
+        if pt.regs % a.reg_granularity or not a.min_regs_per_thread <= pt.regs <= a.max_regs_per_thread:
+            _fail(stage, f"partition {pt.name}: {pt.regs} registers; setmaxnreg takes multiples of "
+                  f"{a.reg_granularity} in {a.min_regs_per_thread}..{a.max_regs_per_thread}")
 
 
 def _check_channels(p: Program, stage: str):
@@ -177,8 +179,8 @@ def _check_memory(p: Program, stage: str):
     for b in p.buffers:
         if b.count is None or b.offset is None or b.count < 1:
             _fail(stage, f"buffer {b.name} has no count/offset")
-    if p.smem_bytes is None or p.smem_bytes > p.options.smem_limit:
-        _fail(stage, f"SMEM {p.smem_bytes} B exceeds the limit {p.options.smem_limit} B")
+    if p.smem_bytes is None or p.smem_bytes > p.arch.smem_limit:
+        _fail(stage, f"SMEM {p.smem_bytes} B exceeds the limit {p.arch.smem_limit} B")
     for i, a in enumerate(p.buffers):
         for b in p.buffers[i + 1:]:
             overlap = a.offset < b.offset + b.nbytes and b.offset < a.offset + a.nbytes

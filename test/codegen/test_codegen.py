@@ -90,3 +90,26 @@ def test_non_persistent_reuse_becomes_reinterpret():
     src = gluon.generate(program)
     assert "out_stage = b_smem._reinterpret(gl.bfloat16, [128, 256], c_desc.layout)" in src
     assert "tile = gl.program_id(0)" in src
+
+
+def test_lowering_is_chosen_by_the_programs_arch(monkeypatch):
+    """codegen takes the generation's imports, accumulator layout and emitters from ``LOWERINGS[arch.name]``;
+    an arch without a lowering module is refused with what to add."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from torch_autows.codegen import sm90
+    from torch_autows.ir import SM90
+
+    program = pipeline.run(build(GemmRequest(512, 512, 512), CONFIGS["ws_p_128x256"]))
+    src = gluon.generate(program)
+    assert sm90.IMPORTS in src and sm90.accumulator_layout(4, 256) in src
+    other = replace(program, arch=replace(SM90, name="sm_new"))
+    with pytest.raises(ValueError, match=r"add codegen/sm_new.py and list it in codegen.gluon.LOWERINGS"):
+        gluon.generate(other)
+    fake = SimpleNamespace(IMPORTS="import new_arch\n", accumulator_layout=lambda warps, n: f"NEW_ACC({warps}, {n})",
+                           EMITTERS={**sm90.EMITTERS, "mma": lambda ctx, o, indent: ["new_mma()"]})
+    monkeypatch.setitem(gluon.LOWERINGS, "sm_new", fake)
+    new = gluon.generate(other)
+    assert "import new_arch\n" in new and sm90.IMPORTS not in new
+    assert "MMA_N256: gl.constexpr = NEW_ACC(4, 256)" in new and "new_mma()" in new and "warpgroup_mma(" not in new

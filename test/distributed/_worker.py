@@ -24,11 +24,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
 def _pretend() -> None:
     """As test/inductor/conftest.py's ``pretend``: the compile-time support checks say yes; the run-time ones
     (device checked) stay real, so the ops fall back to torch on CPU."""
-    from torch_autows import config
+    from torch_autows.inductor import support
     from torch_autows.runtime import attention as rt_attention
     from torch_autows.runtime import gemm as rt_gemm
 
-    config.pretend_sm90 = True
+    support._pretend_target = True
     for rt in (rt_attention, rt_gemm):
         real = rt.support_reason
 

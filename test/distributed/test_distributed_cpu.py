@@ -3,7 +3,7 @@
 Each test starts two ranks on 127.0.0.1 (a free port, ``GLOO_SOCKET_IFNAME=lo``) under a hard timeout that
 kills them, so a stuck collective fails the test instead of hanging CI. The worker (``_worker.py``) runs
 examples/distributed_llama.py's TP inference and FSDP2 training with the FX rewrites forced on
-(``pretend_sm90``, as test/inductor/conftest.py's ``pretend``): attention and GEMM sites of the DTensor and
+(``support._pretend_target``, as test/inductor/conftest.py's ``pretend``): attention and GEMM sites of the DTensor and
 FSDP graphs become autows ops, which fall back to torch at run time on CPU tensors; the outputs, losses and
 full gradients must still match a single-process eager model. The example itself runs under torchrun with
 the plain backend. Skipped where torch.distributed or gloo is missing. About 2 minutes on two busy cores.

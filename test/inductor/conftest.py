@@ -12,7 +12,6 @@ import torch
 import torch._dynamo
 import torch._inductor.config as ic
 
-from torch_autows import config
 from torch_autows.inductor import support
 from torch_autows.runtime import attention as rt_attention
 from torch_autows.runtime import fallback
@@ -38,7 +37,7 @@ def _fresh():
 
 def compile_time_yes(real):
     """``real`` (a runtime ``support_reason``) that says yes where asked without the device check (the
-    compile-time question under ``pretend_sm90``); the run-time check (device checked) stays the real one."""
+    compile-time question under ``support._pretend_target``); the run-time check (device checked) stays the real one."""
 
     def support_reason(*args, check_device: bool = True, **kwargs):
         return None if not check_device else real(*args, check_device=check_device, **kwargs)
@@ -50,7 +49,7 @@ def compile_time_yes(real):
 def pretend(monkeypatch):
     """Rewrites fire on CPU-traced graphs: the runtime's support checks say yes at compile time; at run time
     the ops still see CPU tensors and fall back to torch."""
-    monkeypatch.setattr(config, "pretend_sm90", True)
+    monkeypatch.setattr(support, "_pretend_target", True)
     for rt in (rt_attention, rt_gemm):
         monkeypatch.setattr(rt, "support_reason", compile_time_yes(rt.support_reason))
     yield

@@ -1,4 +1,4 @@
-"""The attention rewrite on CPU-traced Dynamo graphs (``config.pretend_sm90``): SDPA and the explicit forms."""
+"""The attention rewrite on CPU-traced Dynamo graphs (``support._pretend_target``): SDPA and the explicit forms."""
 from __future__ import annotations
 
 import math
@@ -201,9 +201,7 @@ def test_unsupported_dtype_and_device(capture, monkeypatch, request):
 
 
 def test_missing_runtime_is_a_reason(monkeypatch, capture):
-    from torch_autows import config
-
-    monkeypatch.setattr(config, "pretend_sm90", True)
+    monkeypatch.setattr(support, "_pretend_target", True)
     monkeypatch.setattr(rt_attention, "support_reason", lambda q, k, v, c, s, check_device: "head_dim 8 too small")
     (gm,) = capture(sdpa_causal, *_qkv())
     assert find_attention_sites(gm.graph)[0].reason == "head_dim 8 too small"

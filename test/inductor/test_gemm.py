@@ -77,7 +77,7 @@ def test_post_grad_reasons(pretend, log_warnings):
 def test_gemm_reason(monkeypatch):
     a, b = torch.randn(8, 16), torch.randn(16, 4)
     assert "tensors on cpu" in support.gemm_reason(a, b)
-    monkeypatch.setattr(config, "pretend_sm90", True)
+    monkeypatch.setattr(support, "_pretend_target", True)
     seen = {}
 
     def runtime_check(a, b, bias=None, out_dtype=None, *, check_device=True):

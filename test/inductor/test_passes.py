@@ -6,7 +6,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import torch_autows
 from torch_autows import config
-from torch_autows.inductor import graph_passes
+from torch_autows.inductor import graph_passes, support
 
 
 class Named(CustomGraphPass):
@@ -20,16 +20,17 @@ class Named(CustomGraphPass):
         return self._uuid
 
 
-@pytest.mark.parametrize("setting,value", [("gemm", False), ("attention", False), ("pretend_sm90", True),
-                                           ("debug", True)])
+@pytest.mark.parametrize("setting,value", [("gemm", False), ("attention", False), ("debug", True),
+                                           ("support._pretend_target", True)])
 def test_uuid_changes_with_settings(monkeypatch, setting, value):
+    owner, setting = (support, setting.split(".")[1]) if "." in setting else (config, setting)
     base_pass = graph_passes.AutoWSPostGradPass(None)
     base = base_pass.uuid()
     assert base and base == graph_passes.AutoWSPostGradPass(None).uuid()  # deterministic
-    old = getattr(config, setting)
-    monkeypatch.setattr(config, setting, value if value != old else not old)
+    old = getattr(owner, setting)
+    monkeypatch.setattr(owner, setting, value if value != old else not old)
     assert base_pass.uuid() != base
-    monkeypatch.setattr(config, setting, old)
+    monkeypatch.setattr(owner, setting, old)
     assert base_pass.uuid() == base
 
 

@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from torch_autows.ir import TileType, check_expr, eval_expr, format_program, parse_program
+from torch_autows.ir import ARCHS, SM90, TileType, check_expr, eval_expr, format_program, parse_program
 from torch_autows.passes import pipeline
 from torch_autows.runtime.gemm import CONFIGS
 from torch_autows.templates.gemm import GemmRequest, build
@@ -22,6 +22,23 @@ def test_print_parse_round_trip_after_every_pass(config, variant):
         text = format_program(p)
         assert parse_program(text) == p, name
         assert format_program(parse_program(text)) == text
+
+
+def test_arch_line_round_trips():
+    """The target generation prints as one line after the program's name and parses back exactly; text
+    without it (hand-written pass inputs) targets sm90."""
+    from dataclasses import replace
+
+    p = build(GemmRequest(512, 512, 512), CONFIGS["ws_p_128x256"])
+    text = format_program(p)
+    assert text.splitlines()[1] == ("  arch sm90 sm=90 smem_limit=232448 regs_per_sm=65536 max_regs_per_thread=256 "
+                                    "min_regs_per_thread=24 reg_granularity=8 mma=wgmma mma_rows=64")
+    options = next(ln for ln in text.splitlines() if ln.startswith("  options "))
+    assert ARCHS["sm90"] is SM90 and p.arch is SM90 and "smem_limit" not in options and "regs_per_sm" not in options
+    other = replace(p, arch=replace(SM90, name="sm90_small", smem_limit=100000))
+    assert parse_program(format_program(other)) == other
+    without = "\n".join(ln for ln in text.splitlines() if not ln.startswith("  arch "))
+    assert parse_program(without) == p
 
 
 def test_tile_type_text():

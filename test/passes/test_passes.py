@@ -17,6 +17,7 @@ from torch_autows.passes import (
     partition_schedule,
     pipeline,
 )
+from torch_autows.verify import VerifyError
 
 
 def _lines(p, *prefixes):
@@ -42,6 +43,7 @@ class TestPasses(expecttest.TestCase):
     def test_template(self):
         self.assertExpectedInline(format_program(small_gemm(bias=True)), """\
 program gemm_bf16_nn_128x64x32_bias
+  arch sm90 sm=90 smem_limit=232448 regs_per_sm=65536 max_regs_per_thread=256 min_regs_per_thread=24 reg_granularity=8 mma=wgmma mma_rows=64
   arg a: tensor<bf16>[M, K]
   arg b: tensor<bf16>[K, N]
   arg c: tensor<bf16>[M, N] out
@@ -50,7 +52,7 @@ program gemm_bf16_nn_128x64x32_bias
   arg N: i32
   arg K: i32
   grid (pid_m: cdiv(M,128), pid_n: cdiv(N,64)) persistent=True group=8
-  options block_m=128 block_n=64 block_k=32 stages=3 data_partition=2 persistent=True group_m=8 mma_pending=1 store_buffers=1 tile_buffers=1 skip_mask=True defer_mma=False pingpong=False raw_max=False serpentine=False producer_warps=1 producer_regs=40 smem_limit=232448 regs_per_sm=65536
+  options block_m=128 block_n=64 block_k=32 stages=3 data_partition=2 persistent=True group_m=8 mma_pending=1 store_buffers=1 tile_buffers=1 skip_mask=True defer_mma=False pingpong=False raw_max=False serpentine=False producer_warps=1 producer_regs=40
   body {
     %acc0:f32[128,64] = zeros()
     %acc_out:f32[128,64] = loop(%acc0) {iter_args=('acc',), lb=0, ub='cdiv(K,32)', var='k'} {
@@ -254,7 +256,7 @@ def test_memory_plan_shrinks_then_refuses():
 def test_memory_plan_shrinks_stages_to_fit():
     p = small_gemm(options=replace(SMALL, block_m=128, block_n=256, block_k=64, stages=6))
     p = pipeline.run(p)
-    assert p.smem_bytes <= p.options.smem_limit
+    assert p.smem_bytes <= p.arch.smem_limit
     assert any("ring depth 6 -> 3" in n for n in p.notes)
 
 
@@ -309,4 +311,21 @@ def test_memory_plan_lowers_ring_then_store_copies():
                                                                  stages=4, store_buffers=2)))
     assert {b.count for b in p.buffers if b.name.endswith("_stage")} == {1}
     assert any("store staging copies 2 -> 1" in n for n in p.notes)
-    assert p.smem_bytes <= p.options.smem_limit
+    assert p.smem_bytes <= p.arch.smem_limit
+
+
+def test_passes_read_the_programs_arch():
+    """SMEM, register file, setmaxnreg step and MMA rows come from ``Program.arch``, not from constants."""
+    from torch_autows.ir import SM90
+
+    base = pipeline.run(small_gemm(options=replace(SMALL, block_m=128, block_n=256, block_k=64, stages=4)))
+    small = replace(SM90, name="small", smem_limit=base.smem_bytes - 1)
+    p = pipeline.run(replace(small_gemm(options=base.options), arch=small))
+    assert p.arch == small and p.smem_bytes < base.smem_bytes
+    assert any(f"to fit {small.smem_limit} B of SMEM" in n for n in p.notes)
+    regs = {pt.name: pt.regs for pt in pipeline.run(replace(small_gemm(), arch=replace(SM90, regs_per_sm=32768))).partitions}
+    assert regs == {"consumer0": 104, "consumer1": 104, "producer": 40}  # (32768 - 40*128) // 256 = 108, down to 8s
+    with pytest.raises(VerifyError, match="multiples of 16 in 24..256"):  # the producer's 40
+        pipeline.run(replace(small_gemm(), arch=replace(SM90, reg_granularity=16)))
+    with pytest.raises(PassError, match="wgmma needs multiples of 128"):
+        pipeline.run(replace(small_gemm(), arch=replace(SM90, mma_rows=128)))

@@ -2,9 +2,10 @@
 
 ``load_module(source)`` writes the source to a file named by its hash under ``diskcache.root()``
 (Gluon needs real source files), checks that an existing file holds exactly that source, and imports
-it. ``compile_offline(program)`` compiles for ``GPUTarget("cuda", 90, 32)`` without a GPU and returns a
-``CompiledKernel`` (asm: ttgir, llir, ptx, cubin). ``summary(program, kernel)`` reads partitions, SMEM,
-wgmma/setmaxnreg counts and spills (from ptxas -v) into a dict.
+it. ``compile_offline(program)`` compiles for the program's generation (``GPUTarget("cuda", arch.sm,
+32)``, sm_90a for Hopper) without a GPU and returns a ``CompiledKernel`` (asm: ttgir, llir, ptx, cubin).
+``summary(program, kernel)`` reads partitions, SMEM, wgmma/setmaxnreg counts and spills (from ptxas -v)
+into a dict.
 """
 from __future__ import annotations
 
@@ -26,16 +27,15 @@ import triton
 
 from .. import diagnostics, diskcache
 from .._version import __version__
-from ..ir import Program
+from ..ir import SM90, Arch, Program
 from .gluon import GL_DTYPE, block_shapes, generate
-
-TARGET_ARCH = 90
 
 log = logging.getLogger("torch_autows")
 
 
-def source_key(source: str, arch: int = TARGET_ARCH) -> str:
-    h = hashlib.sha256(f"{source}\0{triton.__version__}\0{__version__}\0sm{arch}".encode()).hexdigest()
+def source_key(source: str, arch: Arch = SM90) -> str:
+    """The cache name of generated ``source`` for ``arch``: its hash with triton's and our version."""
+    h = hashlib.sha256(f"{source}\0{triton.__version__}\0{__version__}\0sm{arch.sm}".encode()).hexdigest()
     return h[:24]
 
 
@@ -45,7 +45,7 @@ _guard = threading.Lock()
 _private: str | None = None  # this process's own directory, used when the cache root is unusable
 
 
-def load_module(source: str) -> types.ModuleType:
+def load_module(source: str, arch: Arch = SM90) -> types.ModuleType:
     """Import generated Gluon ``source`` (its ``kernel`` is the entry point), once per process.
 
     The source is kept as ``autows_<key>.py`` under ``diskcache.root()`` (Gluon reads a kernel's source
@@ -54,7 +54,7 @@ def load_module(source: str) -> types.ModuleType:
     When the cache root is unusable the file goes to a private temporary directory instead. Safe to call
     from several threads and processes at once: one thread per key loads, files are replaced atomically,
     and only a module that loaded completely is remembered."""
-    key = source_key(source)
+    key = source_key(source, arch)
     mod = _modules.get(key)
     if mod is not None:
         return mod
@@ -163,31 +163,32 @@ def num_warps(program: Program) -> int:
 def launch_plan(program: Program):
     """(kernel, {tensor arg: (TMA block, shared layout)}, num_warps) for a partitioned Program: what a
     runtime needs to launch it, independent of the tensors' addresses."""
-    kernel = load_module(generate(program)).kernel
+    kernel = load_module(generate(program), program.arch).kernel
     descs = {name: (list(block), desc_layout(block, dtype)) for name, (block, dtype) in block_shapes(program).items()}
     return kernel, descs, num_warps(program)
 
 
-def compile_offline(program: Program, arch: int = TARGET_ARCH):
-    """Compile the Program's Gluon for sm_<arch>a without a GPU (ptxas ships with triton)."""
+def compile_offline(program: Program):
+    """Compile the Program's Gluon for its generation (sm_<arch.sm>a) without a GPU (ptxas ships with triton)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    mod = load_module(generate(program))
+    mod = load_module(generate(program), program.arch)
     src = GluonASTSource(mod.kernel, signature(program), {})
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps(program)})
+    target = GPUTarget("cuda", program.arch.sm, 32)
+    return triton.compile(src, target=target, options={"num_warps": num_warps(program)})
 
 
-def ptxas_info(ptx: str, arch: int = TARGET_ARCH) -> dict:
+def ptxas_info(ptx: str, arch: Arch = SM90) -> dict:
     """Registers and spills per ptxas -v on the PTX (the same ptxas triton uses)."""
     from triton.backends.nvidia.compiler import get_ptxas
 
-    ptxas = get_ptxas(arch).path
+    ptxas = get_ptxas(arch.sm).path
     with tempfile.TemporaryDirectory() as d:
         p = os.path.join(d, "k.ptx")
         with open(p, "w") as f:
             f.write(ptx)
-        r = subprocess.run([ptxas, "-v", f"--gpu-name=sm_{arch}a", p, "-o", os.path.join(d, "k.cubin")],
+        r = subprocess.run([ptxas, "-v", f"--gpu-name=sm_{arch.sm}a", p, "-o", os.path.join(d, "k.cubin")],
                            capture_output=True, text=True)
     log = r.stdout + r.stderr
     spill = [int(x) + int(y) for x, y in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)]
@@ -197,7 +198,7 @@ def ptxas_info(ptx: str, arch: int = TARGET_ARCH) -> dict:
 
 def summary(program: Program, kernel) -> dict:
     ptx = kernel.asm["ptx"]
-    info = ptxas_info(ptx)
+    info = ptxas_info(ptx, program.arch)
     return {
         "kernel": program.name,
         "partitions": [{"name": p.name, "warps": p.warps, "regs": p.regs} for p in program.partitions],
@@ -208,5 +209,5 @@ def summary(program: Program, kernel) -> dict:
         "maxnreg": int(m.group(1)) if (m := re.search(r"\.maxnreg (\d+)", ptx)) else None,
         "total_warps": kernel.metadata.num_warps,
         "spills": info["spills"],
-        "arch": f"sm_{TARGET_ARCH}a",
+        "arch": f"sm_{program.arch.sm}a",
     }

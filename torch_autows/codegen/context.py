@@ -1,6 +1,6 @@
 """What the Gluon emitters share: dtype names, index expressions, value names and the per-partition
-context, whose layout inference gives every register value a distributed layout (wgmma accumulator
-layouts for 2-D tiles, their slices for rows and columns)."""
+context, whose layout inference gives every register value a distributed layout (the generation's MMA
+accumulator layout for 2-D tiles, ``lowering.accumulator_layout``; its slices for rows and columns)."""
 from __future__ import annotations
 
 import ast
@@ -32,11 +32,13 @@ def v(name: str) -> str:
 
 
 class Ctx:
-    """What emitters need: the program, the partition being emitted, layouts and barrier groups."""
+    """What emitters need: the program, the partition being emitted, the generation's lowering module
+    (``codegen/sm90.py``: its emitters and accumulator layout), layouts and barrier groups."""
 
-    def __init__(self, program: Program, part):
+    def __init__(self, program: Program, part, lowering):
         self.program = program
         self.part = part
+        self.lowering = lowering
         self.groups = {g.name: g for g in program.groups}
         self.buffers = {b.name: b for b in program.buffers}
         self.stage_buf = {b.value: b for b in program.buffers if b.name.endswith("_stage")}
@@ -47,8 +49,7 @@ class Ctx:
 
     def _mma_layout(self, n: int) -> str:
         name = f"MMA_N{n}"
-        self.layout_defs[name] = (f"gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[{self.part.warps}, 1], "
-                                  f"instr_shape=[16, {min(n, 256)}, 16])")
+        self.layout_defs[name] = self.lowering.accumulator_layout(self.part.warps, n)
         return name
 
     def _slice(self, axis: int, parent: str) -> str:
@@ -57,7 +58,7 @@ class Ctx:
         return name
 
     def _assign_layouts(self):
-        """Register layouts: 2-D mma results and fresh tiles take the wgmma accumulator layout of their
+        """Register layouts: 2-D mma results and fresh tiles take the MMA accumulator layout of their
         width; reductions and expands move between a 2-D layout and its row/column slices; elementwise
         results follow their full-shaped operand; unknowns are filled from their users. Iterated to a
         fixpoint (loop-carried values tie inits, iter_args and results together)."""

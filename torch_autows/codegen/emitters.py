@@ -1,7 +1,11 @@
-"""Per-op Gluon emitters: ``EMITTERS[kind](ctx, op, indent) -> lines``, registered with ``@emitter``.
+"""Per-op Gluon emitters that any generation shares: ``EMITTERS[kind](ctx, op, indent) -> lines``,
+registered with ``@emitter``.
 
-Each emitted block is preceded by a comment holding the IR op and its partition (``emit_ops``), so a
-reader of the generated Gluon finds where every line came from.
+Elementwise math, reductions, masks, loops, register loads and stores, ring counters and slot
+indexing are plain Gluon and live here. What a GPU generation lowers its own way (the MMA, TMA
+copies, mbarrier waits and arrivals) lives in that generation's module (``codegen/sm90.py``), whose
+``EMITTERS`` ``emit_ops`` consults first. Each emitted block is preceded by a comment holding the IR
+op and its partition (``emit_ops``), so a reader of the generated Gluon finds where every line came from.
 """
 from __future__ import annotations
 
@@ -11,10 +15,12 @@ from .context import GL_DTYPE, Ctx, expr, v
 EMITTERS = {}
 
 
-def emitter(*kinds):
+def emitter(*kinds, table: dict | None = None):
+    """Register the decorated function as the emitter of ``kinds`` in ``table`` (default: the shared
+    ``EMITTERS``; a generation's module passes its own)."""
     def deco(fn):
         for k in kinds:
-            EMITTERS[k] = fn
+            (EMITTERS if table is None else table)[k] = fn
         return fn
     return deco
 
@@ -23,9 +29,10 @@ def emit_ops(ctx: Ctx, ops, indent: int) -> list[str]:
     lines = []
     pad = "    " * indent
     for o in ops:
-        fn = EMITTERS.get(o.kind)
+        fn = ctx.lowering.EMITTERS.get(o.kind) or EMITTERS.get(o.kind)
         if fn is None:
-            raise NotImplementedError(f"codegen: no Gluon emitter for op kind {o.kind!r}")
+            raise NotImplementedError(f"codegen: no Gluon emitter for op kind {o.kind!r} on {ctx.program.arch.name}; "
+                                      f"add one to codegen/emitters.py or codegen/{ctx.program.arch.name}.py")
         head = format_op(o)[0].strip()
         if o.kind not in ("yield",):
             lines.append(f"{pad}# {head}  <{ctx.part.name}>")
@@ -144,32 +151,9 @@ def _store_vec(ctx, o, indent):
             f"mask={n}_i < {expr(o.attr('valid'))})"]
 
 
-@emitter("acquire")
-def _acquire(ctx, o, indent):
-    g = ctx.groups[o.attr("group")]
-    return [f"{g.name}_s = {g.name}_n % {g.count}",
-            f"mbarrier.wait({g.name}_empty.index({g.name}_s), (({g.name}_n // {g.count}) & 1) ^ 1)",
-            f"mbarrier.expect({g.name}_ready.index({g.name}_s), {g.nbytes})"]
-
-
-@emitter("load")
-def _load(ctx, o, indent):
-    g = o.attr("group")
-    coords = ", ".join(expr(c) for c in o.attr("coords"))
-    return [f"tma.async_copy_global_to_shared({o.attr('arg')}_desc, [{coords}], {g}_ready.index({g}_s), "
-            f"{o.attr('buffer')}.index({g}_s))"]
-
-
 @emitter("advance")
 def _advance(ctx, o, indent):
     return [f"{o.attr('group')}_n += 1"]
-
-
-@emitter("wait_ready")
-def _wait_ready(ctx, o, indent):
-    g = ctx.groups[o.attr("group")]
-    return [f"{g.name}_s = {g.name}_n % {g.count}",
-            f"mbarrier.wait({g.name}_ready.index({g.name}_s), ({g.name}_n // {g.count}) & 1)"]
 
 
 def _ago(g, lag: int) -> str:
@@ -185,74 +169,9 @@ def _get(ctx, o, indent):
     return [f"{v(o.results[0].name)} = {o.attr('buffer')}.index({o.attr('group')}_s)"]
 
 
-def _trip_from_start(ctx) -> str:
-    loop = ctx.loop_stack[-1]
-    return f"({loop.attr('var')} - {expr(loop.attr('lb'))})"
-
-
-@emitter("release")
-def _release(ctx, o, indent):
-    g = ctx.groups[o.attr("group")]
-    lag = o.attr("lag", 0)
-    if lag == 0:
-        return [f"mbarrier.arrive({g.name}_empty.index({g.name}_s))"]
-    if o.attr("guard", True) is False:  # the slot of ``lag`` steps ago is always filled here
-        return [f"mbarrier.arrive({g.name}_empty.index({_ago(g, lag)}))"]
-    return [f"mbarrier.arrive({g.name}_empty.index({_ago(g, lag)}), pred={_trip_from_start(ctx)} >= {lag})"]
-
-
-@emitter("release_tail")
-def _release_tail(ctx, o, indent):
-    g = ctx.groups[o.attr("group")]
-    out = []
-    for j in range(1, o.attr("lag") + 1):
-        out.append(f"mbarrier.arrive({g.name}_empty.index({_ago(g, j)}), pred=_trip >= {j})")
-    return out
-
-
-@emitter("turn_wait")
-def _turn_wait(ctx, o, indent):
-    # partition ``me`` issues its k-th mma group after partition me-1 issued its k-th (partition 0: after the
-    # last partition's (k-1)-th; a fresh barrier passes the parity-1 wait, so partition 0 starts)
-    first = " ^ 1" if o.attr("me") == 0 else ""
-    return [f"mbarrier.wait(turn_bar.index({o.attr('me')}), (turn_n & 1){first})"]
-
-
-@emitter("turn_pass")
-def _turn_pass(ctx, o, indent):
-    return [f"mbarrier.arrive(turn_bar.index({o.attr('to')}))", "turn_n += 1"]
-
-
 @emitter("trans")
 def _trans(ctx, o, indent):
     return [f"{v(o.results[0].name)} = {v(o.operands[0])}.permute((1, 0))"]
-
-
-@emitter("mma")
-def _mma(ctx, o, indent):
-    res = o.results[0]
-    L = ctx.layouts[res.name]
-    a, b = o.operands[:2]
-    a_src = v(a)
-    if a in ctx.layouts:  # A from registers: wgmma takes it in the dot-operand layout of the accumulator
-        a_src = f"gl.convert_layout({v(a)}, gl.DotOperandLayout(operand_index=0, parent={L}, k_width=2))"
-    r = v(res.name)
-    if len(o.operands) == 3:
-        call = f"warpgroup_mma({a_src}, {v(b)}, {_as(ctx, o.operands[2], L)}, is_async=True)"
-    else:
-        call = (f"warpgroup_mma({a_src}, {v(b)}, gl.zeros({list(res.type.shape)}, gl.float32, {L}), "
-                f"use_acc=False, is_async=True)")
-    if o.attr("wait", True) is False:  # issued only: a later mma_wait retires it
-        return [f"{r} = {call}"]
-    return [f"{r} = {call}", f"{r} = warpgroup_mma_wait(num_outstanding={o.attr('pending', 0)}, deps=({r},))"]
-
-
-@emitter("mma_wait")
-def _mma_wait(ctx, o, indent):
-    # operands after the first are register operands of the mma, kept alive (unmodified) until it retires
-    deps = ", ".join(v(x) for x in o.operands) + ("," if len(o.operands) == 1 else "")
-    lhs = v(o.results[0].name) + (", " + ", ".join("_" for _ in o.operands[1:]) if len(o.operands) > 1 else "")
-    return [f"{lhs} = warpgroup_mma_wait(num_outstanding={o.attr('pending', 0)}, deps=({deps}))"]
 
 
 @emitter("load_vec")
@@ -302,29 +221,6 @@ def _where(ctx, o, indent):  # as interp: a nonzero condition keeps a; b takes a
 @emitter("cast")
 def _cast(ctx, o, indent):
     return [f"{v(o.results[0].name)} = {v(o.operands[0])}.to({GL_DTYPE[o.results[0].type.dtype]})"]
-
-
-@emitter("store")
-def _store(ctx, o, indent):
-    b = ctx.stage_buf[o.operands[0]]
-    coords = ", ".join(expr(c) for c in o.attr("coords"))
-    if b.count == 1:
-        wait = "tma.store_wait(0)  # the previous TMA store out of this staging tile has finished reading it"
-        buf, step = b.name, []
-    else:
-        # TMA store groups are counted per issuing thread: this holds while the partition issues one store
-        # per tile (checked here), so ``count - 1`` groups left in flight means slot n % count is free
-        if sum(x.kind == "store" for x in walk(ctx.part.body)) != 1:
-            raise ValueError(f"codegen: {b.name} has {b.count} copies but partition {ctx.part.name} issues several "
-                             f"TMA stores; use store_buffers=1")
-        wait = (f"tma.store_wait({b.count - 1})  # at most {b.count - 1} stores in flight: "
-                f"slot {b.name}_n % {b.count} is free")
-        buf, step = f"{b.name}.index({b.name}_n % {b.count})", [f"{b.name}_n += 1"]
-    lines = [wait, f"{buf}.store({v(o.operands[0])})", "fence_async_shared()",
-             f"tma.async_copy_shared_to_global({o.attr('arg')}_desc, [{coords}], {buf})", *step]
-    if o.attr("pred"):  # after a split_reduce: only the CTA that summed the parts stores the tile
-        return [f"if {v(o.attr('pred'))}_last:"] + ["    " + ln for ln in lines]
-    return lines
 
 
 @emitter("split_reduce")

@@ -1,4 +1,4 @@
-"""Gluon code generator: a partitioned Program -> warp-specialized Gluon source for sm_90.
+"""Gluon code generator: a partitioned Program -> warp-specialized Gluon source for its GPU generation.
 
 Input: a Program after code_partition (partitions with bodies, buffers with counts/offsets, barrier
 groups). Output: Python source of a module with one ``@gluon.jit`` function per partition and a
@@ -6,8 +6,11 @@ groups). Output: Python source of a module with one ``@gluon.jit`` function per 
 ``gl.warp_specialize`` (first consumer as the default partition, other consumers and the producer as
 workers with their warps and registers).
 
-Every op is emitted by the function registered for its kind in ``EMITTERS``; each emitted block
-starts with a comment holding the IR op and its partition, so a reader of the Gluon finds its origin.
+``LOWERINGS`` maps ``program.arch.name`` to the generation's lowering module (``sm90``: wgmma, TMA,
+mbarriers; its imports head the generated module). Every op is emitted by the function registered for
+its kind in that module's ``EMITTERS``, else in the shared ``emitters.EMITTERS`` (``emitters_for``);
+each emitted block starts with a comment holding the IR op and its partition, so a reader of the Gluon
+finds its origin.
 Per partition and barrier group a counter ``<g>_n`` walks the ring: slot ``n % count``, phase
 ``(n // count) & 1`` (the producer waits for ``empty`` with the opposite phase: a fresh barrier
 counts as released).
@@ -15,10 +18,29 @@ counts as released).
 from __future__ import annotations
 
 from ..ir import Program, TileType, walk
+from . import sm90
 from .context import GL_DTYPE, Ctx, expr
 from .emitters import EMITTERS, emit_ops
 
-__all__ = ["EMITTERS", "GL_DTYPE", "block_shapes", "generate"]
+__all__ = ["GL_DTYPE", "LOWERINGS", "block_shapes", "emitters_for", "generate", "lowering"]
+
+#: ``Arch.name`` -> the module that lowers its generation-specific ops (``IMPORTS``, ``accumulator_layout``,
+#: ``EMITTERS``); a new generation adds its module beside ``sm90.py`` and an entry here.
+LOWERINGS = {"sm90": sm90}
+
+
+def lowering(program: Program):
+    """The lowering module of the program's GPU generation."""
+    mod = LOWERINGS.get(program.arch.name)
+    if mod is None:
+        raise ValueError(f"codegen: no Gluon lowering for arch {program.arch.name!r} (have {sorted(LOWERINGS)}); "
+                         f"add codegen/{program.arch.name}.py and list it in codegen.gluon.LOWERINGS")
+    return mod
+
+
+def emitters_for(arch_name: str) -> dict:
+    """Op kind -> emitter as codegen uses them for ``arch_name``: the generation's own over the shared ones."""
+    return {**EMITTERS, **LOWERINGS[arch_name].EMITTERS}
 
 
 def _params(program: Program) -> list[str]:
@@ -65,7 +87,7 @@ def _tile_lines(program: Program) -> list[str]:
 
 
 def _partition_fn(program: Program, part) -> list[str]:
-    ctx = Ctx(program, part)
+    ctx = Ctx(program, part, lowering(program))
     params = _params(program) + _shared_params(program)
     groups = sorted({o.attr("group") for o in walk(part.body) if o.attr("group")})
     has_store = any(o.kind == "store" for o in walk(part.body))
@@ -144,9 +166,7 @@ Partitions: {parts}. SMEM plan: {smem} bytes.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                             warpgroup_mma_wait)
-'''
+{imports}'''
 
 
 def generate(program: Program) -> str:
@@ -156,7 +176,7 @@ def generate(program: Program) -> str:
     if not program.name.isidentifier() or program.name in {p.name for p in program.partitions}:
         raise ValueError(f"codegen: program name {program.name!r} must be an identifier unlike its partitions'")
     parts = ", ".join(f"{p.name} ({p.warps} warps, {p.regs} regs)" for p in program.partitions)
-    out = [HEADER.format(name=program.name, parts=parts, smem=program.smem_bytes)]
+    out = [HEADER.format(name=program.name, parts=parts, smem=program.smem_bytes, imports=lowering(program).IMPORTS)]
     for p in program.partitions:
         out += ["", ""] + _partition_fn(program, p)
     out += ["", ""] + _kernel_fn(program)

@@ -9,9 +9,9 @@ options hold our passes (``inductor_options()``):
 
 Each chains the pass the user had set in that option (run first; a 2.13 list is kept as a list) and
 its ``uuid()`` hashes our ``__version__``, every source file of the package and ``config.snapshot()``
-(plus the chained passes' uuids), so FX-graph and AOTAutograd cache entries of autows and plain
-Inductor compiles never mix. A chained pass without a uuid makes ours None: Inductor then bypasses
-the cache, as it would for that pass alone.
+(and the tests' ``support._pretend_target``; plus the chained passes' uuids), so FX-graph and
+AOTAutograd cache entries of autows and plain Inductor compiles never mix. A chained pass without a
+uuid makes ours None: Inductor then bypasses the cache, as it would for that pass alone.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from .. import config
 from .._version import __version__
+from . import support
 
 
 def hash_tree(root: Path) -> str:
@@ -48,6 +49,8 @@ def autows_uuid() -> str:
     h = hashlib.sha256()
     h.update(f"torch_autows {__version__}\n{source_hash()}\n".encode())
     h.update(repr(sorted(config.snapshot().items())).encode())
+    if support._pretend_target:  # tests: rewrites that a real compile on this machine would not make
+        h.update(b"pretend_target\n")
     return h.hexdigest()
 
 

@@ -21,8 +21,8 @@ matmul(., v)`` with the scale on the scores, on q or on k (Inductor's fuse_atten
 dropout, incl. Hugging Face's ``k.transpose(2, 3)`` and ``/ math.sqrt(d)``). A mask (SDPA's ``attn_mask``, or
 ``+ mask`` / ``masked_fill`` / ``where`` before the softmax) is accepted only when masks.py proves it is the
 causal mask (Hugging Face materialises one under torch.compile); the site then runs with ``is_causal``.
-A site is rewritten only where ``support.attention_reason`` is None (CUDA sm_90 or ``config.pretend_sm90``);
-otherwise it stays as it is and the reason is logged once.
+A site is rewritten only where ``support.attention_reason`` is None (CUDA sm_90, or in tests
+``support._pretend_target``); otherwise it stays as it is and the reason is logged once.
 """
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ take are left to Inductor's default path and the reason is logged once per disti
 The checks see fake tensors (Dynamo's ``example_value``, AOT's ``val``) or Inductor IR nodes, never
 real data. Symbolic sizes are replaced by their hints: a generated kernel is specialised per shape at
 run time, and a shape it cannot serve there still falls back inside the op, so deciding on the hint
-is safe. ``config.pretend_sm90`` (tests only) makes CPU-traced graphs count as sm_90 targets; the
-ops then still check the real device at run time and fall back.
+is safe. ``_pretend_target`` (tests only) makes CPU-traced graphs count as sm_90 targets; the ops then
+still check the real device at run time and fall back.
 """
 from __future__ import annotations
 
@@ -23,6 +23,12 @@ from .. import config
 from ..diagnostics import sites
 
 log = logging.getLogger("torch_autows")
+
+#: Test-only, never set by the package: CPU-traced graphs count as sm_90 targets and the runtime's support
+#: checks are asked without their device check, so the FX rewrites fire on a machine without the GPU (the
+#: ops still check the real device at run time and fall back). Set by test/inductor/conftest.py's
+#: ``pretend`` fixture and test/distributed/_worker.py; part of the Inductor cache key (graph_passes).
+_pretend_target: bool = False
 
 #: Compile-time site counts: "<op>.rewritten", "<op>.left" (left to Inductor), "gemm.choice" (offered to autotune).
 #: They and the log-once are ``torch_autows.diagnostics.sites``: ``site_counters`` and ``_logged`` are its
@@ -53,16 +59,16 @@ def _capability(index: int | None) -> tuple[int, int] | None:
 
 
 def device_reason(device: torch.device) -> str | None:
-    """None when ``device`` is a CUDA sm_90 GPU (or ``config.pretend_sm90`` is set)."""
+    """None when ``device`` is a CUDA sm_90 GPU (or, in tests, ``_pretend_target`` is set)."""
     device = torch.device(device)
     if device.type == "cuda" and torch.version.hip is None:
         cap = _capability(device.index)
-        if cap == (9, 0) or config.pretend_sm90:
+        if cap == (9, 0) or _pretend_target:
             return None
         if cap is None:
             return "CUDA is not available in this process; autows kernels need a CUDA sm_90 GPU"
         return (f"{device} is sm_{cap[0]}{cap[1]}; autows generates kernels for sm_90 (Hopper) only")
-    if config.pretend_sm90:
+    if _pretend_target:
         return None
     return f"tensors on {device.type}; autows kernels need a CUDA sm_90 GPU (Hopper)"
 
@@ -113,7 +119,7 @@ def concrete(t: torch.Tensor | None) -> torch.Tensor | None:
     if t is None:
         return None
     symbolic = any(not isinstance(s, int) for s in (*t.shape, *t.stride()))
-    pretend = t.device.type != "cuda" and config.pretend_sm90
+    pretend = t.device.type != "cuda" and _pretend_target
     if not symbolic and not pretend:
         return t
     device = torch.device("cuda", 0) if pretend else t.device
@@ -134,7 +140,7 @@ def _runtime_reason(name: str, *args) -> str | None:
     if rt is None:
         return _MISSING[name]
     try:
-        r = rt.support_reason(*args, check_device=not config.pretend_sm90)
+        r = rt.support_reason(*args, check_device=not _pretend_target)
     except Exception as e:  # a support check must never break compilation
         return f"runtime support check raised {type(e).__name__}: {e}"
     return None if r is None else str(r)

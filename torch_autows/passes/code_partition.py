@@ -356,7 +356,7 @@ def _ping_pong(program: Program) -> Program:
     parts = tuple(replace(p, body=_take_turns(p.body, idx[p.name], n)) if p.name in idx else p
                   for p in program.partitions)
     smem = (program.smem_bytes or 0) + 8 * n
-    if smem > program.options.smem_limit:
+    if smem > program.arch.smem_limit:
         raise PassError(f"code_partition: {n} ping-pong turn barriers do not fit ({smem} B of SMEM)")
     note = f"code_partition: ping-pong: {', '.join(p.name for p in compute)} take turns issuing wgmma"
     return replace(program, partitions=parts, smem_bytes=smem, notes=program.notes + (note,))

@@ -15,7 +15,7 @@ the next tile is staged); in a persistent kernel a channel filled once per tile 
 ``options.tile_buffers`` copies (with 2, the producer loads the next tile's Q, then its K/V, while
 this tile still computes); two buffers share bytes only if their lifetimes cannot overlap, and then at
 the same offset (the later one is a reinterpretation of the earlier);
-``Program.smem_bytes`` (buffers + mbarriers) <= ``options.smem_limit`` (227 KB on sm_90), lowering
+``Program.smem_bytes`` (buffers + mbarriers) <= ``arch.smem_limit`` (227 KB on sm_90), lowering
 the ring depth until it fits, then the per-tile copies, then the staging copies (each time the ring
 depth again from the top), else PassError.
 
@@ -139,6 +139,7 @@ def plan(program: Program, depth: int, store_copies: int, tile_copies: int = 1, 
 
 def run(program: Program, options=None) -> Program:
     opts = options or program.options
+    limit = program.arch.smem_limit
     held = slots_held(program)
     lowest = max(held.values(), default=0) + 1
     for copies in range(max(opts.store_buffers, 1), 0, -1):
@@ -146,7 +147,7 @@ def run(program: Program, options=None) -> Program:
             depths = range(max(opts.stages, lowest), lowest - 1, -1)
             for depth, split in ((d, s) for d in depths for s in (False, True)):  # shared first, then split
                 bufs, total = plan(program, depth, copies, tiles, split)
-                if total > opts.smem_limit:
+                if total > limit:
                     continue
                 notes = program.notes
                 ring_bufs = [b for b in bufs if b.name in held]
@@ -154,11 +155,11 @@ def run(program: Program, options=None) -> Program:
                     rings = ", ".join(f"{b.name} {b.count}" for b in ring_bufs)
                     notes += (f"memory_plan: rings held fewer steps made shallower ({rings}) to fit",)
                 if depth < opts.stages:
-                    notes += (f"memory_plan: ring depth {opts.stages} -> {depth} to fit {opts.smem_limit} B of SMEM",)
+                    notes += (f"memory_plan: ring depth {opts.stages} -> {depth} to fit {limit} B of SMEM",)
                 if copies < opts.store_buffers:
                     notes += (f"memory_plan: store staging copies {opts.store_buffers} -> {copies} to fit",)
                 if tiles < opts.tile_buffers:
                     notes += (f"memory_plan: per-tile channel copies {opts.tile_buffers} -> {tiles} to fit",)
                 return replace(program, buffers=tuple(bufs), smem_bytes=total, notes=notes)
     raise PassError(f"memory_plan: {total} B of SMEM at the smallest safe ring depth {lowest} exceeds "
-                    f"{opts.smem_limit} B; use smaller block sizes")
+                    f"{limit} B; use smaller block sizes")

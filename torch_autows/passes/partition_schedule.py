@@ -3,10 +3,11 @@
 Assumes: data_partition ran (chains set; only TMA ``load``s are shared, with ``chain=None``).
 Guarantees: every non-container op (not ``loop``/``yield``) has ``partition``; ``Program.partitions``
 lists them, first the consumer of chain 0 (it becomes Gluon's default partition), then the other
-consumers, then the producer; each consumer has 4 warps per 64 rows of its chain (one warpgroup
-per wgmma M=64 slice); the producer has ``options.producer_warps`` warps with
-``options.producer_regs`` registers; the register file (``options.regs_per_sm``) holds all of them
-with consumers at the most registers a multiple of 8 allows (setmaxnreg granularity, max 256).
+consumers, then the producer; each consumer has 4 warps per ``arch.mma_rows`` rows of its chain (one
+warpgroup per MMA slice: wgmma's M=64 on sm_90); the producer has ``options.producer_warps`` warps with
+``options.producer_regs`` registers; the register file (``arch.regs_per_sm``) holds all of them with
+consumers at the most registers a multiple of ``arch.reg_granularity`` allows (setmaxnreg granularity, at
+most ``arch.max_regs_per_thread``).
 
 Roles: ``producer`` issues every TMA load (they need no registers beyond addresses); ``consumer<c>``
 runs chain c's wgmma, math and epilogue (the TMA store is issued from its own SMEM staging tile,
@@ -44,19 +45,20 @@ def run(program: Program, options=None) -> Program:
         return replace(o, partition=f"consumer{o.chain}")
 
     body = map_ops(program.body, assign)
+    arch = program.arch
     chains = sorted({o.chain for o in walk(body) if o.chain is not None})
     consumers = []
     for c in chains:
         rows = _rows(program, c)
-        if rows % 64:
-            raise PassError(f"partition_schedule: chain {c} has {rows} rows; wgmma needs multiples of 64 per "
-                            f"warpgroup: raise block_m or lower data_partition")
-        consumers.append((f"consumer{c}", 4 * (rows // 64)))
+        if rows % arch.mma_rows:
+            raise PassError(f"partition_schedule: chain {c} has {rows} rows; {arch.mma} needs multiples of "
+                            f"{arch.mma_rows} per warpgroup: raise block_m or lower data_partition")
+        consumers.append((f"consumer{c}", 4 * (rows // arch.mma_rows)))
     prod_warps = opts.producer_warps
     prod_group_regs = opts.producer_regs * 32 * 4  # a worker is padded to a full warpgroup
     cons_threads = 32 * sum(w for _, w in consumers)
-    regs = (opts.regs_per_sm - prod_group_regs) // cons_threads // 8 * 8
-    regs = min(regs, 256)
+    regs = (arch.regs_per_sm - prod_group_regs) // cons_threads // arch.reg_granularity * arch.reg_granularity
+    regs = min(regs, arch.max_regs_per_thread)
     if regs < 64:
         raise PassError(f"partition_schedule: {regs} registers per consumer thread is too few; lower block sizes")
     parts = [Partition(n, w, regs) for n, w in consumers] + [Partition("producer", prod_warps, opts.producer_regs)]

@@ -1,0 +1,148 @@
+"""Hopper (sm_90) lowering: the emitters and Gluon names that are Hopper's own.
+
+codegen picks this module for ``program.arch.name == "sm90"`` (``codegen.gluon.LOWERINGS``). It gives:
+
+* ``IMPORTS``: the generated module's imports from ``gluon.language.nvidia.hopper`` (``mbarrier``,
+  ``tma`` and ``fence_async_shared`` are also used by the kernel prologue in ``codegen/gluon.py``);
+* ``accumulator_layout(warps, n)``: the register layout of an n-wide MMA result (wgmma's
+  ``NVMMADistributedLayout`` v3); reductions and broadcasts slice it (``codegen/context.py``);
+* ``EMITTERS``: asynchronous wgmma (``mma``, ``mma_wait``), TMA copies (``load``, ``store``) and the
+  mbarrier ring protocol (``acquire``, ``wait_ready``, ``release``, ``release_tail``, the ping-pong
+  ``turn_wait``/``turn_pass``). Every other kind uses the shared emitters of ``codegen/emitters.py``.
+
+A new generation (``codegen/sm100.py``) provides the same three names.
+"""
+from __future__ import annotations
+
+from ..ir import walk
+from .context import expr, v
+from .emitters import _ago, _as, emitter
+
+IMPORTS = ("from triton.experimental.gluon.language.nvidia.hopper import ("
+           "fence_async_shared, mbarrier, tma, warpgroup_mma,\n"
+           "                                                             warpgroup_mma_wait)\n")
+
+EMITTERS: dict = {}
+
+
+def accumulator_layout(warps: int, n: int) -> str:
+    """The wgmma accumulator layout of an ``n``-wide result over ``warps`` warps (Gluon source)."""
+    return (f"gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[{warps}, 1], "
+            f"instr_shape=[16, {min(n, 256)}, 16])")
+
+
+def _sm90(*kinds):
+    return emitter(*kinds, table=EMITTERS)
+
+
+@_sm90("acquire")
+def _acquire(ctx, o, indent):
+    g = ctx.groups[o.attr("group")]
+    return [f"{g.name}_s = {g.name}_n % {g.count}",
+            f"mbarrier.wait({g.name}_empty.index({g.name}_s), (({g.name}_n // {g.count}) & 1) ^ 1)",
+            f"mbarrier.expect({g.name}_ready.index({g.name}_s), {g.nbytes})"]
+
+
+@_sm90("load")
+def _load(ctx, o, indent):
+    g = o.attr("group")
+    coords = ", ".join(expr(c) for c in o.attr("coords"))
+    return [f"tma.async_copy_global_to_shared({o.attr('arg')}_desc, [{coords}], {g}_ready.index({g}_s), "
+            f"{o.attr('buffer')}.index({g}_s))"]
+
+
+@_sm90("wait_ready")
+def _wait_ready(ctx, o, indent):
+    g = ctx.groups[o.attr("group")]
+    return [f"{g.name}_s = {g.name}_n % {g.count}",
+            f"mbarrier.wait({g.name}_ready.index({g.name}_s), ({g.name}_n // {g.count}) & 1)"]
+
+
+def _trip_from_start(ctx) -> str:
+    loop = ctx.loop_stack[-1]
+    return f"({loop.attr('var')} - {expr(loop.attr('lb'))})"
+
+
+@_sm90("release")
+def _release(ctx, o, indent):
+    g = ctx.groups[o.attr("group")]
+    lag = o.attr("lag", 0)
+    if lag == 0:
+        return [f"mbarrier.arrive({g.name}_empty.index({g.name}_s))"]
+    if o.attr("guard", True) is False:  # the slot of ``lag`` steps ago is always filled here
+        return [f"mbarrier.arrive({g.name}_empty.index({_ago(g, lag)}))"]
+    return [f"mbarrier.arrive({g.name}_empty.index({_ago(g, lag)}), pred={_trip_from_start(ctx)} >= {lag})"]
+
+
+@_sm90("release_tail")
+def _release_tail(ctx, o, indent):
+    g = ctx.groups[o.attr("group")]
+    out = []
+    for j in range(1, o.attr("lag") + 1):
+        out.append(f"mbarrier.arrive({g.name}_empty.index({_ago(g, j)}), pred=_trip >= {j})")
+    return out
+
+
+@_sm90("turn_wait")
+def _turn_wait(ctx, o, indent):
+    # partition ``me`` issues its k-th mma group after partition me-1 issued its k-th (partition 0: after the
+    # last partition's (k-1)-th; a fresh barrier passes the parity-1 wait, so partition 0 starts)
+    first = " ^ 1" if o.attr("me") == 0 else ""
+    return [f"mbarrier.wait(turn_bar.index({o.attr('me')}), (turn_n & 1){first})"]
+
+
+@_sm90("turn_pass")
+def _turn_pass(ctx, o, indent):
+    return [f"mbarrier.arrive(turn_bar.index({o.attr('to')}))", "turn_n += 1"]
+
+
+@_sm90("mma")
+def _mma(ctx, o, indent):
+    res = o.results[0]
+    L = ctx.layouts[res.name]
+    a, b = o.operands[:2]
+    a_src = v(a)
+    if a in ctx.layouts:  # A from registers: wgmma takes it in the dot-operand layout of the accumulator
+        a_src = f"gl.convert_layout({v(a)}, gl.DotOperandLayout(operand_index=0, parent={L}, k_width=2))"
+    r = v(res.name)
+    if len(o.operands) == 3:
+        call = f"warpgroup_mma({a_src}, {v(b)}, {_as(ctx, o.operands[2], L)}, is_async=True)"
+    else:
+        call = (f"warpgroup_mma({a_src}, {v(b)}, gl.zeros({list(res.type.shape)}, gl.float32, {L}), "
+                f"use_acc=False, is_async=True)")
+    if o.attr("wait", True) is False:  # issued only: a later mma_wait retires it
+        return [f"{r} = {call}"]
+    return [f"{r} = {call}", f"{r} = warpgroup_mma_wait(num_outstanding={o.attr('pending', 0)}, deps=({r},))"]
+
+
+@_sm90("mma_wait")
+def _mma_wait(ctx, o, indent):
+    # operands after the first are register operands of the mma, kept alive (unmodified) until it retires
+    deps = ", ".join(v(x) for x in o.operands) + ("," if len(o.operands) == 1 else "")
+    lhs = v(o.results[0].name) + (", " + ", ".join("_" for _ in o.operands[1:]) if len(o.operands) > 1 else "")
+    return [f"{lhs} = warpgroup_mma_wait(num_outstanding={o.attr('pending', 0)}, deps=({deps}))"]
+
+
+@_sm90("store")
+def _store(ctx, o, indent):
+    b = ctx.stage_buf[o.operands[0]]
+    coords = ", ".join(expr(c) for c in o.attr("coords"))
+    if b.count == 1:
+        wait = "tma.store_wait(0)  # the previous TMA store out of this staging tile has finished reading it"
+        buf, step = b.name, []
+    else:
+        # TMA store groups are counted per issuing thread: this holds while the partition issues one store
+        # per tile (checked here), so ``count - 1`` groups left in flight means slot n % count is free
+        if sum(x.kind == "store" for x in walk(ctx.part.body)) != 1:
+            raise ValueError(f"codegen: {b.name} has {b.count} copies but partition {ctx.part.name} issues several "
+                             f"TMA stores; use store_buffers=1")
+        wait = (f"tma.store_wait({b.count - 1})  # at most {b.count - 1} stores in flight: "
+                f"slot {b.name}_n % {b.count} is free")
+        buf, step = f"{b.name}.index({b.name}_n % {b.count})", [f"{b.name}_n += 1"]
+    lines = [wait, f"{buf}.store({v(o.operands[0])})", "fence_async_shared()",
+             f"tma.async_copy_shared_to_global({o.attr('arg')}_desc, [{coords}], {buf})", *step]
+    if o.attr("pred"):  # after a split_reduce: only the CTA that summed the parts stores the tile
+        return [f"if {v(o.attr('pred'))}_last:"] + ["    " + ln for ln in lines]
+    return lines
+
+
