@@ -140,3 +140,10 @@ def test_support_reasons():
                                                        check_device=False)
     cpu = torch.empty(8, 8, dtype=torch.bfloat16)
     assert "cpu" in rt.support_reason(cpu, cpu, cpu)
+
+
+def test_request_keeps_the_dtype_and_size_checks():
+    with pytest.raises(ValueError, match="bf16 or fp16"):
+        GemmRequest(1, 1, 1, dtype="f32", epilogue="swiglu")
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        GemmRequest(1, 0, 1, epilogue="swiglu")

@@ -41,17 +41,17 @@ class GemmRequest:
         if self.epilogue == "swiglu" and (self.bias or self.batch > 1):
             raise ValueError("gemm template: the swiglu epilogue takes no bias and batch=1; apply a bias to each "
                              "projection outside, or loop over the batch")
+        if self.dtype not in ("bf16", "fp16"):
+            raise ValueError(f"gemm template: dtype {self.dtype!r} not served; use bf16 or fp16")
+        for d in ("m", "n", "k", "batch"):
+            if getattr(self, d) < 1:
+                raise ValueError(f"gemm template: {d} must be >= 1")
 
     def __repr__(self) -> str:
         # the dataclass form, with the epilogue only where it is not "none" (names built from it stay as they were)
         fields = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
                   if f.name != "epilogue" or self.epilogue != "none"]
         return f"GemmRequest({', '.join(fields)})"
-        if self.dtype not in ("bf16", "fp16"):
-            raise ValueError(f"gemm template: dtype {self.dtype!r} not served; use bf16 or fp16")
-        for d in ("m", "n", "k", "batch"):
-            if getattr(self, d) < 1:
-                raise ValueError(f"gemm template: {d} must be >= 1")
 
 
 def build(req: GemmRequest, opts: Options) -> Program:
