@@ -57,8 +57,9 @@ OPS: dict[str, OpKind] = _kinds(
     OpKind("load", _NONE, _ONE, axes="source", latency=1),
     OpKind("load_vec", _NONE, _ONE, axes="source"),
     OpKind("store", _UNARY, _NONE, output=True, blocking=True),
-    # made by passes/split_k: a partial accumulator tile in, the sum of the split's parts out (in the last CTA)
-    OpKind("split_reduce", _UNARY, _ONE, axes="elementwise", row_attrs=(("rows_valid", "bound"),)),
+    # made by passes/split_k: the partial accumulator tiles in, the sums of the split's parts out (in the last
+    # CTA), one result per operand
+    OpKind("split_reduce", (1, None), (1, None), axes="elementwise", row_attrs=(("rows_valid", "bound"),)),
     OpKind("store_ptr", _UNARY, _NONE, output=True, row_attrs=(("row", "offset"), ("rows_valid", "bound"))),
     OpKind("store_vec", _UNARY, _NONE, output=True, row_attrs=(("offset", "offset"), ("valid", "bound"))),
     # math
@@ -77,6 +78,7 @@ OPS: dict[str, OpKind] = _kinds(
     OpKind("lse", _BIN, _ONE, axes="elementwise"),
     OpKind("cast", _UNARY, _ONE, axes="elementwise"),
     OpKind("exp2", _UNARY, _ONE, axes="elementwise"),
+    OpKind("silu", _UNARY, _ONE, axes="elementwise"),  # x * sigmoid(x), fp32 (the swiglu epilogue)
     OpKind("mulc", _UNARY, _ONE, axes="elementwise"),
     OpKind("fin0", _UNARY, _ONE, axes="elementwise"),
     OpKind("mask", _UNARY, _ONE, axes="elementwise", row_attrs=(("row", "offset"),)),

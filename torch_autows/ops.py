@@ -2,6 +2,7 @@
 
     gemm(a, b, bias=None, out_dtype=None)           a @ b (+ bias), a [M, K], b [K, N], bias [N]
     bmm(a, b, out_dtype=None)                       batched a @ b, a [B, M, K], b [B, K, N]
+    gemm_swiglu(a, w_gate, w_up, out_dtype=None)    silu(a @ w_gate) * (a @ w_up), weights [K, N], one kernel
     attention(q, k, v, *, is_causal, scale, enable_gqa) -> (out, lse)
 
 Invalid arguments raise ``TypeError``/``ValueError``. Valid calls the generated kernels cannot serve
@@ -178,6 +179,62 @@ def bmm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None) 
     return run_gemm(a, b, None, out_dtype or a.dtype)
 
 
+def check_gemm_swiglu(a, w_gate, w_up, out_dtype=None, dtypes=_FLOAT_DTYPES) -> None:
+    """Raise TypeError/ValueError unless ``gemm_swiglu(a [M, K], w_gate [K, N], w_up [K, N])`` is a valid call
+    (shapes, dtypes and devices only: works on fake tensors)."""
+    _check_tensor("a", a, 2, dtypes)
+    _check_tensor("w_gate", w_gate, 2, dtypes)
+    _check_tensor("w_up", w_up, 2, dtypes)
+    _check_out_dtype(out_dtype, dtypes)
+    if w_gate.shape != w_up.shape:
+        raise ValueError(f"gemm_swiglu: w_gate is {tuple(w_gate.shape)} and w_up is {tuple(w_up.shape)}; both must "
+                         f"be [K, N]")
+    if a.shape[1] != w_gate.shape[0]:
+        raise ValueError(f"gemm_swiglu: a is {tuple(a.shape)} and the weights {tuple(w_gate.shape)}; a.shape[1] "
+                         f"must equal the weights' shape[0] (for nn.Linear weights [N, K], pass w.t())")
+    _check_same_device_dtype(("a", a), ("w_gate", w_gate), ("w_up", w_up))
+
+
+def gemm_swiglu(a: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
+                out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``silu(a @ w_gate) * (a @ w_up)`` (the Llama MLP's gate and up projections and their product) in one
+    kernel: a [M, K], w_gate and w_up [K, N] (row-major, or both transposed views such as nn.Linear's
+    ``weight.t()``), fp32 accumulation, silu and product in fp32, result [M, N] in ``out_dtype`` (default: a's).
+
+    Not differentiable through the kernel: where an input requires grad, torch computes it (logged)."""
+    check_gemm_swiglu(a, w_gate, w_up, out_dtype)
+    out_dtype = out_dtype or a.dtype
+    op = "gemm_swiglu"
+    if _wants_grad(a, w_gate, w_up):
+        note_fallback(op, "an input requires grad: the fused kernel has no backward; torch computes it")
+    elif not config.gemm:
+        note_fallback(op, "disabled by torch_autows.config.gemm = False (TORCH_AUTOWS_GEMM=0)")
+    else:
+        rt = runtime_module("swiglu")
+        if rt is None:
+            note_fallback(op, "no generated GEMM kernel in this build of torch_autows")
+        else:
+            try:
+                out = rt.gemm_swiglu(a, w_gate, w_up, out_dtype)
+            except Unsupported as e:
+                note_fallback(op, str(e))
+            else:
+                if out is not None:
+                    note_served(op)
+                    return out
+                note_vendor(op)  # runtime.choice: the vendor's GEMMs are faster for this shape
+    return torch_gemm_swiglu(a, w_gate, w_up, out_dtype)
+
+
+def torch_gemm_swiglu(a, w_gate, w_up, out_dtype):
+    """The fallback of ``gemm_swiglu``: torch's two GEMMs and the product (what eager torch runs), through fp32
+    when the output dtype differs."""
+    if out_dtype == a.dtype:
+        return torch.nn.functional.silu(a @ w_gate) * (a @ w_up)
+    a32 = a.float()
+    return (torch.nn.functional.silu(a32 @ w_gate.float()) * (a32 @ w_up.float())).to(out_dtype)
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
               scale: float | None = None, enable_gqa: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """SDPA forward, torch semantics: q [B, Hq, Sq, D], k/v [B, Hkv, Skv, D] -> (out, lse fp32 [B, Hq, Sq]).
@@ -194,7 +251,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
 
 @functools.cache
 def runtime_module(name: str):
-    """``torch_autows.runtime.<name>`` ("gemm", "attention"), or None where it cannot be imported (no triton);
+    """``torch_autows.runtime.<name>`` ("gemm", "swiglu", "attention"), or None where it cannot be imported (no triton);
     looked up once per name (the compiled graphs' calls go through here)."""
     try:
         return importlib.import_module(f"{__package__}.runtime.{name}")

@@ -119,8 +119,8 @@ def _check_split(p: Program, stage: str):
             for name, dt in ((o.attr("ws"), "f32"), (o.attr("locks"), "i32")):
                 if name not in args or args[name].kind != "ptr" or args[name].dtype != dt:
                     _fail(stage, f"split_reduce needs a ptr<{dt}> arg {name!r}", o)
-            reduced.add(o.results[0].name)
-            derived.add(o.results[0].name)
+            reduced.add(o.results[0].name)  # the first result carries the summing CTA's flag (the stores' pred)
+            derived.update(r.name for r in o.results)
         if o.attr("pred") is not None and o.attr("pred") not in reduced:
             _fail(stage, f"{o.kind} is predicated on %{o.attr('pred')}, which is not a split_reduce result before it",
                   o)

@@ -33,9 +33,19 @@ def test_every_kind_has_an_interpreter_semantic():
     assert set(SEMANTICS) | set(HANDLERS) <= set(OPS), "interpreter meanings for kinds not in the op table"
 
 
+def _swiglu_cases():
+    """The swiglu GEMMs runtime.swiglu builds (not in the golden hashes' cases)."""
+    from torch_autows.runtime.swiglu import CONFIGS
+    from torch_autows.templates.gemm import GemmRequest
+    from torch_autows.templates.gemm import build as build_gemm
+
+    return [(f"swiglu/{c}", build_gemm, GemmRequest(1, 1, 1, trans_b=True, epilogue="swiglu"), o)
+            for c, o in CONFIGS.items()]
+
+
 def test_every_kind_the_templates_and_passes_make_is_in_the_table():
     used: dict[str, set[str]] = {}
-    for _, build, req, opts in cases():
+    for _, build, req, opts in cases() + _swiglu_cases():
         trace: list = []
         pipeline.run(build(req, opts), verify=False, dump_dir="", trace=trace)
         for stage, p in trace:

@@ -127,3 +127,70 @@ def test_runtime_picks_decode_tiles_for_few_rows_and_never_splits_bmm():
     # the model: a wave of units is never faster than its bytes at HBM bandwidth
     t = rt.decode_time(1, 4096, 4096, 128, 128, 2)
     assert t >= 4096 * 4096 * 2 / rt._HBM_BPS
+
+
+SWIGLU = GemmRequest(1, 1, 1, epilogue="swiglu")  # a loop carrying two accumulators (gate and up)
+
+
+def test_two_accumulators_share_one_reduction():
+    after = data_partition.run(build(SWIGLU, OPTS), OPTS)
+    lines = _body(after)
+    assert "arg ws: ptr<f32>[2*S*tiles*BM*BN]" in lines  # a slot per accumulator and part of every tile
+    reds = [ln for ln in lines if "split_reduce(" in ln]
+    assert reds == ["%acc_out_sum:f32[64,32], %acc_u_out_sum:f32[64,32] = split_reduce(%acc_out, %acc_u_out) "
+                    "{index='(pid_m)*(cdiv(N,32))+pid_n', locks='locks', part='pid_k', rows_valid='M-(pid_m*64)', "
+                    "splits=3, ws='ws'} [chain=0]"]
+    assert "%gate:f32[64,32] = silu(%acc_out_sum) [chain=0]" in lines
+    assert "%act:f32[64,32] = mul(%gate, %acc_u_out_sum) [chain=0]" in lines
+    assert "store(%out) {arg='c', coords=('pid_m*64', 'pid_n*32'), pred='acc_out_sum'} [chain=0]" in lines
+
+
+@pytest.mark.parametrize("variant", [{}, {"trans_a": True, "trans_b": True, "out_dtype": "f32"}])
+@pytest.mark.parametrize("splits,persistent", [(2, True), (3, False), (4, True)])
+def test_two_accumulators_interpreted_under_every_policy(variant, splits, persistent):
+    # one arrival per CTA for both accumulators: a counter per accumulator arrival would declare a CTA the last
+    # of S parts after S/2 CTAs (split-order), or sum the up projection's parts before they are written
+    opts = replace(OPTS, split_k=splits, persistent=persistent)
+    before = build(GemmRequest(1, 1, 1, epilogue="swiglu", **variant), opts)
+    after = pipeline.run(before, opts, verify=True)
+    for seed in range(4):
+        inst = make_instance(after, seed)
+        assert inst.tensors["ws"].numel() == 2 * splits * 64 * 32 * int(inst.tensors["locks"].numel())
+        ins = inst.inputs()
+        assert torch.equal(run_sequential(data_partition.run(before, opts), ins)["c"], inst.reference["c"])
+        assert int(ins["locks"].count_nonzero()) == 0
+        for policy in POLICIES:
+            ins = inst.inputs()
+            out = run_partitioned(after, ins, policy=policy, seed=seed, nprog=2 + seed % 3)
+            assert torch.equal(out["c"], inst.reference["c"]), (policy, seed, inst.desc)
+            assert int(ins["locks"].count_nonzero()) == 0  # the last arrivals reset every counter
+            assert bool(ins["ws"].isnan().all())  # every summed slot poisoned again: each was read once
+
+
+def test_an_unguarded_store_of_the_second_sum_is_refused():
+    after = pipeline.run(build(SWIGLU, OPTS), OPTS)
+    bad = _mutate(after, lambda o: replace(o, attrs=tuple(kv for kv in o.attrs if kv[0] != "pred")))
+    with pytest.raises(VerifyError, match="without its pred"):
+        check(bad, "code_partition")
+    # a store predicated on the second sum's name: only the first result carries the summing CTA's flag
+    bad = _mutate(after, lambda o: o.with_attrs(pred="acc_u_out_sum") if o.kind == "store" else o)
+    with pytest.raises(VerifyError, match="not a split_reduce result before it"):
+        check(bad, "code_partition")
+
+
+def test_generated_reduction_of_two_accumulators():
+    src = gluon.generate(pipeline.run(build(SWIGLU, OPTS), OPTS))
+    order = ["v_acc_out_sum_ws = ws_ptr + v_acc_out_sum_tile.to(gl.int64) * 12288",  # 2 accumulators x 3 parts
+             "gl.store(v_acc_out_sum_ws + (pid_k) * 2048 + v_acc_out_sum_off, v_acc_out_done",
+             "gl.store(v_acc_out_sum_ws + 6144 + (pid_k) * 2048 + v_acc_out_sum_off, v_acc_u_out_done",
+             "gl.thread_barrier()", "gl.atomic_add(locks_ptr + v_acc_out_sum_tile, 1",
+             "v_acc_out_sum_last = v_acc_out_sum_seen == 2", "v_acc_out_sum = gl.zeros(", "v_acc_u_out_sum = gl.zeros(",
+             "if v_acc_out_sum_last:", "for j in range(3):",
+             "v_acc_out_sum = v_acc_out_sum + gl.load(v_acc_out_sum_ws + j * 2048",
+             "v_acc_u_out_sum = v_acc_u_out_sum + gl.load(v_acc_out_sum_ws + 6144 + j * 2048",
+             "gl.atomic_xchg(locks_ptr + v_acc_out_sum_tile, 0", "v_gate = v_acc_out_sum / (1.0 + gl.exp2(",
+             "v_act = v_gate * v_acc_u_out_sum", "if v_acc_out_sum_last:", "tma.async_copy_shared_to_global(c_desc"]
+    pos = 0
+    for s in order:
+        pos = src.index(s, pos) + len(s)
+    assert src.count("gl.atomic_add(") == 1  # one arrival per CTA

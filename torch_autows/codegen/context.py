@@ -84,6 +84,10 @@ class Ctx:
                     for n, y in zip(o.attr("iter_args"), o.body[-1].operands):
                         if y in L:
                             L.setdefault(n, L[y])
+                elif len(rs) > 1 and len(rs) == len(o.operands):  # one result per operand (split_reduce)
+                    for r, x in zip(rs, o.operands):
+                        if x in L:
+                            L.setdefault(r.name, L[x])
                 elif rs and o.operands:  # elementwise: follow a same-shaped register operand
                     r = rs[0]
                     src = next((L[x] for x in o.operands if x in L and types.get(x) is not None and

@@ -207,6 +207,12 @@ def _exp2(ctx, o, indent):
     return [f"{v(o.results[0].name)} = gl.exp2({v(o.operands[0])})"]
 
 
+@emitter("silu")
+def _silu(ctx, o, indent):  # x * sigmoid(x) = x / (1 + e^-x); e^-x = 2^(-x log2 e): inf for very negative x -> -0
+    x = v(o.operands[0])
+    return [f"{v(o.results[0].name)} = {x} / (1.0 + gl.exp2({x} * -1.4426950408889634))"]
+
+
 @emitter("neg")
 def _neg(ctx, o, indent):
     return [f"{v(o.results[0].name)} = -{v(o.operands[0])}"]
@@ -225,30 +231,38 @@ def _cast(ctx, o, indent):
 
 @emitter("split_reduce")
 def _split_reduce(ctx, o, indent):
-    # see passes/split_k: partial -> workspace slot; barrier; one arrival on the tile's counter; the last
-    # arriver resets the counter and sums the slots in order 0..S-1 (deterministic)
-    x, r = o.operands[0], o.results[0]
-    L = ctx.layouts[x]
-    bm, bn = r.type.shape
-    n, S = v(r.name), o.attr("splits")
+    # see passes/split_k: partials -> workspace slots; barrier; one arrival on the tile's counter; the last
+    # arriver resets the counter and sums each accumulator's slots in order 0..S-1 (deterministic)
+    xs, rs = o.operands, o.results
+    L = ctx.layouts[xs[0]]
+    bm, bn = rs[0].type.shape
+    if any(r.type.shape != (bm, bn) or ctx.layouts[x] != L for x, r in zip(xs, rs)):
+        raise ValueError(f"codegen: split_reduce of {', '.join(xs)}: the accumulators differ in shape or layout")
+    n, S, A = v(rs[0].name), o.attr("splits"), len(xs)
     locks = f"{o.attr('locks')}_ptr"
-    load = (f"gl.load({n}_ws + j * {bm * bn} + {n}_off, mask={n}_keep, other=0.0, "
-            f"cache_modifier=\".cg\")  # from L2: other SMs wrote it")
+
+    def at(i: int) -> str:  # accumulator i's first slot: its S parts follow one another
+        return f"{n}_ws + {i * S * bm * bn}" if i else f"{n}_ws"
+
+    def load(i: int) -> str:
+        return (f"gl.load({at(i)} + j * {bm * bn} + {n}_off, mask={n}_keep, other=0.0, "
+                f"cache_modifier=\".cg\")  # from L2: other SMs wrote it")
     return [f"{n}_tile = {expr(o.attr('index'))}  # the output tile's counter and workspace slots",
             f"{n}_r = gl.arange(0, {bm}, layout={ctx._slice(1, L)})",
             f"{n}_c = gl.arange(0, {bn}, layout={ctx._slice(0, L)})",
             f"{n}_off = ({n}_r * {bn})[:, None] + {n}_c[None, :]",
             f"{n}_keep = ({n}_r < {expr(o.attr('rows_valid'))})[:, None] & ({n}_c < {bn})[None, :]",
-            f"{n}_ws = {o.attr('ws')}_ptr + {n}_tile.to(gl.int64) * {S * bm * bn}",
-            f"gl.store({n}_ws + ({expr(o.attr('part'))}) * {bm * bn} + {n}_off, {v(x)}, mask={n}_keep)",
+            f"{n}_ws = {o.attr('ws')}_ptr + {n}_tile.to(gl.int64) * {A * S * bm * bn}",
+            *(f"gl.store({at(i)} + ({expr(o.attr('part'))}) * {bm * bn} + {n}_off, {v(x)}, mask={n}_keep)"
+              for i, x in enumerate(xs)),
             "gl.thread_barrier()  # every thread's partial is written before the arrival",
             f"{n}_seen = gl.atomic_add({locks} + {n}_tile, 1, sem=\"acq_rel\", scope=\"gpu\")",
             "gl.thread_barrier()  # the other parts' writes are visible to every thread after the acquire",
             f"{n}_last = {n}_seen == {S - 1}",
-            f"{n} = gl.zeros({[bm, bn]}, gl.float32, {L})",
+            *(f"{v(r.name)} = gl.zeros({[bm, bn]}, gl.float32, {L})" for r in rs),
             f"if {n}_last:",
             f"    for j in range({S}):  # in slot order: the sum does not depend on who came last",
-            f"        {n} = {n} + {load}",
+            *(f"        {v(r.name)} = {v(r.name)} + {load(i)}" for i, r in enumerate(rs)),
             f"    gl.atomic_xchg({locks} + {n}_tile, 0, sem=\"relaxed\", scope=\"gpu\")  # zero for the next launch"]
 
 

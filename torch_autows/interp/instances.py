@@ -5,9 +5,10 @@ its inputs (as they lie in memory), poisoned outputs (NaN, so a tile never store
 torch reference. GEMM: a few output tiles (at least three, so a persistent CTA walks two), ragged
 tails in M, N and K, at least one more K step than the ring has slots (the ring wraps); values are
 multiples of 1/4 in [-1, 1], exact in bf16/fp16 with exact fp32 products and sums, so every correct
-schedule is bit-identical to torch. Attention: random heads (GQA groups 1 or 2), ragged Sq and Skv,
-q and k/v each [B, H, S, D] or [B, S, H, D] in memory, causal or not, normal values, compared with
-an fp32 softmax reference within bf16/fp16 tolerances."""
+schedule is bit-identical to torch. A swiglu GEMM (arg ``bu``, the up weight laid out as ``b``) has the
+reference ``silu(A @ B) * (A @ Bu)`` in fp32 (the interpreter's silu is torch's, on the same exact sums).
+Attention: random heads (GQA groups 1 or 2), ragged Sq and Skv, q and k/v each [B, H, S, D] or [B, S, H, D]
+in memory, causal or not, normal values, compared with an fp32 softmax reference within bf16/fp16 tolerances."""
 from __future__ import annotations
 
 import random
@@ -108,21 +109,31 @@ def _gemm(program: Program, seed: int, shape, trans_a: bool, trans_b: bool, bias
     tensors = {"a": a, "b": b, "c": torch.full((B * M, N), float("nan"), dtype=TORCH_DTYPE[odt_name])}
     if bias:
         tensors["bias"] = _values((N,), TORCH_DTYPE[program.arg("bias").dtype], gen)
+    swiglu = "bu" in {x.name for x in program.args}
+    if swiglu:
+        tensors["bu"] = _values(tuple(b.shape), dt, gen)
     refs = []
     for i in range(B):
         A = a[i * K:(i + 1) * K].t() if trans_a else a[i * M:(i + 1) * M]
         Bm = b[i * N:(i + 1) * N].t() if trans_b else b[i * K:(i + 1) * K]
         r = A.float() @ Bm.float()
+        if swiglu:
+            bu = tensors["bu"]
+            Bu = bu[i * N:(i + 1) * N].t() if trans_b else bu[i * K:(i + 1) * K]
+            r = torch.nn.functional.silu(r) * (A.float() @ Bu.float())
         if bias:
             r = r + tensors["bias"].float()
         refs.append(r.to(TORCH_DTYPE[odt_name]))
     tiles = B * -(-M // BM) * -(-N // BN)
     if "ws" in {a.name for a in program.args}:  # passes/split_k: NaN slots (a part read unwritten shows), zero counters
-        tensors["ws"] = torch.full((o.split_k * tiles * BM * BN,), float("nan"))
+        accs = sum(len(x.operands) for x in walk(program.body) if x.kind == "split_reduce")  # slots per part
+        tensors["ws"] = torch.full((accs * o.split_k * tiles * BM * BN,), float("nan"))
         tensors["locks"] = torch.zeros(tiles, dtype=torch.int32)
     desc = f"M={M} N={N} K={K}" + (f" batch={B}" if B > 1 else "") + f" ({tiles} tiles, {-(-K // BK)} K steps)"
     if o.split_k > 1:
         desc += f" split {o.split_k} ways"
+    if swiglu:
+        desc += " swiglu"
     return Instance(desc, tensors, {"M": M, "N": N, "K": K}, {"c": torch.cat(refs)}, {"c": TOL[odt_name]})
 
 

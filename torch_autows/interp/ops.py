@@ -168,38 +168,43 @@ def _split_order(ctx, msg: str, o: Op):
 
 @semantics("split_reduce")
 def _split_reduce(ctx, o, args):
-    """passes/split_k: write this part's tile to its workspace slot, arrive on the tile's counter; the last
-    arriver resets the counter and sums the slots in order. Slots start NaN (instances poison them) and are
-    poisoned again after the sum, so a part summed before it was written is a ``split-order`` violation."""
-    x = args[0].float()
-    bm, bn = x.shape
+    """passes/split_k: write this part's tiles (one per accumulator) to their workspace slots, arrive once on the
+    tile's counter; the last arriver resets the counter and sums each accumulator's slots in order. Slots start
+    NaN (instances poison them) and are poisoned again after the sum, so a part summed before it was written is
+    a ``split-order`` violation."""
+    xs = [x.float() for x in args]
+    A, (bm, bn) = len(xs), xs[0].shape
     S, part, tile = o.attr("splits"), int(ctx.eval(o.attr("part"))), int(ctx.eval(o.attr("index")))
     rows = max(0, min(bm, int(ctx.eval(o.attr("rows_valid")))))
     ws, locks = ctx.tensor(o.attr("ws")), ctx.tensor(o.attr("locks"))
-    if (tile + 1) * S * bm * bn > ws.numel() or tile >= locks.numel():
-        raise InterpError(f"interp: split_reduce of tile {tile} needs {(tile + 1) * S * bm * bn} workspace floats and "
-                          f"{tile + 1} counters; got {ws.numel()} and {locks.numel()}")
+    if (tile + 1) * A * S * bm * bn > ws.numel() or tile >= locks.numel():
+        raise InterpError(f"interp: split_reduce of tile {tile} needs {(tile + 1) * A * S * bm * bn} workspace floats "
+                          f"and {tile + 1} counters; got {ws.numel()} and {locks.numel()}")
     if not 0 <= part < S:
         _split_order(ctx, f"part {part} of output tile {tile} arrives on a counter of {S} parts", o)
-    slots = ws[tile * S * bm * bn:(tile + 1) * S * bm * bn].view(S, bm, bn)
-    slots[part, :rows] = x[:rows]
+    slots = ws[tile * A * S * bm * bn:(tile + 1) * A * S * bm * bn].view(A, S, bm, bn)
+    for i, x in enumerate(xs):
+        slots[i, part, :rows] = x[:rows]
     seen = int(locks[tile])
     locks[tile] = seen + 1
     last = seen == S - 1
     ctx.scalars[o.results[0].name + "_last"] = int(last)
     if not last:
-        return torch.zeros_like(x)
+        return tuple(torch.zeros_like(x) for x in xs)
     locks[tile] = 0
-    missing = [j for j in range(S) if slots[j, :rows].isnan().any()]
+    missing = [j for j in range(S) if slots[:, j, :rows].isnan().any()]
     if missing:
         msg = (f"the last of {S} parts of output tile {tile} (part {part}) sums parts {missing} before they were "
                f"written: the counter's target does not match the parts that write")
         _split_order(ctx, msg, o)
-    total = torch.zeros_like(x)
-    for j in range(S):
-        total[:rows] += slots[j, :rows]
-    slots[:, :rows] = float("nan")
-    return total
+    totals = []
+    for i, x in enumerate(xs):
+        total = torch.zeros_like(x)
+        for j in range(S):
+            total[:rows] += slots[i, j, :rows]
+        totals.append(total)
+    slots[:, :, :rows] = float("nan")
+    return tuple(totals)
 
 
 @semantics("load_vec")
@@ -263,6 +268,11 @@ def _binary(ctx, o, args):
 @semantics("exp2")
 def _exp2(ctx, o, args):
     return torch.exp2(args[0].float())
+
+
+@semantics("silu")
+def _silu(ctx, o, args):
+    return torch.nn.functional.silu(args[0].float())
 
 
 @semantics("neg")

@@ -11,16 +11,19 @@ casts, stores) read the loop's results. A loop that is not such a sum (attention
 normaliser) is refused with a PassError: its parts do not add.
 
 Guarantees (S > 1): the grid gains an outermost index ``pid_k`` of extent S; the loop runs the CTA's range
-``[pid_k*per, min(steps, (pid_k+1)*per))`` with ``per = cdiv(steps, S)``; right after the loop, each
-accumulator goes through a ``split_reduce`` op, and every ``store`` gets ``pred`` = the first split_reduce
-result. The Program gains the args ``ws`` (f32 workspace of S partial tiles per output tile) and ``locks``
-(one i32 counter per output tile, zero between launches).
+``[pid_k*per, min(steps, (pid_k+1)*per))`` with ``per = cdiv(steps, S)``; right after the loop, one
+``split_reduce`` op takes every accumulator (A of them, in the loop's order; a swiglu GEMM carries two) and
+returns their sums, and every ``store`` gets ``pred`` = the first split_reduce result. The Program gains the
+args ``ws`` (f32 workspace of A*S partial tiles per output tile) and ``locks`` (one i32 counter per output
+tile, zero between launches).
 
-``split_reduce`` semantics (codegen and interpreter agree): the CTA writes its partial tile to its slot of
-``ws``; then one thread adds 1 to the tile's counter (acq_rel, GPU scope) after a barrier of the partition;
-the CTA that sees S-1 arrivals before its own is the last: it resets the counter to 0 and sums the S slots
-in slot order 0..S-1 (so the result does not depend on which CTA came last: deterministic), and only it
-runs the stores (``pred``). Others get zeros and store nothing. No CTA ever waits for another.
+``split_reduce`` semantics (codegen and interpreter agree): the CTA writes its partial tiles to its slots of
+``ws`` (accumulator i, part p of output tile t at tile ``t*A*S + i*S + p``); then one thread adds 1 to the
+tile's counter (acq_rel, GPU scope) after a barrier of the partition: one arrival per CTA, however many
+accumulators; the CTA that sees S-1 arrivals before its own is the last: it resets the counter to 0 and sums
+each accumulator's S slots in slot order 0..S-1 (so the result does not depend on which CTA came last:
+deterministic), and only it runs the stores (``pred``). Others get zeros and store nothing. No CTA ever
+waits for another.
 """
 from __future__ import annotations
 
@@ -83,21 +86,24 @@ def run(program: Program, options=None) -> Program:
     # rows of the tile that exist (the output's first dim minus the tile's first row): the rest of the
     # workspace slot is neither written nor read (a decode GEMM has a few rows of a 64-row tile)
     rows_valid = f"{program.arg(store.attr('arg')).dims[0]}-({store.attr('coords')[0]})"
+    if len({r.type for r in loop.results}) != 1:
+        raise PassError(f"split_k: the accumulators of {program.name} differ in type "
+                        f"({', '.join(str(r.type) for r in loop.results)}); they share one workspace layout")
     reduced = {r.name: f"{r.name}_sum" for r in loop.results}
+    first = reduced[loop.results[0].name]
     body: list[Op] = []
-    first = None
     for o in program.body:
-        if o is loop:
-            body.append(new_loop)
-            for r in loop.results:
-                body.append(op("split_reduce", [Value(reduced[r.name], r.type)], [r.name], splits=S, part="pid_k",
-                               index=index, ws="ws", locks="locks", rows_valid=rows_valid))
-                first = first or reduced[r.name]
+        if o is loop:  # one reduction for all accumulators: one arrival per CTA on the tile's counter
+            body += [new_loop, op("split_reduce", [Value(reduced[r.name], r.type) for r in loop.results],
+                                  [r.name for r in loop.results], splits=S, part="pid_k", index=index, ws="ws",
+                                  locks="locks", rows_valid=rows_valid)]
             continue
         o = replace(o, operands=tuple(reduced.get(x, x) for x in o.operands))
         if o.kind == "store":
             o = o.with_attrs(pred=first)
         body.append(o)
-    args = (*program.args, Arg("ws", "ptr", "f32", ("S*tiles*BM*BN",)), Arg("locks", "ptr", "i32", ("tiles",)))
+    n = len(loop.results)
+    ws = "S*tiles*BM*BN" if n == 1 else f"{n}*S*tiles*BM*BN"
+    args = (*program.args, Arg("ws", "ptr", "f32", (ws,)), Arg("locks", "ptr", "i32", ("tiles",)))
     grid = replace(program.grid, tiles=(("pid_k", str(S)), *program.grid.tiles))
     return replace(program, args=args, grid=grid, body=tuple(body), name=f"{program.name}_sk{S}")

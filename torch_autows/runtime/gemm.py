@@ -56,19 +56,20 @@ _EFF_128x128 = 0.91
 _HBM_BPS, _SM_BPS, _SPLIT_TRAFFIC = 4.1e12, 60e9, 8
 
 
-def decode_time(m: int, n: int, k: int, bn: int, bk: int, s: int, sms: int = 132) -> float:
+def decode_time(m: int, n: int, k: int, bn: int, bk: int, s: int, sms: int = 132, weights: int = 1) -> float:
     """Estimated seconds of a decode config: each wave of persistent work units takes the longer of the
-    wave's bytes at HBM bandwidth and one unit's bytes at one SM's bandwidth; split-K adds its partials."""
+    wave's bytes at HBM bandwidth and one unit's bytes at one SM's bandwidth; split-K adds its partials.
+    ``weights``: weight tiles streamed per K step (2 for swiglu's gate and up), each with its own partials."""
     units = -(-m // 64) * -(-n // bn) * s
     k_steps = -(-k // bk)
     steps = -(-k_steps // s)  # K steps of one part
-    unit_bytes = steps * bk * (bn + 64) * 2  # the weight tile and the (zero-padded) activation tile
+    unit_bytes = steps * bk * (weights * bn + 64) * 2  # the weight tiles and the (zero-padded) activation tile
     t = 0.0
     while units > 0:
         w = min(units, sms)
         units -= w
-        t += max(w * steps * bk * bn * 2 / _HBM_BPS, unit_bytes / _SM_BPS)
-    return t + (_SPLIT_TRAFFIC * m * n * 4 * s / _HBM_BPS if s > 1 else 0.0)
+        t += max(w * steps * bk * weights * bn * 2 / _HBM_BPS, unit_bytes / _SM_BPS)
+    return t + (_SPLIT_TRAFFIC * weights * m * n * 4 * s / _HBM_BPS if s > 1 else 0.0)
 
 
 def choose_config(m: int, n: int, k: int, sms: int = 132, split: bool = True) -> str:

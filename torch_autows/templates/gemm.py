@@ -4,15 +4,25 @@ A and B may each be row-major or a transposed view (column-major): the Arg descr
 ``trans`` op turns the loaded [BK, BM] (or [BN, BK]) tile into the logical one, a free SMEM view
 that wgmma reads directly. Batched GEMMs add a tile index ``pid_b``; the tensors are then 2-D views
 of the batch flattened into rows (the runtime checks that tiles never straddle two batches).
+
+Epilogues (``GemmRequest.epilogue``): "none" stores the (biased) accumulator; "swiglu" is the Llama MLP's
+gate and up projections in one kernel, ``C = silu(A @ B) * (A @ Bu)``: every K step loads a second weight
+tile (arg ``bu``, laid out as ``b``) and runs a second mma into a second accumulator; after the loop the
+epilogue computes ``silu(acc) * acc_u`` in fp32, then casts and stores. The passes see a loop that carries
+two accumulators and split it like any other (data_partition splits both, split_k reduces both).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ..ir import Arg, Grid, Options, Program, TileType, Value, op
 
+#: The epilogues the template builds: "none" (C = A @ B (+ bias)), "swiglu" (C = silu(A @ B) * (A @ Bu)).
+EPILOGUES = ("none", "swiglu")
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, repr=False)
 class GemmRequest:
     m: int
     n: int
@@ -23,13 +33,25 @@ class GemmRequest:
     trans_b: bool = False  # memory holds B^T [N, K] row-major
     bias: bool = False
     batch: int = 1
+    epilogue: str = "none"  # one of EPILOGUES
 
     def __post_init__(self):
+        if self.epilogue not in EPILOGUES:
+            raise ValueError(f"gemm template: epilogue {self.epilogue!r} not served; use one of {', '.join(EPILOGUES)}")
+        if self.epilogue == "swiglu" and (self.bias or self.batch > 1):
+            raise ValueError("gemm template: the swiglu epilogue takes no bias and batch=1; apply a bias to each "
+                             "projection outside, or loop over the batch")
         if self.dtype not in ("bf16", "fp16"):
             raise ValueError(f"gemm template: dtype {self.dtype!r} not served; use bf16 or fp16")
         for d in ("m", "n", "k", "batch"):
             if getattr(self, d) < 1:
                 raise ValueError(f"gemm template: {d} must be >= 1")
+
+    def __repr__(self) -> str:
+        # the dataclass form, with the epilogue only where it is not "none" (names built from it stay as they were)
+        fields = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
+                  if f.name != "epilogue" or self.epilogue != "none"]
+        return f"GemmRequest({', '.join(fields)})"
 
 
 def build(req: GemmRequest, opts: Options) -> Program:
@@ -41,11 +63,11 @@ def build(req: GemmRequest, opts: Options) -> Program:
     row_a = "pid_b*M+pid_m*%d" % BM if batched else "pid_m*%d" % BM
     row_b = "pid_b*K+k*%d" % BK if batched else "k*%d" % BK
     col_b_t = "pid_b*N+pid_n*%d" % BN if batched else "pid_n*%d" % BN
-    args = [
-        Arg("a", "tensor", dt, ("K", "M") if req.trans_a else ("M", "K")),
-        Arg("b", "tensor", dt, ("N", "K") if req.trans_b else ("K", "N")),
-        Arg("c", "tensor", odt, ("M", "N"), out=True),
-    ]
+    swiglu = req.epilogue == "swiglu"
+    weights = ("b", "bu") if swiglu else ("b",)  # the up weight of swiglu is laid out as the gate weight b
+    args = [Arg("a", "tensor", dt, ("K", "M") if req.trans_a else ("M", "K")),
+            *(Arg(w, "tensor", dt, ("N", "K") if req.trans_b else ("K", "N")) for w in weights),
+            Arg("c", "tensor", odt, ("M", "N"), out=True)]
     if req.bias:
         args.append(Arg("bias", "ptr", dt, ("N",)))
     args += [Arg("M", "scalar", "i32"), Arg("N", "scalar", "i32"), Arg("K", "scalar", "i32")]
@@ -58,19 +80,26 @@ def build(req: GemmRequest, opts: Options) -> Program:
                  op("trans", [Value("a", T(dt, (BM, BK), "smem"))], ["a_t"])]
     else:
         a_ops = [op("load", [Value("a", T(dt, (BM, BK), "smem"))], arg="a", coords=(row_a, "k*%d" % BK))]
-    if req.trans_b:
-        b_ops = [op("load", [Value("b_t", T(dt, (BN, BK), "smem"))], arg="b", coords=(col_b_t, "k*%d" % BK)),
-                 op("trans", [Value("b", T(dt, (BK, BN), "smem"))], ["b_t"])]
-    else:
-        b_ops = [op("load", [Value("b", T(dt, (BK, BN), "smem"))], arg="b", coords=(row_b, "pid_n*%d" % BN))]
+    b_ops = []
+    for w in weights:
+        if req.trans_b:
+            b_ops += [op("load", [Value(f"{w}_t", T(dt, (BN, BK), "smem"))], arg=w, coords=(col_b_t, "k*%d" % BK)),
+                      op("trans", [Value(w, T(dt, (BK, BN), "smem"))], [f"{w}_t"])]
+        else:
+            b_ops.append(op("load", [Value(w, T(dt, (BK, BN), "smem"))], arg=w, coords=(row_b, "pid_n*%d" % BN)))
     acc_t = T("f32", (BM, BN))
-    body.append(op("zeros", [Value("acc0", acc_t)]))
+    accs = ("acc", "acc_u") if swiglu else ("acc",)  # one accumulator per weight, each from zeros
+    body += [op("zeros", [Value(f"{x}0", acc_t)]) for x in accs]
     loop_body = [*a_ops, *b_ops,
-                 op("mma", [Value("acc_next", acc_t)], ["a", "b", "acc"]),
-                 op("yield", [], ["acc_next"])]
-    body.append(op("loop", [Value("acc_out", acc_t)], ["acc0"], loop_body, var="k", lb=0, ub="cdiv(K,%d)" % BK,
-                   iter_args=("acc",)))
+                 *(op("mma", [Value(f"{x}_next", acc_t)], ["a", w, x]) for x, w in zip(accs, weights)),
+                 op("yield", [], [f"{x}_next" for x in accs])]
+    body.append(op("loop", [Value(f"{x}_out", acc_t) for x in accs], [f"{x}0" for x in accs], loop_body, var="k",
+                   lb=0, ub="cdiv(K,%d)" % BK, iter_args=accs))
     last = "acc_out"
+    if swiglu:  # silu(gate) * up, in fp32
+        body += [op("silu", [Value("gate", acc_t)], ["acc_out"]),
+                 op("mul", [Value("act", acc_t)], ["gate", "acc_u_out"])]
+        last = "act"
     if req.bias:
         body += [op("load_vec", [Value("bias_v", T("f32", (BN,)))], arg="bias", offset="pid_n*%d" % BN, size="N"),
                  op("expand", [Value("bias_row", T("f32", (1, BN)))], ["bias_v"], axis=0),
@@ -87,5 +116,7 @@ def build(req: GemmRequest, opts: Options) -> Program:
         name += "_bias"
     if batched:
         name += "_batched"
+    if swiglu:
+        name += "_swiglu"
     grid = Grid(tuple(tiles), opts.persistent, opts.group_m, opts.serpentine)
     return Program(name, tuple(args), grid, opts, tuple(body))

@@ -1,0 +1,72 @@
+"""ops.gemm_swiglu: invalid arguments raise TypeError/ValueError; valid CPU calls fall back to torch, correctly,
+with the reason logged once and counted."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torch_autows
+from torch_autows.runtime import fallback
+
+
+@pytest.fixture(autouse=True)
+def _reset():
+    fallback.reset()
+
+
+def _ref(a, wg, wu):
+    a = a.double()
+    return torch.nn.functional.silu(a @ wg.double()) * (a @ wu.double())
+
+
+def test_invalid_arguments():
+    a, w = torch.randn(4, 8), torch.randn(8, 6)
+    swiglu = torch_autows.ops.gemm_swiglu
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        swiglu([[1.0]], w, w)
+    with pytest.raises(ValueError, match="w_up must be 2-D"):
+        swiglu(a, w, w[0])
+    with pytest.raises(ValueError, match="both must be \\[K, N\\]"):
+        swiglu(a, w, torch.randn(8, 5))
+    with pytest.raises(ValueError, match="for nn.Linear weights \\[N, K\\], pass w.t\\(\\)"):
+        swiglu(a, w.t(), w.t())
+    with pytest.raises(TypeError, match="cast them to one dtype"):
+        swiglu(a, w, w.half())
+    with pytest.raises(TypeError, match="dtype torch.int64"):
+        swiglu(a.long(), w.long(), w.long())
+    with pytest.raises(TypeError, match="out_dtype"):
+        swiglu(a, w, w, out_dtype="bf16")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_falls_back_with_reason(caplog, dtype):
+    torch.manual_seed(0)
+    a, wg, wu = torch.randn(33, 40), torch.randn(64, 40) / 8, torch.randn(64, 40) / 8  # nn.Linear [N, K] weights
+    a, wg, wu = a.to(dtype), wg.to(dtype), wu.to(dtype)
+    with caplog.at_level("WARNING", logger="torch_autows"):
+        out = torch_autows.ops.gemm_swiglu(a, wg.t(), wu.t())
+        torch_autows.ops.gemm_swiglu(a, wg.t(), wu.t())
+    assert out.shape == (33, 64) and out.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.double(), _ref(a, wg.t(), wu.t()), atol=tol, rtol=tol)
+    assert fallback.counters["gemm_swiglu.fallback"] == 2 and fallback.counters["gemm_swiglu.autows"] == 0
+    assert caplog.text.count("gemm_swiglu: falling back to torch") == 1  # logged once
+    assert "the generated kernels run on CUDA sm_90 GPUs" in caplog.text
+
+
+def test_out_dtype_float32():
+    a, w = torch.randn(5, 16, dtype=torch.bfloat16), torch.randn(16, 8, dtype=torch.bfloat16)
+    out = torch_autows.ops.gemm_swiglu(a, w, w * 2, out_dtype=torch.float32)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), _ref(a, w, w * 2), atol=1e-5, rtol=1e-5)
+
+
+def test_grad_goes_through_torch():
+    a = torch.randn(3, 8, requires_grad=True)
+    wg, wu = torch.randn(8, 4), torch.randn(8, 4)
+    out = torch_autows.ops.gemm_swiglu(a, wg, wu)
+    out.sum().backward()
+    ref_a = a.detach().clone().requires_grad_()
+    (torch.nn.functional.silu(ref_a @ wg) * (ref_a @ wu)).sum().backward()
+    torch.testing.assert_close(a.grad, ref_a.grad)
+    assert fallback.counters["gemm_swiglu.fallback"] == 1

@@ -1,0 +1,173 @@
+"""SwiGLU GEMM runtime: ``silu(a @ bg) * (a @ bu)`` (the Llama MLP's gate and up projections) in one kernel.
+
+The kernel is the GEMM template with ``epilogue="swiglu"`` (templates.gemm): every K step streams a tile of
+both weights and runs two wgmma into two accumulators; the epilogue applies silu to the gate's, multiplies by
+the up's and stores once, so the two [M, N] projections never reach memory. The passes split it like any GEMM
+(two accumulators per chain; split-K reduces both with one arrival per CTA).
+
+``support_reason(a, bg, bu, out_dtype)`` says why a call cannot run it (None: it can; works on fake tensors);
+``gemm_swiglu`` raises ``Unsupported`` with that reason, else runs the config ``choose_config`` picks (or the
+one named), where runtime.choice finds it faster than the vendor's path (two cuBLAS GEMMs and the
+elementwise product), or always when a config is named.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..ir import Options
+from ..templates.gemm import GemmRequest
+from . import choice, scratch
+from . import device as dev
+from .fallback import Unsupported
+from .gemm import DTYPES, VENDOR, _out_reason, _tma_view, decode_time
+from .gemm import support_reason as gemm_reason
+from .launch import BoundCache, Tma, compile_kernel
+
+#: The swiglu configs (choose_config picks among them, config= names one; tests compile each offline).
+CONFIGS: dict[str, Options] = {
+    # Two consumer warpgroups of 64 rows, each holding two 64x128 fp32 accumulators (128 registers a thread):
+    # the widest tile that leaves registers for the epilogue (128x256 would need all 256 for the accumulators).
+    # A, gate and up tiles are 48 KB a stage: 4 stages and two 16 KB staging tiles fill 227 KB.
+    "swiglu_p_128x128": Options(block_m=128, block_n=128, block_k=64, stages=4, data_partition=2, persistent=True),
+}
+#: Decode tiles (a few rows): one 64-row consumer warpgroup, as deep a ring as SMEM holds, the K loop split
+#: across ``s`` CTAs (passes/split_k; one reduction of both accumulators) so that enough SMs stream the weights.
+#: Both stream 32 KB of weights a K step; the 128-wide one has fewer, longer units (wide N: Llama's 14336).
+DECODE_TILES = ((64, 128, (1, 2, 4)), (128, 64, (1, 2)))  # (block_n, block_k, splits)
+for _bn, _bk, _splits in DECODE_TILES:
+    for _s in _splits:
+        CONFIGS[f"swiglu_dec_{_bn}x{_bk}_s{_s}"] = Options(block_m=64, block_n=_bn, block_k=_bk, stages=12,
+                                                           data_partition=1, persistent=True, split_k=_s)
+
+
+def choose_config(m: int, n: int, k: int, sms: int = 132) -> str:
+    """Decode tiles up to 128 rows (the least ``gemm.decode_time`` with both weights streamed), else the
+    persistent 128x128 tile."""
+    if m <= 128:
+        best = min((decode_time(m, n, k, bn, bk, s, sms, weights=2), -bn, s, bn, bk)
+                   for bn, bk, splits in DECODE_TILES for s in splits)
+        return f"swiglu_dec_{best[3]}x{best[4]}_s{best[2]}"
+    return "swiglu_p_128x128"
+
+
+def support_reason(a, bg, bu, out_dtype=None, *, check_device: bool = True) -> str | None:
+    """Why the generated swiglu GEMM cannot serve ``silu(a @ bg) * (a @ bu)`` (None: it can). Works on fake
+    tensors: devices, dtypes, shapes and strides only."""
+    if a.dim() != 2 or bg.dim() != 2 or bu.dim() != 2:
+        return f"operands of {a.dim()}, {bg.dim()} and {bu.dim()} dims; the swiglu GEMM takes a [M, K] and " \
+               f"weights [K, N]"
+    if bu.shape != bg.shape or bu.stride() != bg.stride() or bu.dtype != bg.dtype or bu.device != bg.device:
+        return (f"the up weight ({tuple(bu.shape)}, strides {tuple(bu.stride())}, {bu.dtype}) differs from the gate "
+                f"weight ({tuple(bg.shape)}, strides {tuple(bg.stride())}, {bg.dtype}); one kernel reads both with "
+                f"one layout: give them equal shapes, strides and dtypes")
+    why = gemm_reason(a, bg, None, out_dtype, check_device=check_device) or dev.alignment_reason(bu=bu)
+    return f"operand {why}" if why and why.startswith("bu ") else why
+
+
+#: A call's metadata -> (launch.Bound, output shape[, workspace sizes]), as runtime.gemm's ``_BOUND``.
+_BOUND = BoundCache(256)
+
+
+def _replay(hit, a, bg, bu, out, out_dtype):
+    c = out if out is not None else torch.empty(hit[1], device=a.device, dtype=out_dtype)
+    addrs = [a.data_ptr(), bg.data_ptr(), bu.data_ptr(), c.data_ptr()]
+    if len(hit) > 2:  # split-K: this stream's current workspace and counters
+        ws, locks = scratch.get(a.get_device(), *hit[2])
+        addrs += [ws.data_ptr(), locks.data_ptr()]
+    return c if hit[0](*addrs) else None
+
+
+def vendor_swiglu(a, bg, bu, out):
+    """What eager torch runs for the site: two cuBLAS GEMMs, then silu and the product, into ``out``."""
+    return torch.mul(torch.nn.functional.silu(torch.mm(a, bg)), torch.mm(a, bu), out=out)
+
+
+def _decide(a, bg, bu, out_dtype, m, n, k, layout) -> choice.Decision:
+    """The measured / cached / prior choice (runtime.choice) between our kernel and the vendor's path."""
+    key = ("swiglu", str(a.dtype), str(out_dtype), layout, choice.bucket(m), n, k)
+    outs: dict[str, torch.Tensor] = {}
+
+    def out(side: str) -> torch.Tensor:
+        if side not in outs:
+            outs[side] = torch.empty((m, n), device=a.device, dtype=out_dtype)
+        return outs[side]
+
+    def ours():
+        return gemm_swiglu(a, bg, bu, out_dtype, config="auto", out=out("ours"))
+
+    def vendor():
+        return vendor_swiglu(a, bg, bu, out("vendor"))
+
+    # the prior: a GEMM of both weights' width (the fused epilogue only saves traffic)
+    return choice.decide(key, ours, vendor if out_dtype == a.dtype else None, choice.gemm_prior(m, 2 * n, k),
+                         a.device)
+
+
+def site_decision(a, bg, bu, out_dtype=None) -> choice.Decision:
+    """The choice for a swiglu site seen at compile time with static sizes (tensors may be fake), made on real
+    random tensors of the same sizes, strides and dtypes; the support checks must have passed."""
+    out_dtype = out_dtype or a.dtype
+    a, bg, bu = choice.materialize(a), choice.materialize(bg), choice.materialize(bu)
+    M, K = a.shape
+    N = bg.shape[1]
+    return _decide(a, bg, bu, out_dtype, M, N, K, (_tma_view(a, M, K)[0], _tma_view(bg, K, N)[0]))
+
+
+def gemm_swiglu(a, bg, bu, out_dtype, config: str | None = None, out: torch.Tensor | None = None):
+    """``silu(a @ bg) * (a @ bu)`` by the generated kernel, into ``out`` if given: a [M, K], bg and bu [K, N]
+    (row-major, or both transposed views of [N, K] tensors such as nn.Linear weights ``w.t()``), fp32
+    accumulation, silu and product in fp32, output ``out_dtype`` (a's dtype or float32). ``config`` None: the
+    vendor's path where runtime.choice decides it is faster, and then None is returned (the caller runs
+    torch); a config name (or "auto": choose_config's) always runs our kernel."""
+    key = ("swiglu", a.shape, a.stride(), a.dtype, a.device, bg.shape, bg.stride(), bg.dtype, bu.shape, bu.stride(),
+           bu.dtype, out_dtype, config, out is not None and (out.shape, out.stride(), out.dtype),
+           config is None and choice.mode())
+    hit = _BOUND.get(key)
+    if hit is VENDOR:
+        return None
+    if hit is not None:
+        c = _replay(hit, a, bg, bu, out, out_dtype)
+        if c is not None:
+            return c
+    why = support_reason(a, bg, bu, out_dtype) or _out_reason(out)
+    if why:
+        raise Unsupported(why)
+    if config not in (None, "auto") and config not in CONFIGS:
+        raise Unsupported(f"no swiglu config {config!r}; the configs are {', '.join(CONFIGS)}")
+    M, K = a.shape
+    N = bg.shape[1]
+    ta, _ = _tma_view(a, M, K)
+    tb, _ = _tma_view(bg, K, N)
+    if config is None and not _decide(a, bg, bu, out_dtype, M, N, K, (ta, tb)).use_ours:
+        _BOUND.put(key, VENDOR)
+        return None
+    name = choose_config(M, N, K) if config in (None, "auto") else config
+    c = out if out is not None else torch.empty((M, N), device=a.device, dtype=out_dtype)
+    # M, N, K are run-time scalars: the request that keys the compiled kernel leaves them at 1
+    req = GemmRequest(1, 1, 1, DTYPES[a.dtype], DTYPES[out_dtype], ta, tb, epilogue="swiglu")
+    _launch(req, name, a.t() if ta else a, bg.t() if tb else bg, bu.t() if tb else bu, c, M, N, K, key)
+    return c
+
+
+def _launch(req: GemmRequest, config: str, a2, bg2, bu2, c, M, N, K, key) -> None:
+    try:  # no directory to write the kernel source to (or another OSError): torch serves the call, with why
+        kernel = compile_kernel("gemm", req, CONFIGS[config])
+        launcher, o = kernel.launcher, kernel.program.options
+    except OSError as e:
+        raise Unsupported(f"could not build the kernel: {e}") from e
+    values = {n: Tma(t, t.shape, t.stride()) for n, t in (("a", a2), ("b", bg2), ("bu", bu2), ("c", c))}
+    values.update(M=M, N=N, K=K)
+    idx = dev.index(a2.device)
+    tiles = -(-M // o.block_m) * -(-N // o.block_n)
+    extra = ()
+    if o.split_k > 1:  # passes/split_k: a workspace slot per accumulator and part of every tile, a counter per tile
+        extra = ((2 * o.split_k * tiles * o.block_m * o.block_n, tiles),)
+        values["ws"], values["locks"] = scratch.get(idx, *extra[0])
+    args = launcher.ordered(values)
+    grid = tiles * o.split_k
+    grid = min(grid, dev.num_sms(idx)) if kernel.program.grid.persistent else grid
+    try:  # the first launch of a specialisation compiles it (Triton's cache may be unwritable)
+        launcher(grid, args, idx)
+    except OSError as e:
+        raise Unsupported(f"could not compile the kernel: {e}") from e
+    _BOUND.remember(key, launcher, grid, args, idx, (M, N), *extra)
