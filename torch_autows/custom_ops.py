@@ -1,4 +1,4 @@
-"""Custom ops that put the generated kernels into graphs: ``torch.ops.autows.{attention,gemm,bmm}``.
+"""Custom ops that put the generated kernels into graphs: ``torch.ops.autows.{attention,gemm,bmm,gemm_swiglu}``.
 
 Registered by ``import torch_autows`` (so ``torch.export.load`` of a program using them works in a fresh
 process); only ``torch.library`` is used here, nothing of Inductor or Dynamo. The Inductor lowerings stay
@@ -16,7 +16,8 @@ an extern kernel and compiles everything around it. Each op
   except attention's ``out``, which has ``_out_layout``'s layout in both;
 * has a fake impl written with ``new_empty`` on the input sizes, so symbolic sizes flow through;
 * never syncs with the host, so it is safe inside CUDA graphs (``mode="reduce-overhead"``);
-* has a backward (``register_autograd``): the public ops route calls that need gradients through here.
+* has a backward (``register_autograd``): the public ops route calls that need gradients through here;
+  except ``gemm_swiglu``, which the SwiGLU rewrite inserts only into graphs that need none.
 """
 from __future__ import annotations
 
@@ -162,6 +163,22 @@ def _gemm_backward(ctx, grad):
         dbias = grad.sum(0).to(a.dtype) if ctx.has_bias else None
         return da, db, dbias, None
     return da, db, None
+
+
+@torch.library.custom_op("autows::gemm_swiglu", mutates_args=())
+def gemm_swiglu(a: Tensor, w_gate: Tensor, w_up: Tensor) -> Tensor:
+    """``silu(a [M, K] @ w_gate [K, N]) * (a @ w_up [K, N])`` in one kernel (fp32 accumulation and epilogue), in
+    a's dtype. No backward: the post-grad rewrite (inductor/rewrite_swiglu.py) inserts it only where g and u
+    are not saved for one."""
+    _kernels.check_gemm_swiglu(a, w_gate, w_up, dtypes=_kernels.OP_DTYPES)
+    with torch.no_grad():  # the body never records autograd (ops.gemm_swiglu would run torch for grad inputs)
+        return _kernels.gemm_swiglu(a, w_gate, w_up).contiguous()
+
+
+@gemm_swiglu.register_fake
+def _gemm_swiglu_fake(a, w_gate, w_up):
+    _kernels.check_gemm_swiglu(a, w_gate, w_up, dtypes=_kernels.OP_DTYPES)
+    return a.new_empty((a.shape[0], w_gate.shape[1]))
 
 
 gemm.register_autograd(_gemm_backward, setup_context=_gemm_setup_context)

@@ -86,3 +86,16 @@ def test_ops_served_and_counted():
     out = torch_autows.ops.gemm_swiglu(a, wg, wu.contiguous())
     assert fallback.counters["gemm_swiglu.fallback"] == 1
     assert _rel(out, _ref(a, wg, wu)) < 1e-2
+
+
+@pytest.mark.parametrize("m", [1, 16, 300])
+def test_vendor_path_of_the_choice_is_inductors_result(m):
+    # runtime.choice times ours against this; it must compute the same function (two GEMMs, one pointwise)
+    from torch_autows.runtime import swiglu as rt
+
+    a = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
+    bg, bu = (torch.randn(512, 1000, device="cuda", dtype=torch.bfloat16) / 512 ** 0.5 for _ in range(2))
+    out = torch.full((m, 1000), float("nan"), device="cuda", dtype=torch.bfloat16)
+    rt.vendor_swiglu(a, bg, bu, out)
+    ref = torch.nn.functional.silu(a.float() @ bg.float()) * (a.float() @ bu.float())
+    torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=3e-2)

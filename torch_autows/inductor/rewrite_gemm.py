@@ -113,7 +113,7 @@ def rewrite_gemms(graph: fx.Graph) -> list[GemmSite]:
         with graph.inserting_before(s.node):
             new = graph.call_function(fn, args)
         new.meta.update({k: s.node.meta[k] for k in ("stack_trace", "seq_nr") if k in s.node.meta})
-        fake = _fake(fn, args)
+        fake = fake_call(fn, args)
         if fake is not None:
             new.meta["val"] = fake
         s.node.replace_all_uses_with(new)
@@ -137,7 +137,8 @@ def _operands(s: GemmSite):
     return src.args[0], src.args[1], None
 
 
-def _fake(fn, args):
+def fake_call(fn, args):
+    """``fn`` applied to the fake values of ``args`` (graph nodes) in their fake mode: the new node's ``val``."""
     fakes = [val(a) if isinstance(a, fx.Node) else a for a in args]
     mode = getattr(fakes[0], "fake_mode", None)
     if mode is None:

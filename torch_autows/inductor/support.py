@@ -127,6 +127,7 @@ def concrete(t: torch.Tensor | None) -> torch.Tensor | None:
 
 
 _MISSING = {"gemm": "torch_autows.runtime.gemm is not available in this build",
+            "swiglu": "torch_autows.runtime.swiglu is not available in this build",
             "attention": "no generated attention kernel in this build (torch_autows.runtime.attention is missing)"}
 
 
@@ -160,6 +161,18 @@ def gemm_reason(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = No
     if bias is not None and (bias.dim() != 1 or bias.dtype != a.dtype):
         return f"bias of shape {tuple(bias.shape)} / {bias.dtype}: only a 1-D [N] bias of the inputs' dtype is fused"
     return _runtime_reason("gemm", concrete(a), concrete(b), concrete(bias), out_dtype)
+
+
+def swiglu_reason(a: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> str | None:
+    """Why autows cannot serve ``silu(a @ w_gate) * (a @ w_up)`` in one kernel; None when it can."""
+    if not config.gemm:
+        return "disabled by torch_autows.config.gemm = False (TORCH_AUTOWS_GEMM=0)"
+    r = device_reason(a.device)
+    if r:
+        return r
+    if a.dtype not in (torch.float16, torch.bfloat16):
+        return f"dtype {a.dtype}; the fused SwiGLU GEMM takes float16 or bfloat16"
+    return _runtime_reason("swiglu", concrete(a), concrete(w_gate), concrete(w_up))
 
 
 def attention_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
@@ -234,6 +247,15 @@ def gemm_choice(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = No
     m = _hint(a.shape[0]) * (_hint(a.shape[1]) if a.dim() == 3 else 1)
     n, k = _hint(b.shape[-1]), _hint(a.shape[-1])
     return _site_choice(lambda: rt.site_decision(a, b, bias), lambda: choice.gemm_prior(m, n, k), a, b, bias)
+
+
+def swiglu_choice(a: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> SiteChoice:
+    """The side of a servable SwiGLU site: the fused kernel, or Inductor's two cuBLAS GEMMs and product."""
+    from ..runtime import choice
+    from ..runtime import swiglu as rt
+
+    m, n, k = _hint(a.shape[0]), _hint(w_gate.shape[-1]), _hint(a.shape[-1])
+    return _site_choice(lambda: rt.site_decision(a, w_gate, w_up), lambda: choice.gemm_prior(m, n, k), a, w_gate, w_up)
 
 
 def attention_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,

@@ -1,0 +1,96 @@
+"""The post-grad SwiGLU rewrite (inductor/rewrite_swiglu.py): gate, up and silu-product become one
+``autows::gemm_swiglu`` in inference graphs of the Llama MLP (Inductor's silu decomposition, nn.SiLU as Hugging
+Face's ACT2FN uses it, x * sigmoid(x)); near misses and training graphs stay unfused with a reason."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._inductor.config as ic
+import torch.nn as nn
+import torch.nn.functional as F
+
+from torch_autows.inductor import api, support
+from torch_autows.runtime import swiglu as rt_swiglu
+
+from .conftest import compile_time_yes
+
+aten = torch.ops.aten
+
+
+class MLP(nn.Module):
+    def __init__(self, h=32, f=48, act="silu"):
+        super().__init__()
+        self.gate, self.up = nn.Linear(h, f, bias=False), nn.Linear(h, f, bias=False)
+        self.down = nn.Linear(f, h, bias=False)
+        self.act = {"silu": F.silu, "module": nn.SiLU(), "sigmoid": lambda x: x * torch.sigmoid(x), "gelu": F.gelu}[act]
+
+    def forward(self, x):
+        return self.down(self.act(self.gate(x)) * self.up(x))
+
+
+@pytest.fixture
+def swiglu_pretend(pretend, monkeypatch):
+    monkeypatch.setattr(rt_swiglu, "support_reason", compile_time_yes(rt_swiglu.support_reason))
+
+
+def _post_grad_graphs(monkeypatch):
+    """Record the graph after our post-grad pass ran."""
+    seen = []
+    from torch_autows.inductor import graph_passes
+
+    real = graph_passes.AutoWSPostGradPass.ours
+
+    def ours(self, graph):
+        real(self, graph)
+        seen.append(str(graph))
+
+    monkeypatch.setattr(graph_passes.AutoWSPostGradPass, "ours", ours)
+    return seen
+
+
+def _run(model, x, monkeypatch):
+    seen = _post_grad_graphs(monkeypatch)
+    with ic.patch(api.inductor_options()):
+        got = torch.compile(model)(x)
+    return got, "\n".join(seen)
+
+
+@pytest.mark.parametrize("act", ["silu", "module", "sigmoid"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_inference_mlp_is_fused(swiglu_pretend, monkeypatch, act, dtype):
+    torch.manual_seed(0)
+    model = MLP(act=act).to(dtype)
+    x = torch.randn(2, 5, 32, dtype=dtype)
+    with torch.no_grad():
+        got, graph = _run(model, x, monkeypatch)
+        ref = model(x)
+    assert support.site_counters["swiglu.rewritten"] == 1
+    assert "autows.gemm_swiglu" in graph and graph.count("aten.mm") == 0  # down: autows.gemm
+    torch.testing.assert_close(got, ref, atol=2e-2, rtol=2e-2)
+
+
+def test_near_misses_stay_unfused(swiglu_pretend, monkeypatch, log_warnings):
+    x = torch.randn(4, 32, dtype=torch.bfloat16)
+    with torch.no_grad():
+        _, graph = _run(MLP(act="gelu").to(torch.bfloat16), x, monkeypatch)  # not silu: no pattern at all
+    assert "gemm_swiglu" not in graph and support.site_counters["swiglu.rewritten"] == 0
+
+    class TwoInputs(MLP):
+        def forward(self, x):
+            return self.down(F.silu(self.gate(x)) * self.up(x * 2))
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        _, graph = _run(TwoInputs().to(torch.bfloat16), x, monkeypatch)
+    assert "gemm_swiglu" not in graph
+    assert "different activations" in log_warnings.text
+
+
+def test_training_graph_keeps_inductors_path(swiglu_pretend, monkeypatch, log_warnings):
+    model = MLP().to(torch.bfloat16)
+    x = torch.randn(4, 32, dtype=torch.bfloat16, requires_grad=True)
+    got, graph = _run(model, x, monkeypatch)
+    got.sum().backward()
+    assert "gemm_swiglu" not in graph and support.site_counters["swiglu.rewritten"] == 0
+    assert "used outside the SwiGLU pattern" in log_warnings.text
+    assert x.grad is not None and torch.isfinite(x.grad.float()).all()
