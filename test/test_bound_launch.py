@@ -218,3 +218,58 @@ def test_the_choice_sends_a_call_to_the_vendor_and_remembers_it(fake_gpu, monkey
     assert fallback.counters["gemm.vendor"] == 1 and fallback.counters["gemm.autows"] == 0 and fake_gpu == []
     monkeypatch.setattr(config, "choice", "autows")  # the same call, forced: our kernel launches
     assert rtg.gemm(a, b, None, torch.bfloat16) is not None and fake_gpu == ["slow"]
+
+
+@pytest.fixture
+def cpu_scratch(monkeypatch):
+    """runtime.scratch on CPU: one (workspace, counters) pair, grown as asked; the sizes asked are recorded."""
+    from torch_autows.runtime import scratch
+
+    asked, pair = [], {}
+
+    def get(idx, ws_elems, tiles):
+        asked.append((ws_elems, tiles))
+        if not pair or pair["ws"].numel() < ws_elems or pair["locks"].numel() < tiles:
+            pair.update(ws=torch.empty(ws_elems), locks=torch.zeros(tiles, dtype=torch.int32))
+        return pair["ws"], pair["locks"]
+
+    monkeypatch.setattr(scratch, "get", get)
+    return asked, pair
+
+
+def test_split_k_gemm_launch_arguments_and_grid(fake_gpu, cpu_scratch):
+    """A split-K config gets the workspace and counters after the scalars, and S CTAs per output tile."""
+    asked, pair = cpu_scratch
+    a, b, out = torch.randn(5, 1024).bfloat16(), torch.randn(1024, 256).bfloat16(), torch.empty(5, 256).bfloat16()
+    o = rtg.CONFIGS["dec_128x128_s4"]
+    rtg.gemm(a, b, None, torch.bfloat16, config="dec_128x128_s4", out=out)
+    rtg.gemm(a, b, None, torch.bfloat16, config="dec_128x128_s4", out=out)  # bound
+    tiles = 1 * (256 // o.block_n)
+    assert asked == [(4 * tiles * o.block_m * o.block_n, tiles)] * 2  # the bound call asks for this stream's pair
+    assert fake_gpu[1][0] == tiles * 4  # grid: every part of every tile (fewer than the SMs)
+    assert _kernel_args(fake_gpu[1][13:]) == [
+        ("map", a.data_ptr(), (5, 1024), (1024, 1)), ("map", b.data_ptr(), (1024, 256), (256, 1)),
+        ("map", out.data_ptr(), (5, 256), (256, 1)), 5, 256, 1024, pair["ws"].data_ptr(), pair["locks"].data_ptr()]
+
+
+def test_swiglu_launch_arguments(fake_gpu, cpu_scratch):
+    """The SwiGLU kernel gets a, both weights (nn.Linear's transposed views, read as [N, K]), c, the scalars,
+    and a workspace slot per accumulator (2) and part."""
+    from torch_autows.runtime import swiglu as rts
+
+    rts._BOUND.clear()
+    asked, pair = cpu_scratch
+    a = torch.randn(3, 512).bfloat16()
+    wg, wu = torch.randn(384, 512).bfloat16(), torch.randn(384, 512).bfloat16()
+    out = torch.empty(3, 384).bfloat16()
+    name = "swiglu_dec_64x128_s2"
+    o = rts.CONFIGS[name]
+    rts.gemm_swiglu(a, wg.t(), wu.t(), torch.bfloat16, config=name, out=out)
+    rts.gemm_swiglu(a, wg.t(), wu.t(), torch.bfloat16, config=name, out=out)  # bound
+    tiles = -(-384 // o.block_n)
+    assert asked[-1] == (2 * 2 * tiles * o.block_m * o.block_n, tiles)
+    assert _kernel_args(fake_gpu[1][13:]) == [
+        ("map", a.data_ptr(), (3, 512), (512, 1)), ("map", wg.data_ptr(), (384, 512), (512, 1)),
+        ("map", wu.data_ptr(), (384, 512), (512, 1)), ("map", out.data_ptr(), (3, 384), (384, 1)),
+        3, 384, 512, pair["ws"].data_ptr(), pair["locks"].data_ptr()]
+    rts._BOUND.clear()

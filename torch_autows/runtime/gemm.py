@@ -159,13 +159,6 @@ def _bmm_reason(a, b) -> str | None:
     return None
 
 
-def _plan(req: GemmRequest, config: str):
-    """Everything a launch needs that does not depend on the tensors' addresses (launch.compile_kernel caches
-    it: keeps launches cheap)."""
-    kernel = compile_kernel("gemm", req, CONFIGS[config])
-    return kernel.launcher, kernel.program.grid.persistent, kernel.program.options
-
-
 #: A call's metadata (shapes, strides, dtypes, device, config) -> (launch.Bound, output shape). A repeated
 #: call skips the support checks, config choice and plan lookup and passes only its tensors' addresses:
 #: everything those steps decide is a function of the key, and Bound checks the addresses' alignment.
@@ -188,19 +181,31 @@ def _replay(hit, a, b, out, out_dtype, bias=None):
 
 
 def _launch(req: GemmRequest, config: str, a2, b2, c2, bias, M, N, K, device, key, shape):
+    tensors = {"a": a2, "b": b2, "c": c2}
+    launch_template(req, CONFIGS[config], tensors, {"bias": bias} if bias is not None else {}, M, N, K, device,
+                    _BOUND, key, shape)
+
+
+def launch_template(req: GemmRequest, options: Options, tensors: dict, ptrs: dict, M: int, N: int, K: int, device,
+                    cache: BoundCache, key, shape, accumulators: int = 1) -> None:
+    """Launch the GEMM template's kernel for ``req`` and ``options`` (runtime.gemm and runtime.swiglu): ``tensors``
+    are read or written through TMA descriptors, ``ptrs`` are pointer args, both by the Program's argument names;
+    a split-K config gets this stream's workspace (``accumulators`` slots per part of every output tile) and
+    counters. The launch is remembered in ``cache`` under ``key`` (with ``shape``, the output's)."""
     try:  # no directory to write the kernel source to (or another OSError): torch serves the call, with why
-        launcher, persistent, o = _plan(req, config)
+        kernel = compile_kernel("gemm", req, options)
+        launcher, persistent = kernel.launcher, kernel.program.grid.persistent
     except OSError as e:
         raise Unsupported(f"could not build the kernel: {e}") from e
-    values = {name: Tma(t, t.shape, t.stride()) for name, t in (("a", a2), ("b", b2), ("c", c2))}
-    if bias is not None:
-        values["bias"] = bias
+    o = options
+    values = {name: Tma(t, t.shape, t.stride()) for name, t in tensors.items()}
+    values.update(ptrs)
     values.update(M=M, N=N, K=K)
     idx = dev.index(device)
     tiles = req.batch * -(-M // o.block_m) * -(-N // o.block_n)
     extra = ()
-    if o.split_k > 1:  # passes/split_k: a workspace slot per part of every output tile, a counter per tile
-        extra = ((o.split_k * tiles * o.block_m * o.block_n, tiles),)
+    if o.split_k > 1:  # passes/split_k: a workspace slot per accumulator and part of every tile, a counter per tile
+        extra = ((accumulators * o.split_k * tiles * o.block_m * o.block_n, tiles),)
         values["ws"], values["locks"] = scratch.get(idx, *extra[0])
     args = launcher.ordered(values)  # by the Program's argument names
     grid = tiles * o.split_k
@@ -209,7 +214,7 @@ def _launch(req: GemmRequest, config: str, a2, b2, c2, bias, M, N, K, device, ke
         launcher(grid, args, idx)
     except OSError as e:
         raise Unsupported(f"could not compile the kernel: {e}") from e
-    _BOUND.remember(key, launcher, grid, args, idx, shape, *extra)
+    cache.remember(key, launcher, grid, args, idx, shape, *extra)
 
 
 def _out_reason(out) -> str | None:

@@ -21,9 +21,9 @@ from ..templates.gemm import GemmRequest
 from . import choice, scratch
 from . import device as dev
 from .fallback import Unsupported
-from .gemm import DTYPES, VENDOR, _out_reason, _tma_view, decode_time
+from .gemm import DTYPES, VENDOR, _out_reason, _tma_view, decode_time, launch_template
 from .gemm import support_reason as gemm_reason
-from .launch import BoundCache, Tma, compile_kernel
+from .launch import BoundCache
 
 #: The swiglu configs (choose_config picks among them, config= names one; tests compile each offline).
 CONFIGS: dict[str, Options] = {
@@ -171,29 +171,6 @@ def gemm_swiglu(a, bg, bu, out_dtype, config: str | None = None, out: torch.Tens
     c = out if out is not None else torch.empty((M, N), device=a.device, dtype=out_dtype)
     # M, N, K are run-time scalars: the request that keys the compiled kernel leaves them at 1
     req = GemmRequest(1, 1, 1, DTYPES[a.dtype], DTYPES[out_dtype], ta, tb, epilogue="swiglu")
-    _launch(req, name, a.t() if ta else a, bg.t() if tb else bg, bu.t() if tb else bu, c, M, N, K, key)
+    tensors = {"a": a.t() if ta else a, "b": bg.t() if tb else bg, "bu": bu.t() if tb else bu, "c": c}
+    launch_template(req, CONFIGS[name], tensors, {}, M, N, K, a.device, _BOUND, key, (M, N), accumulators=2)
     return c
-
-
-def _launch(req: GemmRequest, config: str, a2, bg2, bu2, c, M, N, K, key) -> None:
-    try:  # no directory to write the kernel source to (or another OSError): torch serves the call, with why
-        kernel = compile_kernel("gemm", req, CONFIGS[config])
-        launcher, o = kernel.launcher, kernel.program.options
-    except OSError as e:
-        raise Unsupported(f"could not build the kernel: {e}") from e
-    values = {n: Tma(t, t.shape, t.stride()) for n, t in (("a", a2), ("b", bg2), ("bu", bu2), ("c", c))}
-    values.update(M=M, N=N, K=K)
-    idx = dev.index(a2.device)
-    tiles = -(-M // o.block_m) * -(-N // o.block_n)
-    extra = ()
-    if o.split_k > 1:  # passes/split_k: a workspace slot per accumulator and part of every tile, a counter per tile
-        extra = ((2 * o.split_k * tiles * o.block_m * o.block_n, tiles),)
-        values["ws"], values["locks"] = scratch.get(idx, *extra[0])
-    args = launcher.ordered(values)
-    grid = tiles * o.split_k
-    grid = min(grid, dev.num_sms(idx)) if kernel.program.grid.persistent else grid
-    try:  # the first launch of a specialisation compiles it (Triton's cache may be unwritable)
-        launcher(grid, args, idx)
-    except OSError as e:
-        raise Unsupported(f"could not compile the kernel: {e}") from e
-    _BOUND.remember(key, launcher, grid, args, idx, (M, N), *extra)
