@@ -94,3 +94,18 @@ def test_training_graph_keeps_inductors_path(swiglu_pretend, monkeypatch, log_wa
     assert "gemm_swiglu" not in graph and support.site_counters["swiglu.rewritten"] == 0
     assert "used outside the SwiGLU pattern" in log_warnings.text
     assert x.grad is not None and torch.isfinite(x.grad.float()).all()
+
+
+@pytest.mark.parametrize("act", ["silu", "module", "sigmoid"])
+def test_explain_lists_the_fusion(swiglu_pretend, act):
+    import torch_autows
+
+    report = torch_autows.explain(MLP(act=act).to(torch.bfloat16), torch.randn(2, 5, 32, dtype=torch.bfloat16),
+                                  print_report=False)
+    fused = [s for s in report.sites if s.kind == "swiglu"]
+    assert len(fused) == 1 and fused[0].kernel == "autows" and "autows::gemm_swiglu" in fused[0].why
+    assert report.count("gemm") == 1  # down alone: gate and up are inside the fusion
+    assert "1 SwiGLU fusion(s)" in str(report).splitlines()[0]
+    gelu = torch_autows.explain(MLP(act="gelu").to(torch.bfloat16), torch.randn(4, 32, dtype=torch.bfloat16),
+                                print_report=False)
+    assert gelu.count("swiglu") == 0 and gelu.count("gemm") == 3

@@ -31,7 +31,7 @@ _counter = itertools.count()
 @dataclasses.dataclass
 class Site:
     graph: int
-    kind: str       # "attention" | "gemm"
+    kind: str       # "attention" | "gemm" | "swiglu" (two GEMMs and their silu-product as one kernel)
     form: str       # sdpa / explicit / linear / matmul / mm / bmm / addmm
     node: str
     shape: str
@@ -54,10 +54,11 @@ class ExplainReport:
         return sum(s.kind == kind and (kernel is None or s.kernel == kernel) for s in self.sites)
 
     def __str__(self) -> str:
-        vendor = self.count("attention", "vendor") + self.count("gemm", "vendor")
+        vendor = self.count("attention", "vendor") + self.count("gemm", "vendor") + self.count("swiglu", "vendor")
+        fusions = f", {self.count('swiglu', 'autows')} SwiGLU fusion(s)" if self.count("swiglu") else ""
         head = (f"autows explain: {self.graphs} graph(s); attention {self.count('attention', 'autows')}/"
                 f"{self.count('attention')} sites served, GEMM {self.count('gemm', 'autows')}/"
-                f"{self.count('gemm')} sites served (mode={self.mode or 'default'})"
+                f"{self.count('gemm')} sites served{fusions} (mode={self.mode or 'default'})"
                 + (f"; {vendor} servable site(s) kept on the vendor's faster kernel" if vendor else ""))
         return "\n".join([head, *(s.line() for s in self.sites)])
 
@@ -109,6 +110,58 @@ def _gemm_request(n: fx.Node):
     return None
 
 
+_SILU = (F.silu,)
+_MUL = (operator.mul, torch.mul)
+
+
+def _linear_of(n) -> fx.Node | None:
+    """``n`` when it is a bias-free torch-level linear (the GEMMs the SwiGLU fusion takes), else None."""
+    if isinstance(n, fx.Node) and n.op == "call_function" and n.target in _LINEAR:
+        bias = n.args[2] if len(n.args) > 2 else n.kwargs.get("bias")
+        return n if bias is None else None
+    return None
+
+
+def _swiglu_sites(gm: fx.GraphModule) -> list[tuple[fx.Node, fx.Node, fx.Node]]:
+    """(mul, gate linear, up linear) for each ``silu(linear(x, Wg)) * linear(x, Wu)`` (silu as F.silu or
+    nn.SiLU, or ``g * sigmoid(g)``) in a torch-level graph: what inductor/rewrite_swiglu.py fuses after
+    lowering, where the graph needs no backward through it."""
+    out = []
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or n.target not in _MUL or len(n.args) != 2:
+            continue
+        for s, u in (n.args, n.args[::-1]):
+            gate = None
+            if isinstance(s, fx.Node) and s.op == "call_function" and s.target in _SILU:
+                gate = _linear_of(s.args[0])
+            elif isinstance(s, fx.Node) and s.op == "call_function" and s.target in _MUL and len(s.args) == 2:
+                for g, sg in (s.args, s.args[::-1]):
+                    if isinstance(sg, fx.Node) and sg.target is torch.sigmoid and sg.args[0] is g:
+                        gate = _linear_of(g)
+            up = _linear_of(u)
+            if gate is not None and up is not None and gate.args[0] is up.args[0]:
+                out.append((n, gate, up))
+                break
+    return out
+
+
+def _swiglu_site(index: int, mul: fx.Node, gate: fx.Node, up: fx.Node) -> Site:
+    a, wg, wu = val(gate.args[0]), val(gate.args[1]), val(up.args[1])
+    mode = getattr(a, "fake_mode", None)
+    with mode if mode is not None else contextlib.nullcontext():
+        a2, bg, bu = a.reshape(-1, a.shape[-1]), wg.t(), wu.t()
+    shape = f"silu([{_shape(a2)}]@[{_shape(bg)}])*([{_shape(a2)}]@[{_shape(bu)}])"
+    reason = support.swiglu_reason(a2, bg, bu)
+    if reason is not None:
+        return Site(index, "swiglu", "linear", mul.name, shape, "fallback", reason, _where(mul))
+    chosen = support.swiglu_choice(a2, bg, bu)
+    why = chosen.vendor_reason or ("gate and up GEMMs and the silu-product fused into autows::gemm_swiglu "
+                                   "(inference graphs; a graph that saves them for a backward keeps them)"
+                                   + _chosen(chosen))
+    return Site(index, "swiglu", "linear", mul.name, shape, "autows" if chosen.use_ours else "vendor", why,
+                _where(mul))
+
+
 def _chosen(chosen) -> str:
     """How the measured choice (runtime.choice) stands for a servable site: its decision, or per call."""
     if chosen is None:
@@ -126,8 +179,15 @@ def _sites_of(gm: fx.GraphModule, index: int, max_autotune: bool) -> list[Site]:
         out.append(Site(index, "attention", s.kind, s.node.name, s.summary(), kernel,
                         "autows::attention (generated kernel; backward via attention_grad)" + _chosen(s.choice)
                         if served else s.reason or s.vendor, _where(s.node)))
+    fused = set()
+    if not max_autotune:  # the SwiGLU rewrite runs with max-autotune off, like the GEMM rewrite
+        for mul, gate, up in _swiglu_sites(gm):
+            site = _swiglu_site(index, mul, gate, up)
+            out.append(site)
+            if site.kernel == "autows":
+                fused.update((gate, up))
     for n in gm.graph.nodes:
-        if n in in_attention:
+        if n in in_attention or n in fused:
             continue
         req = _gemm_request(n)
         if req is None:
