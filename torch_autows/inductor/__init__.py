@@ -8,6 +8,7 @@ Modules, low to high (a module imports only from its own line or lower ones; tes
     lowering.py           the ops' Inductor lowerings: direct calls of the extern kernels (no dispatcher per call)
     rewrite_attention.py  finds attention sites in the Dynamo (torch-level) graph and rewrites them to our op
     rewrite_gemm.py       post-grad rewrite of aten.mm/addmm/bmm to our op (when max-autotune is off)
+    rewrite_swiglu.py     post-grad fusion of a SwiGLU MLP's gate, up and silu-product into autows::gemm_swiglu
     graph_passes.py       the ``CustomGraphPass`` objects (cache-key uuid, chaining the user's passes)
     choices.py            our GEMM as an ``ExternKernelChoice`` in Inductor's mm/addmm/bmm autotuning
     backend.py            the ``autows`` torch.compile backend (entry point ``torch_dynamo_backends``)
