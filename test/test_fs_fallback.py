@@ -42,7 +42,8 @@ def test_dump_dir_gets_every_step(tmp_path, monkeypatch):
     monkeypatch.setattr(config, "dump_dir", str(tmp_path / "dump" / "nested"))
     pipeline.run(build(GemmRequest(1, 1, 1, "bf16", "bf16", False, False, False), rtg.CONFIGS["ws_p_128x128"]))
     names = sorted(os.listdir(tmp_path / "dump" / "nested"))
-    assert len(names) == len(pipeline.PIPELINE) + 1 and names[-1].endswith(".06.code_partition.ir"), names
+    assert len(names) == len(pipeline.PIPELINE) + 1 and names[-1].endswith(
+        f".{len(pipeline.PIPELINE):02d}.{pipeline.STAGES[-1]}.ir"), names
 
 
 @pytest.fixture

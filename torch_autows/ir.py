@@ -14,6 +14,7 @@ Analysis results live on the IR so every pass's result prints:
     Program.partitions (warps, regs), Program.buffers, Program.channels       later passes
     Buffer.count / Buffer.offset                                              memory_plan
     Partition.body, Channel.group, Program.groups (barrier pairs)             code_partition
+    Program.turns (ping-pong turn barriers)                                   ping_pong
 
 ``format_program`` prints a Program; ``parse_program`` reads the same text back (tests use it to
 write pass inputs and expectations as text).
@@ -240,6 +241,25 @@ class BarrierGroup:
 
 
 @dataclass(frozen=True)
+class TurnGroup:
+    """Ping-pong turn mbarriers, the other kind of barrier group: one per partition of ``partitions`` (in
+    turn order), each completed by one arrival. Partition i waits on barrier i before issuing an mma
+    group and arrives on barrier i+1 (mod count) after it (ops ``turn_wait {me=i}`` / ``turn_pass {to}``)."""
+
+    name: str
+    partitions: tuple[str, ...]
+
+    @property
+    def count(self) -> int:
+        return len(self.partitions)
+
+    @property
+    def nbytes(self) -> int:
+        """SMEM of the barriers: 8 B each."""
+        return 8 * self.count
+
+
+@dataclass(frozen=True)
 class Program:
     name: str
     args: tuple[Arg, ...]
@@ -253,6 +273,7 @@ class Program:
     smem_bytes: int | None = None
     notes: tuple[str, ...] = field(default=())
     arch: Arch = SM90
+    turns: TurnGroup | None = None  # ping-pong turn barriers (passes/ping_pong); None: partitions do not take turns
 
     def arg(self, name: str) -> Arg:
         for a in self.args:

@@ -6,7 +6,8 @@ synchronisation ops); ``test/ir/test_ir_ops.py`` checks all three agree.
 
 Fields:
     operands, results  (min, max) counts; max None: any number (loop, yield)
-    phase        "template": templates build it and every pass sees it; "partitioned": code_partition makes it
+    phase        "template": templates build it and every pass sees it; "partitioned": code_partition (or a later
+                 pass: software_pipeline, ping_pong) makes it
     axes         how the result's axes follow the operands' (data_partition's split rule; codegen's layouts):
                  "elementwise" (same shape; size-1 dims broadcast), "mma" (rows from A and the accumulator,
                  columns from B), "trans" (swapped), "expand" (a new size-1 dim at ``axis``), "reduce"
@@ -14,7 +15,7 @@ Fields:
     output       writes a kernel output; data_partition splits its operand along rows (axis 0)
     row_attrs    attributes indexed by the tile's rows, which a chain of a data partition shifts by its first
                  row: (attribute, "offset") adds the row offset, (attribute, "bound") subtracts it
-    blocking     may block the warp (a wait): ends a ping-pong issue group of mmas (code_partition)
+    blocking     may block the warp (a wait): ends a ping-pong issue group of mmas (ping_pong)
     latency      stages a user must run after it in a software pipeline (loop_schedule, verify)
     structural   a container (loop) or its terminator (yield): every pass and interpreter walks it as structure
 """
@@ -85,7 +86,7 @@ OPS: dict[str, OpKind] = _kinds(
     # no template builds these yet (the interpreter's tests do)
     OpKind("neg", _UNARY, _ONE, axes="elementwise"),
     OpKind("where", (3, 3), _ONE, axes="elementwise"),
-    # made by code_partition: channel rings, wgmma retirement, ping-pong turns
+    # made by code_partition: channel rings, wgmma retirement (also software_pipeline); by ping_pong: turns
     OpKind("acquire", _NONE, _NONE, phase="partitioned", blocking=True),
     OpKind("wait_ready", _NONE, _NONE, phase="partitioned", blocking=True),
     OpKind("get", _NONE, _ONE, phase="partitioned"),

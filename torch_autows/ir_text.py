@@ -7,7 +7,22 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from .ir import SM90, Arch, Arg, BarrierGroup, Buffer, Channel, Grid, Op, Options, Partition, Program, TileType, Value
+from .ir import (
+    SM90,
+    Arch,
+    Arg,
+    BarrierGroup,
+    Buffer,
+    Channel,
+    Grid,
+    Op,
+    Options,
+    Partition,
+    Program,
+    TileType,
+    TurnGroup,
+    Value,
+)
 
 
 def _fmt_attr(v: Any) -> str:
@@ -53,6 +68,8 @@ def format_program(p: Program) -> str:
     for g in p.groups:
         lines.append(f"  barriers {g.name}: count={g.count} arrivals={g.arrivals} bytes={g.nbytes} "
                      f"channels={','.join(g.channels)}")
+    if p.turns is not None:
+        lines.append(f"  turns {p.turns.name}: partitions={','.join(p.turns.partitions)} bytes={p.turns.nbytes}")
     if p.smem_bytes is not None:
         lines.append(f"  smem {p.smem_bytes}")
     for n in p.notes:
@@ -158,7 +175,7 @@ def parse_program(text: str) -> Program:
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
     name = lines[0].split()[1]
     args, parts, bufs, chans, groups, notes = [], [], [], [], [], []
-    grid = options = smem = None
+    grid = options = smem = turns = None
     arch = SM90  # text without an arch line (hand-written pass inputs) targets Hopper
     body: tuple[Op, ...] = ()
     codes: dict[str, tuple[Op, ...]] = {}
@@ -198,6 +215,11 @@ def parse_program(text: str) -> Program:
             m = re.fullmatch(r"barriers (\S+): count=(\d+) arrivals=(\d+) bytes=(\d+) channels=(\S+)", s)
             groups.append(BarrierGroup(m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)),
                                        tuple(m.group(5).split(","))))
+        elif s.startswith("turns "):
+            m = re.fullmatch(r"turns (\S+): partitions=(\S+) bytes=(\d+)", s)
+            turns = TurnGroup(m.group(1), tuple(m.group(2).split(",")))
+            if turns.nbytes != int(m.group(3)):
+                raise ValueError(f"turns line {s!r}: {turns.count} turn barriers take {turns.nbytes} bytes")
         elif s.startswith("smem "):
             smem = int(s.split()[1])
         elif s.startswith("note "):
@@ -210,4 +232,4 @@ def parse_program(text: str) -> Program:
             raise ValueError(f"cannot parse line {s!r}")
     parts = [replace(pt, body=codes.get(pt.name, ())) for pt in parts]
     return Program(name, tuple(args), grid, options or Options(), body, tuple(parts), tuple(bufs), tuple(chans),
-                   tuple(groups), smem, tuple(notes), arch)
+                   tuple(groups), smem, tuple(notes), arch, turns)

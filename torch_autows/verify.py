@@ -1,7 +1,10 @@
 """IR invariants per pipeline stage. ``check(program, stage)`` raises ``VerifyError`` naming the op.
 
 Stages are ``passes.pipeline.STAGES`` ("template" and the name of each pass in PIPELINE); each stage's
-checks include those of the stages before it.
+checks include those of the stages before it. From code_partition on: rings balance (``_check_code``) and
+ping-pong turns are consistent (``_check_turns``: none before ping_pong makes Program.turns); from
+software_pipeline on: a partition loop whose ops span two stages runs its late ops one step behind
+(``_check_pipelined``).
 """
 from __future__ import annotations
 
@@ -20,7 +23,8 @@ def _fail(stage: str, msg: str, o=None):
     raise VerifyError(f"[{stage}] {msg}{where}")
 
 
-def check(program: Program, stage: str = "code_partition") -> None:
+def check(program: Program, stage: str = STAGES[-1]) -> None:
+    """The invariants that hold after ``stage`` (default: the pipeline's last), or ``VerifyError``."""
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; the stages are {', '.join(STAGES)}")
     level = STAGES.index(stage)
@@ -38,6 +42,9 @@ def check(program: Program, stage: str = "code_partition") -> None:
         _check_memory(program, stage)
     if level >= STAGES.index("code_partition"):
         _check_code(program, stage)
+        _check_turns(program, stage)
+    if level >= STAGES.index("software_pipeline"):
+        _check_pipelined(program, stage)
 
 
 def _check_ssa(p: Program, stage: str):
@@ -218,3 +225,88 @@ def _check_code(p: Program, stage: str):
                      if o.kind == "release" and o.attr("group") == g.name}
         if len(consumers) != g.arrivals:
             _fail(stage, f"group {g.name} expects {g.arrivals} releasing partitions, found {sorted(consumers)}")
+
+
+def _check_pipelined(p: Program, stage: str):
+    """passes/software_pipeline: in a partition loop whose ops span two stages and that runs at least once, ops
+    of the last stage read nothing of the current step's earlier stages (an early op's result, a ring slot got
+    this step, or a wait retiring an early mma): they run one step behind, on carried values and lagged gets."""
+    for pt in p.partitions:
+        for loop in (o for o in walk(pt.body) if o.kind == "loop"):
+            stages = {o.stage for o in loop.body if o.stage is not None}
+            if len(stages) < 2 or loop.attr("min_trip", 0) < 1:
+                continue
+            last, early = max(stages), set()
+            for o in loop.body:
+                if (o.stage is not None and o.stage < last) or (o.kind == "get" and not o.attr("lag")) or \
+                        (o.stage is None and o.operands and o.operands[0] in early):
+                    early.update(r.name for r in o.results)
+            for o in loop.body:
+                bad = [x for x in o.operands if x in early] if o.stage == last else []
+                if bad:
+                    _fail(stage, f"{pt.name}: a stage-{last} op reads %{bad[0]} of the same step's earlier stage: a "
+                          f"loop whose ops span two stages must be software pipelined (late ops one step behind)", o)
+
+
+def _turn_shape(ops, part: str, stage: str) -> tuple:
+    """The turns one op list takes, loops (with their bounds) nested; every mma inside a turn, every turn_wait
+    followed by its turn_pass before anything else waits or a loop starts."""
+    shape: list = []
+    inside = None
+    for o in ops:
+        if o.kind == "turn_wait":
+            if inside is not None:
+                _fail(stage, f"{part} waits for a turn twice without passing it", o)
+            inside = o
+            shape.append("turn")
+        elif o.kind == "turn_pass":
+            if inside is None:
+                _fail(stage, f"{part} passes a turn it did not wait for", o)
+            inside = None
+        elif o.kind == "mma" and inside is None:
+            _fail(stage, f"{part} takes ping-pong turns but issues this mma outside a turn", o)
+        elif o.kind == "loop":
+            if inside is not None:
+                _fail(stage, f"{part} starts a loop inside a turn", o)
+            inner = _turn_shape(o.body, part, stage)
+            if inner:
+                shape.append((o.attr("lb"), o.attr("ub"), inner))
+    if inside is not None:
+        _fail(stage, f"{part} waits for a turn it never passes", inside)
+    return tuple(shape)
+
+
+def _check_turns(p: Program, stage: str):
+    """passes/ping_pong: turn ops only with Program.turns; each of its partitions waits on its own barrier and
+    passes to the next, every mma inside a turn, wait and pass paired in each op list; all take the same turns
+    per tile (in loops with equal bounds), so no turn barrier is left a phase behind."""
+    t = p.turns
+    turn_ops = {pt.name: [o for o in walk(pt.body) if o.kind in ("turn_wait", "turn_pass")] for pt in p.partitions}
+    if t is None:
+        for name, ops in turn_ops.items():
+            if ops:
+                _fail(stage, f"{name} takes ping-pong turns, but the program has no turn barriers (Program.turns)",
+                      ops[0])
+        return
+    names = [pt.name for pt in p.partitions]
+    if len(t.partitions) < 2 or len(set(t.partitions)) != t.count or not set(t.partitions) <= set(names):
+        _fail(stage, f"turns {t.name}: {t.partitions} must be two or more distinct partitions of {names}")
+    shapes = {}
+    for pt in p.partitions:
+        if pt.name not in t.partitions:
+            if turn_ops[pt.name]:
+                _fail(stage, f"{pt.name} takes turns but is not in turns {t.name} {t.partitions}",
+                      turn_ops[pt.name][0])
+            continue
+        me = t.partitions.index(pt.name)
+        for o in turn_ops[pt.name]:
+            want = {"turns": t.count, "me" if o.kind == "turn_wait" else "to": me if o.kind == "turn_wait"
+                    else (me + 1) % t.count}
+            if any(o.attr(k) != v for k, v in want.items()):
+                _fail(stage, f"{pt.name} is turn partition {me} of {t.count}: its {o.kind} needs {want}", o)
+        shapes[pt.name] = _turn_shape(pt.body, pt.name, stage)
+        if not shapes[pt.name]:
+            _fail(stage, f"{pt.name} is in turns {t.name} but never takes a turn: the others would wait for it")
+    if len(set(shapes.values())) > 1:
+        _fail(stage, f"the partitions of turns {t.name} take different turns per tile ({shapes}): the turn "
+              f"barriers would drift a phase apart")

@@ -103,3 +103,18 @@ def test_mask_guard_is_exact(causal):
                 assert eval(guard, env), (guard, env)
             skipped += not eval(guard, env)
     assert skipped > 100  # interior blocks do skip the mask
+
+
+def test_turn_barriers_come_from_the_ir():
+    """codegen allocates and names the ping-pong turn barriers from Program.turns (passes/ping_pong), not by
+    finding turn ops: the record's name and count are what the kernel allocates and the partitions use."""
+    from dataclasses import replace
+
+    program = pipeline.run(build(AttentionRequest(128, "bf16", False), CONFIGS["ws_p_128x128_q2_pp"]))
+    assert program.turns is not None and program.turns.count == 2
+    src = gluon.generate(replace(program, turns=replace(program.turns, name="turns_x")))
+    assert "turn_bar" not in src
+    assert "turns_x = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())" in src
+    assert "mbarrier.wait(turns_x.index(1), (turn_n & 1))" in src and "mbarrier.arrive(turns_x.index(0))" in src
+    with pytest.raises(ValueError, match="Program.turns"):
+        gluon.generate(replace(program, turns=None))

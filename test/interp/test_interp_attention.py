@@ -85,6 +85,22 @@ def _kinds(after):
     return violation_kinds(after, shape=(1, 1, 1, 64, 300))
 
 
+def test_every_partitioned_stage_runs():
+    """Each pass after code_partition leaves a complete program: the loop lowered in step order (code_partition),
+    pipelined (software_pipeline), with turns (ping_pong) all compute the same numbers, under every policy."""
+    trace: list = []
+    pipeline.run(build(AttentionRequest(64, "bf16", True), CONFIGS["ws_p_128x128_q2_pp"]), trace=trace)
+    stages = dict(trace)
+    before = stages["template"]
+    for seed in range(2):
+        inst = make_instance(before, seed, shape=(1, 1, 1, 130, 300))
+        seq = run_sequential(before, inst.inputs())
+        for name in pipeline.STAGES[pipeline.STAGES.index("code_partition"):]:
+            for policy in POLICIES:
+                out = run_partitioned(stages[name], inst.inputs(), policy=policy, seed=seed)
+                assert torch.equal(out["o"], seq["o"]) and torch.equal(out["lse"], seq["lse"]), (name, policy)
+
+
 def test_pipelined_loop_structure():
     _, after = _pair(d=128, causal=True)
     loop = next(o for o in after.partition("consumer0").body if o.kind == "loop")
@@ -161,3 +177,13 @@ def test_causal_tiles_grouped_per_head():
     inst = make_instance(after, 0, shape=(2, 3, 3, 700, 700))  # 6 heads x 6 query tiles over 5 CTAs
     out = run_partitioned(after, inst.inputs(), policy="adversarial", seed=0, nprog=5)
     assert inst.matches(out), inst.error(out)
+
+
+def test_turn_barriers_come_from_the_ir():
+    """The interpreter makes the turn barriers from Program.turns: turn ops without it are refused, naming it."""
+    from torch_autows.interp import InterpError
+
+    _, after = _pair(config="ws_p_128x128_q2_pp")
+    inst = make_instance(after, 0, shape=(1, 1, 1, 64, 300))
+    with pytest.raises(InterpError, match="Program.turns"):
+        run_partitioned(replace(after, turns=None), inst.inputs())

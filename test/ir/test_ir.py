@@ -4,8 +4,9 @@ import itertools
 
 import pytest
 
-from torch_autows.ir import ARCHS, SM90, TileType, check_expr, eval_expr, format_program, parse_program
+from torch_autows.ir import ARCHS, SM90, TileType, TurnGroup, check_expr, eval_expr, format_program, parse_program
 from torch_autows.passes import pipeline
+from torch_autows.runtime.attention import CONFIGS as ATTENTION_CONFIGS
 from torch_autows.runtime.gemm import CONFIGS
 from torch_autows.templates.gemm import GemmRequest, build
 
@@ -17,11 +18,43 @@ def test_print_parse_round_trip_after_every_pass(config, variant):
     trace = []
     pipeline.run(build(GemmRequest(512, 512, 512, trans_a=bool(ta), trans_b=bool(tb), bias=bool(bias), batch=batch),
                        CONFIGS[config]), trace=trace)
-    assert len(trace) == 7
+    assert [name for name, _ in trace] == list(pipeline.STAGES)
     for name, p in trace:
         text = format_program(p)
         assert parse_program(text) == p, name
         assert format_program(parse_program(text)) == text
+
+
+@pytest.mark.parametrize("config", sorted(ATTENTION_CONFIGS))
+def test_attention_round_trips_after_every_pass(config):
+    """Attention too, with its pipelined loops and, where the config asks, the ping-pong turns record."""
+    from torch_autows.runtime.attention import options_for, serves
+    from torch_autows.templates.attention import AttentionRequest
+    from torch_autows.templates.attention import build as build_attention
+
+    trace = []
+    d = 128 if serves(config, 128) else 64
+    pipeline.run(build_attention(AttentionRequest(d, "bf16", True), options_for(config, 0.125)), trace=trace)
+    assert [name for name, _ in trace] == list(pipeline.STAGES)
+    for name, p in trace:
+        text = format_program(p)
+        assert parse_program(text) == p, name
+        assert format_program(parse_program(text)) == text
+    assert (trace[-1][1].turns is not None) == ATTENTION_CONFIGS[config].pingpong
+
+
+def test_turns_line():
+    """Program.turns prints as one line (its barriers' bytes derived from the partitions) and a wrong byte
+    count in hand-written text is refused."""
+    from dataclasses import replace
+
+    p = replace(build(GemmRequest(512, 512, 512), CONFIGS["ws_p_128x256"]),
+                turns=TurnGroup("turn_bar", ("consumer0", "consumer1")))
+    text = format_program(p)
+    assert "  turns turn_bar: partitions=consumer0,consumer1 bytes=16\n" in text
+    assert parse_program(text) == p
+    with pytest.raises(ValueError, match="take 16 bytes"):
+        parse_program(text.replace("bytes=16", "bytes=8"))
 
 
 def test_arch_line_round_trips():

@@ -1,17 +1,20 @@
-"""The attention program through the same six passes: before/after IR (d=64, causal, two chains)."""
+"""The attention program through the same passes: before/after IR (d=64, causal, two chains)."""
 from __future__ import annotations
 
-import expecttest
+from dataclasses import replace
 
-from torch_autows.ir import format_program, parse_program, walk
-from torch_autows.passes import pipeline
+import expecttest
+import pytest
+
+from torch_autows.ir import TurnGroup, format_program, parse_program, walk
+from torch_autows.passes import PassError, pipeline, software_pipeline
 from torch_autows.runtime.attention import CONFIGS
 from torch_autows.templates.attention import AttentionRequest, build
 
 
-def _trace(causal=True, d=64):
+def _trace(causal=True, d=64, config="ws_p_128x128"):
     trace = []
-    pipeline.run(build(AttentionRequest(d, "bf16", causal), CONFIGS["ws_p_128x128"]), trace=trace)
+    pipeline.run(build(AttentionRequest(d, "bf16", causal), CONFIGS[config]), trace=trace)
     return dict(trace)
 
 
@@ -138,8 +141,8 @@ class TestAttentionPasses(expecttest.TestCase):
         self.assertExpectedInline(repr(mmas), """[('s_c0', 0, 1), ('s_c1', 0, 1), ('acc_new_c0', 0, 2), ('acc_new_c1', 0, 2)]""")
 
     def test_partitions_buffers_memory_plan(self):
-        p = _trace(causal=False, d=128)["code_partition"]
-        self.assertExpectedInline(_lines(p, "partition", "buffer", "channel", "barriers", "smem", "note"), """\
+        p = _trace(causal=False, d=128)["ping_pong"]
+        self.assertExpectedInline(_lines(p, "partition", "buffer", "channel", "barriers", "turns", "smem", "note"), """\
   partition consumer0 warps=4 regs=232
   partition consumer1 warps=4 regs=232
   partition producer warps=1 regs=40
@@ -155,11 +158,11 @@ class TestAttentionPasses(expecttest.TestCase):
   barriers g1: count=1 arrivals=2 bytes=32768 channels=ch_q_c0,ch_q_c1
   smem 229440
   note 'memory_plan: ring depth 4 -> 3 to fit 232448 B of SMEM'
-  note 'code_partition: ping-pong off: consumer0, consumer1 issue wgmma independently'
+  note 'ping_pong: off: consumer0, consumer1 issue wgmma independently'
 """)
 
-    def test_code_partition_waits_q_once_per_tile(self):
-        p = _trace()["code_partition"]
+    def test_software_pipeline_waits_q_once_per_tile(self):
+        p = _trace()["software_pipeline"]
         text = format_program(p)
         self.assertExpectedInline(text[text.index("  code consumer0"):], """\
   code consumer0 {
@@ -318,3 +321,50 @@ def test_round_trip_every_step():
     for causal in (False, True):
         for name, p in _trace(causal).items():
             assert parse_program(format_program(p)) == p, name
+
+
+def _loop(p, part="consumer0"):
+    return next(o for o in p.partition(part).body if o.kind == "loop")
+
+
+def test_code_partition_lowers_the_deferred_loop_in_step_order():
+    """code_partition leaves the loop whose P V loop_schedule deferred as it is (each step's ops in order, V
+    got and released in its own step); software_pipeline then makes the prologue/steady/epilogue of it."""
+    trace = _trace()
+    lowered, piped = trace["code_partition"], trace["software_pipeline"]
+    loop = _loop(lowered)
+    assert {o.stage for o in loop.body if o.stage is not None} == {1, 2}
+    assert loop.attr("lb") == 0 and not any(o.attr("lag") for o in walk(loop.body))
+    assert _loop(piped).attr("lb") == 1 and any(o.kind == "get" and o.attr("lag") == 1 for o in _loop(piped).body)
+    assert software_pipeline.run(lowered) == piped
+
+
+def test_software_pipeline_refuses_async_wgmma_across_steps():
+    """A deferred loop whose mma stays in flight across steps (its slots released ``lag`` steps late) cannot be
+    pipelined as it is: the pass says so instead of leaving the slots unreleased."""
+    lowered = _trace()["code_partition"]
+    held = lowered.partition("consumer0")
+    body = tuple(replace(o, body=tuple(x.with_attrs(pending=1) if x.kind == "mma" and x.stage == 1 else x
+                                       for x in o.body)) if o.kind == "loop" else o for o in held.body)
+    bad = replace(lowered, partitions=tuple(replace(pt, body=body) if pt is held else pt for pt in lowered.partitions))
+    with pytest.raises(PassError, match="keeps async wgmma in flight"):
+        software_pipeline.run(bad)
+
+
+class TestPingPong(expecttest.TestCase):
+    def test_turns_are_a_barrier_record(self):
+        """ping_pong puts the turn barriers on the Program (printed as a ``turns`` line) and counts their bytes."""
+        trace = _trace(causal=False, d=128, config="ws_p_128x128_q2_pp")
+        before, after = trace["software_pipeline"], trace["ping_pong"]
+        assert before.turns is None and after.turns == TurnGroup("turn_bar", ("consumer0", "consumer1"))
+        assert after.smem_bytes == before.smem_bytes + 16
+        self.assertExpectedInline(_lines(after, "barriers", "turns", "smem", "note"), """\
+  barriers g0: count=2 arrivals=2 bytes=32768 channels=ch_k
+  barriers g1: count=2 arrivals=2 bytes=32768 channels=ch_q_c0,ch_q_c1
+  barriers g2: count=3 arrivals=2 bytes=32768 channels=ch_v
+  turns turn_bar: partitions=consumer0,consumer1 bytes=16
+  smem 229504
+  note 'memory_plan: rings held fewer steps made shallower (k_smem 2, v_smem 3) to fit'
+  note 'memory_plan: ring depth 4 -> 3 to fit 232448 B of SMEM'
+  note 'ping_pong: consumer0, consumer1 take turns issuing wgmma'
+""")

@@ -280,10 +280,11 @@ def test_pipeline_dump(tmp_path):
     pipeline.run(small_gemm(), dump_dir=str(tmp_path))
     names = sorted(f.name.split(".", 1)[1] for f in tmp_path.iterdir())
     assert names == ["00.template.ir", "01.data_partition.ir", "02.loop_schedule.ir", "03.partition_schedule.ir",
-                     "04.buffers.ir", "05.memory_plan.ir", "06.code_partition.ir"]
+                     "04.buffers.ir", "05.memory_plan.ir", "06.code_partition.ir", "07.software_pipeline.ir",
+                     "08.ping_pong.ir"]
 
 
-def test_code_partition_is_last_and_groups_share_one_ring():
+def test_groups_share_one_ring():
     p = pipeline.run(small_gemm(trans_b=True))
     assert len(p.groups) == 1 and p.groups[0].arrivals == 2
     assert all(c.group == "g0" for c in p.channels)

@@ -104,3 +104,61 @@ def test_stages_are_the_pipelines():
     assert tuple(n for n, _ in trace) == pipeline.STAGES
     with pytest.raises(ValueError, match="unknown stage 'codegen'; the stages are template, data_partition"):
         check(trace[-1][1], "codegen")
+
+
+def _attention(config="ws_p_128x128"):
+    from torch_autows.runtime.attention import CONFIGS
+    from torch_autows.templates.attention import AttentionRequest, build
+
+    trace = []
+    pipeline.run(build(AttentionRequest(64, "bf16", True), CONFIGS[config]), trace=trace)
+    return dict(trace)
+
+
+def test_loop_spanning_two_stages_must_be_pipelined():
+    """code_partition's loop runs P V in the step of its softmax: fine there, not after software_pipeline."""
+    lowered = _attention()["code_partition"]
+    check(lowered, "code_partition")
+    with pytest.raises(VerifyError, match="must be software pipelined"):
+        check(lowered, "software_pipeline")
+
+
+def _edit(p, part, fn):
+    """``p`` with ``fn(ops) -> ops`` applied to each op list (top level and loop bodies) of partition ``part``."""
+    from dataclasses import replace
+
+    def visit(ops):
+        return tuple(fn([replace(o, body=visit(o.body)) if o.body else o for o in ops]))
+    return replace(p, partitions=tuple(replace(pt, body=visit(pt.body)) if pt.name == part else pt
+                                       for pt in p.partitions))
+
+
+def test_turns_are_checked():
+    from dataclasses import replace
+
+    pp = _attention("ws_p_128x128_q2_pp")["ping_pong"]
+    check(pp, "ping_pong")
+    with pytest.raises(VerifyError, match="no turn barriers"):
+        check(replace(pp, turns=None), "ping_pong")
+    with pytest.raises(VerifyError, match="starts a loop inside a turn"):
+        check(_edit(pp, "consumer1", lambda ops: [o for o in ops if o.kind != "turn_pass"]), "ping_pong")
+    with pytest.raises(VerifyError, match="outside a turn"):
+        check(_edit(pp, "consumer0", lambda ops: [o for o in ops if o.kind not in ("turn_wait", "turn_pass")]),
+              "ping_pong")
+    with pytest.raises(VerifyError, match=r"needs \{'turns': 2, 'me': 1\}"):
+        check(_edit(pp, "consumer1", lambda ops: [o.with_attrs(me=0) if o.kind == "turn_wait" else o for o in ops]),
+              "ping_pong")
+
+    def one_less(ops):  # consumer1 issues its prologue's Q K^T without taking the turn, consumer0 takes it
+        if any(o.kind == "loop" for o in ops):
+            i = next(i for i, o in enumerate(ops) if o.kind == "turn_wait")
+            j = next(j for j, o in enumerate(ops) if o.kind == "turn_pass")
+            return ops[:i] + ops[i + 1:j] + ops[j + 1:]
+        return ops
+    with pytest.raises(VerifyError, match="outside a turn"):
+        check(_edit(pp, "consumer1", one_less), "ping_pong")
+    with pytest.raises(VerifyError, match="consumer1 takes turns but is not in turns"):
+        check(replace(pp, turns=replace(pp.turns, partitions=("consumer0", "producer"))), "ping_pong")
+    with pytest.raises(VerifyError, match="take different turns per tile"):  # consumer1's loop runs twice as long
+        check(_edit(pp, "consumer1", lambda ops: [o.with_attrs(ub="2*" + o.attr("ub")) if o.kind == "loop" else o
+                                                  for o in ops]), "ping_pong")

@@ -1,10 +1,10 @@
 """Gluon code generator: a partitioned Program -> warp-specialized Gluon source for its GPU generation.
 
-Input: a Program after code_partition (partitions with bodies, buffers with counts/offsets, barrier
-groups). Output: Python source of a module with one ``@gluon.jit`` function per partition and a
-``kernel`` (named after the Program, aliased ``kernel``) that allocates SMEM and mbarriers and calls
-``gl.warp_specialize`` (first consumer as the default partition, other consumers and the producer as
-workers with their warps and registers).
+Input: a Program after the whole pipeline (partitions with bodies, buffers with counts/offsets, barrier
+groups, ping-pong turns: ``Program.turns``). Output: Python source of a module with one ``@gluon.jit``
+function per partition and a ``kernel`` (named after the Program, aliased ``kernel``) that allocates SMEM
+and mbarriers (the rings' and the turns') and calls ``gl.warp_specialize`` (first consumer as the
+default partition, other consumers and the producer as workers with their warps and registers).
 
 ``LOWERINGS`` maps ``program.arch.name`` to the generation's lowering module (``sm90``: wgmma, TMA,
 mbarriers; its imports head the generated module). Every op is emitted by the function registered for
@@ -50,14 +50,9 @@ def _params(program: Program) -> list[str]:
     return out
 
 
-def _turns(program: Program) -> int:
-    """How many partitions take ping-pong turns (code_partition's turn_wait/turn_pass; 0: none)."""
-    return max([o.attr("turns") for p in program.partitions for o in walk(p.body) if o.kind == "turn_wait"] or [0])
-
-
 def _shared_params(program: Program) -> list[str]:
     return ([b.name for b in program.buffers] + [f"{g.name}_{k}" for g in program.groups for k in ("ready", "empty")]
-            + (["turn_bar"] if _turns(program) else []))
+            + ([program.turns.name] if program.turns else []))
 
 
 def _tile_lines(program: Program) -> list[str]:
@@ -92,7 +87,7 @@ def _partition_fn(program: Program, part) -> list[str]:
     groups = sorted({o.attr("group") for o in walk(part.body) if o.attr("group")})
     has_store = any(o.kind == "store" for o in walk(part.body))
     body = [f"    {g}_n = 0" for g in groups]
-    if any(o.kind == "turn_wait" for o in walk(part.body)):
+    if program.turns and part.name in program.turns.partitions:
         body.append("    turn_n = 0  # mma issue groups this partition ran (ping-pong turns)")
     body += [f"    {ctx.stage_buf[o.operands[0]].name}_n = 0  # stores issued from this staging ring"
              for o in walk(part.body) if o.kind == "store" and ctx.stage_buf[o.operands[0]].count > 1]
@@ -146,12 +141,12 @@ def _kernel_fn(program: Program) -> list[str]:
         lines.append(f"    for i in gl.static_range({g.count}):")
         lines.append(f"        mbarrier.init({g.name}_ready.index(i), count=1)")
         lines.append(f"        mbarrier.init({g.name}_empty.index(i), count={g.arrivals})")
-    turns = _turns(program)
-    if turns:
-        lines.append(f"    # ping-pong: {turns} compute partitions take turns issuing wgmma (turn_bar[i]: i's go)")
-        lines.append(f"    turn_bar = gl.allocate_shared_memory(gl.int64, [{turns}, 1], mbarrier.MBarrierLayout())")
-        lines.append(f"    for i in gl.static_range({turns}):")
-        lines.append("        mbarrier.init(turn_bar.index(i), count=1)")
+    t = program.turns
+    if t:
+        lines.append(f"    # ping-pong: {t.count} compute partitions take turns issuing wgmma ({t.name}[i]: i's go)")
+        lines.append(f"    {t.name} = gl.allocate_shared_memory(gl.int64, [{t.count}, 1], mbarrier.MBarrierLayout())")
+        lines.append(f"    for i in gl.static_range({t.count}):")
+        lines.append(f"        mbarrier.init({t.name}.index(i), count=1)")
     args = ", ".join(_params(program) + _shared_params(program))
     parts = program.partitions
     calls = ", ".join(f"({p.name}, ({args}))" for p in parts)

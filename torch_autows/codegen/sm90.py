@@ -83,17 +83,24 @@ def _release_tail(ctx, o, indent):
     return out
 
 
+def _turn_bar(ctx) -> str:
+    """The turn barriers' name (``Program.turns``, made by passes/ping_pong)."""
+    if ctx.program.turns is None:
+        raise ValueError("codegen: turn_wait/turn_pass without Program.turns; run passes.ping_pong to make them")
+    return ctx.program.turns.name
+
+
 @_sm90("turn_wait")
 def _turn_wait(ctx, o, indent):
     # partition ``me`` issues its k-th mma group after partition me-1 issued its k-th (partition 0: after the
     # last partition's (k-1)-th; a fresh barrier passes the parity-1 wait, so partition 0 starts)
     first = " ^ 1" if o.attr("me") == 0 else ""
-    return [f"mbarrier.wait(turn_bar.index({o.attr('me')}), (turn_n & 1){first})"]
+    return [f"mbarrier.wait({_turn_bar(ctx)}.index({o.attr('me')}), (turn_n & 1){first})"]
 
 
 @_sm90("turn_pass")
 def _turn_pass(ctx, o, indent):
-    return [f"mbarrier.arrive(turn_bar.index({o.attr('to')}))", "turn_n += 1"]
+    return [f"mbarrier.arrive({_turn_bar(ctx)}.index({o.attr('to')}))", "turn_n += 1"]
 
 
 @_sm90("mma")

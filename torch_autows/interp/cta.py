@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..ir import Op, Program
+from ..ir import Op, Program, format_op
 from .machine import GroupSlot, MBarrier, Smem
+from .ops import InterpError
 
 
 @dataclass(eq=False)
@@ -62,11 +63,16 @@ class CTA:
                 self.readers.setdefault(c.buffer, set()).update(c.dsts)
         self.copies: list[TmaCopy] = []
         self.parts: list = []
-        self.turns: list[MBarrier] = []  # ping-pong turn barriers (code_partition's turn_wait/turn_pass)
+        # ping-pong turn barriers (Program.turns, made by passes/ping_pong): one per turn-taking partition
+        t = p.turns
+        self.turns: list[MBarrier] = [MBarrier(f"{t.name}[{j}]", 1) for j in range(t.count)] if t else []
+        self.turn_parts = set(t.partitions) if t else set()
 
-    def turn(self, i: int, n: int) -> MBarrier:
-        if not self.turns:
-            self.turns = [MBarrier(f"turn[{j}]", 1) for j in range(n)]
+    def turn(self, i: int, o: Op) -> MBarrier:
+        """Turn barrier ``i`` (``o``: the turn op naming it; one the program's turn group lacks is an error)."""
+        if not 0 <= i < len(self.turns):
+            raise InterpError(f"interp: `{format_op(o)[0].strip()}` names turn barrier {i}, but the program has "
+                              f"{len(self.turns)} (Program.turns; passes/ping_pong makes it with the turn ops)")
         return self.turns[i]
 
     def fail(self, kind, msg, part=None, op=None, **kw):
@@ -179,7 +185,7 @@ class CTA:
 
     def finish(self) -> None:
         """Every wait matched one arrive: equal counters, no unreleased fill, no half phase, equal turns."""
-        turns = {pt.name: pt.turn_n for pt in self.parts if pt.turn_n}
+        turns = {pt.name: pt.turn_n for pt in self.parts if pt.turn_n or pt.name in self.turn_parts}
         if len(set(turns.values())) > 1:
             self.fail("unbalanced", f"ping-pong turns differ at kernel end: {turns} (every compute partition must "
                       f"issue the same mma groups per tile)")

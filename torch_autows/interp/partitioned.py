@@ -16,7 +16,8 @@ wait cannot pass yet. Mirrored from the generated code:
     mma_wait     wait until ``pending`` remain; the accumulator is retired
     store        store_wait(copies - 1); registers -> staging slot n % copies; fence; async TMA store
                  (read at store_wait)
-    turn_wait    wait turn[me] with parity (turn_n & 1), ^ 1 for partition 0 (ping-pong)
+    turn_wait    wait turn[me] with parity (turn_n & 1), ^ 1 for partition 0 (ping-pong; the barriers are
+                 Program.turns', one per turn-taking partition)
     turn_pass    arrive turn[to]; turn_n += 1
 Counters ``n`` are per partition and group and run on across loops and tiles, as does ``turn_n``.
 """
@@ -406,7 +407,7 @@ def _store(pr: PartRun, o: Op):
 
 def _turn_wait(pr: PartRun, o: Op):
     me, k = o.attr("me"), pr.turn_n
-    bar = pr.cta.turn(me, o.attr("turns"))
+    bar = pr.cta.turn(me, o)
     parity = (k & 1) ^ (1 if me == 0 else 0)
     yield from pr.wait(bar, parity, o, "turn", me, k)
     want = k if me == 0 else k + 1  # partition 0's k-th group follows the last one's (k-1)-th pass
@@ -417,7 +418,7 @@ def _turn_wait(pr: PartRun, o: Op):
 
 
 def _turn_pass(pr: PartRun, o: Op):
-    err = pr.cta.turn(o.attr("to"), o.attr("turns")).arrive(pr.name)
+    err = pr.cta.turn(o.attr("to"), o).arrive(pr.name)
     if err:
         pr.fail("over-arrive", err, o)
     pr.turn_n += 1

@@ -12,7 +12,7 @@ rescaled by softmax first) gets ``pending=0``.
 With ``options.defer_mma`` (FA3's intra-warpgroup pipelining), an mma that accumulates into a
 loop-carried value and whose A operand is computed in registers from another mma of the same step
 (attention's P V after Q K^T and softmax) moves one stage later, together with the ops that only
-feed its accumulator (the rescale): code_partition then issues step j's first mma and step j-1's
+feed its accumulator (the rescale): software_pipeline then issues step j's first mma and step j-1's
 deferred mma back to back, so the tensor core runs P V under step j's softmax.
 
 Algorithm: ASAP list scheduling over the body's def-use DAG (loop-carried edges excluded) with

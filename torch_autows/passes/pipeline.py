@@ -1,6 +1,6 @@
 """The pass pipeline: one visible list, in order, with why each step runs there.
 
-A kernel is made in eight steps: the template builds the Program (stage "template"), the six passes of
+A kernel is made in steps: the template builds the Program (stage "template"), the passes of
 ``PIPELINE`` transform it, and codegen (``codegen.gluon.generate``) prints the partitioned result as Gluon.
 ``STAGES`` names the IR stages in order (the template's and each pass's); the verifier and the CLI read it.
 
@@ -16,7 +16,16 @@ import re
 
 from .. import config, diagnostics, diskcache
 from ..ir import Program, format_program
-from . import buffers, code_partition, data_partition, loop_schedule, memory_plan, partition_schedule
+from . import (
+    buffers,
+    code_partition,
+    data_partition,
+    loop_schedule,
+    memory_plan,
+    partition_schedule,
+    ping_pong,
+    software_pipeline,
+)
 
 log = logging.getLogger("torch_autows")
 
@@ -31,8 +40,12 @@ PIPELINE = [
     ("buffers", buffers.run),
     # Ring depths and offsets need the buffers, the stages and the pending wgmma counts.
     ("memory_plan", memory_plan.run),
-    # Last: split into per-role bodies and lower channels to mbarrier rings, with all decisions fixed.
+    # With all decisions fixed: split into per-role bodies and lower channels to mbarrier rings.
     ("code_partition", code_partition.run),
+    # On lowered bodies: the pipelined loop's lagged gets and late releases are made from the ring ops.
+    ("software_pipeline", software_pipeline.run),
+    # Last: turns wrap the final runs of mma issues, the pipelined steady step's included.
+    ("ping_pong", ping_pong.run),
 ]
 
 #: The IR's stages, in order: the template's output, then each pass's.
