@@ -16,7 +16,7 @@ MAX_LINES = 500
 # A module imports from its own layer or a lower one only.
 LAYERS = [
     ["_version", "_logging", "_compat", "config", "diskcache", "diagnostics"],  # settings, plumbing, counters
-    ["ir_ops", "ir", "ir_text"],                # the op table, the tile IR and its text form
+    ["ir"],                                     # the tile IR: records, analysis, text form, op table
     ["templates"],                              # the IR programs of GEMM and attention, before any pass
     ["passes", "verify"],                       # the pipeline and the invariants it checks between passes
     ["codegen", "interp"],                      # consumers of the lowered IR: Gluon source, the interpreter

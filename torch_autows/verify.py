@@ -5,11 +5,14 @@ checks include those of the stages before it. From code_partition on: rings bala
 ping-pong turns are consistent (``_check_turns``: none before ping_pong makes Program.turns); from
 software_pipeline on: a partition loop whose ops span two stages runs its late ops one step behind
 (``_check_pipelined``).
+
+It stays beside ``passes/`` rather than in ``ir/``: its checks are selected by the pipeline's stage names and
+read pass analyses (``passes.buffers.value_partition``), a layer above the IR.
 """
 from __future__ import annotations
 
 from .ir import Program, check_expr, defs, format_op, walk
-from .ir_ops import LATENCY, OPS, STRUCTURAL
+from .ir.kinds import LATENCY, OPS, STRUCTURAL
 from .passes.buffers import value_partition
 from .passes.pipeline import STAGES
 
@@ -80,10 +83,10 @@ def _check_ssa(p: Program, stage: str):
 
 
 def _check_kind(o, stage: str):
-    """The op's kind is in the op table (ir_ops) and its operand and result counts are in the kind's ranges."""
+    """The op's kind is in the op table (ir/kinds.py) and its operand and result counts are in the kind's ranges."""
     k = OPS.get(o.kind)
     if k is None:
-        _fail(stage, f"unknown op kind {o.kind!r}: add an OpKind for it to torch_autows/ir_ops.py", o)
+        _fail(stage, f"unknown op kind {o.kind!r}: add an OpKind for it to torch_autows/ir/kinds.py", o)
     for what, n, (lo, hi) in (("operands", len(o.operands), k.operands), ("results", len(o.results), k.results)):
         if n < lo or (hi is not None and n > hi):
             _fail(stage, f"{o.kind} takes {lo}..{'' if hi is None else hi} {what}, not {n}", o)

@@ -1,4 +1,4 @@
-"""The op table (torch_autows.ir_ops) is the one list of op kinds: codegen, the interpreter and the templates agree
+"""The op table (torch_autows.ir.kinds) is the one list of op kinds: codegen, the interpreter and the templates agree
 with it, and the verifier enforces it."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from torch_autows.codegen.gluon import LOWERINGS, emitters_for
 from torch_autows.interp.ops import SEMANTICS
 from torch_autows.interp.partitioned import HANDLERS
 from torch_autows.ir import format_program, parse_program, walk
-from torch_autows.ir_ops import OPS, kind_of, kinds
+from torch_autows.ir.kinds import OPS, kind_of, kinds
 from torch_autows.passes import pipeline
 from torch_autows.verify import VerifyError, check
 
@@ -19,7 +19,7 @@ def test_every_kind_has_a_gluon_emitter_and_nothing_else_does(arch):
     emitters = emitters_for(arch)
     assert set(OPS) - set(emitters) == set(), \
         f"kinds without a Gluon emitter (codegen/emitters.py or codegen/{arch}.py @emitter)"
-    assert set(emitters) - set(OPS) == set(), "emitters for kinds not in the op table (ir_ops.py)"
+    assert set(emitters) - set(OPS) == set(), "emitters for kinds not in the op table (ir/kinds.py)"
 
 
 def test_every_kind_has_an_interpreter_semantic():
@@ -64,7 +64,7 @@ def test_every_kind_the_templates_and_passes_make_is_in_the_table():
 
 
 def test_unknown_kind_is_named_with_where_to_add_it():
-    with pytest.raises(KeyError, match="ir_ops.py"):
+    with pytest.raises(KeyError, match="ir/kinds.py"):
         kind_of("frobnicate")
 
 

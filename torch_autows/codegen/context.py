@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 
 from ..ir import Op, Program, value_types, walk
-from ..ir_ops import kinds
+from ..ir.kinds import kinds
 
 GL_DTYPE = {"bf16": "gl.bfloat16", "fp16": "gl.float16", "f32": "gl.float32", "i32": "gl.int32"}
 REDUCE = kinds(axes="reduce")  # reductions: a 2-D layout to its row or column slice

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..ir import Op, Program, TileType, Value, add_offset, defs, value_types, walk
-from ..ir_ops import OPS
+from ..ir.kinds import OPS
 from . import PassError, split_k
 
 
@@ -30,7 +30,7 @@ def _output(o: Op) -> bool:
 
 def _operand_axes(o: Op, axis: int, types: dict[str, TileType]) -> dict[str, int | None]:
     """For an op whose result is split along ``axis``: operand -> axis it must be split along (None: not split);
-    the rule is the kind's ``axes`` in the op table (ir_ops)."""
+    the rule is the kind's ``axes`` in the op table (ir/kinds.py)."""
     k = OPS.get(o.kind)
     rule = k.axes if k is not None else None
     if rule == "elementwise":
@@ -50,7 +50,7 @@ def _operand_axes(o: Op, axis: int, types: dict[str, TileType]) -> dict[str, int
         return {o.operands[0]: axis if axis < r else axis + 1}
     if rule == "source":
         return {}
-    raise PassError(f"data_partition: no split rule for op kind {o.kind!r} (give it ``axes`` in ir_ops.py)")
+    raise PassError(f"data_partition: no split rule for op kind {o.kind!r} (give it ``axes`` in ir/kinds.py)")
 
 
 def _split_axes(body: tuple[Op, ...]) -> dict[str, int]:

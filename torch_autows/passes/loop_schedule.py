@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..ir import Op, Program
-from ..ir_ops import LATENCY
+from ..ir.kinds import LATENCY
 
 
 def _schedule(loop: Op, opts) -> Op:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..ir import Partition, Program, map_ops, walk
-from ..ir_ops import STRUCTURAL
+from ..ir.kinds import STRUCTURAL
 from . import PassError
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..ir import Op, Program, TurnGroup, Value, op, walk
-from ..ir_ops import BLOCKING
+from ..ir.kinds import BLOCKING
 from . import PassError
 
 #: The name of the turn barriers (the SMEM array codegen allocates, ``turn_bar[i]``: partition i's go).

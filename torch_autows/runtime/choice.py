@@ -181,7 +181,7 @@ def sources_hash() -> str:
     every recorded decision."""
     pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     h = hashlib.sha256(__version__.encode())
-    for sub in ("templates", "passes", "codegen", "runtime", "ir.py", "ir_text.py"):
+    for sub in ("templates", "passes", "codegen", "runtime", "ir"):
         path = os.path.join(pkg, sub)
         files = [path] if path.endswith(".py") else sorted(
             os.path.join(dp, f) for dp, _, fs in os.walk(path) for f in fs if f.endswith(".py"))

@@ -16,12 +16,12 @@ Analysis results live on the IR so every pass's result prints:
     Partition.body, Channel.group, Program.groups (barrier pairs)             code_partition
     Program.turns (ping-pong turn barriers)                                   ping_pong
 
-``format_program`` prints a Program; ``parse_program`` reads the same text back (tests use it to
-write pass inputs and expectations as text).
+This module holds the records and their constructors; ``analysis.py`` walks and queries op bodies and
+evaluates index expressions, ``text.py`` prints a Program (``format_program``) and reads the same text back
+(``parse_program``), and ``kinds.py`` is the op table. ``torch_autows.ir`` re-exports all of them.
 """
 from __future__ import annotations
 
-import ast
 import dataclasses
 import re
 from dataclasses import dataclass, field, replace
@@ -289,96 +289,3 @@ class Program:
 
     def partition(self, name: str) -> Partition:
         return next(p for p in self.partitions if p.name == name)
-
-
-# ----------------------------------------------------------------------------------------------- walking
-
-
-def walk(ops: tuple[Op, ...]):
-    """Every op, depth first, loops before their bodies."""
-    for o in ops:
-        yield o
-        if o.body:
-            yield from walk(o.body)
-
-
-def defs(ops: tuple[Op, ...]) -> dict[str, Op]:
-    """Value name -> defining op (loop iter_args map to their loop)."""
-    out: dict[str, Op] = {}
-    for o in walk(ops):
-        for r in o.results:
-            out[r.name] = o
-        for name in o.attr("iter_args", ()):
-            out[name] = o
-    return out
-
-
-def value_types(ops: tuple[Op, ...]) -> dict[str, TileType]:
-    out: dict[str, TileType] = {}
-    for o in walk(ops):
-        for r in o.results:
-            out[r.name] = r.type
-        if o.kind == "loop":
-            for name, r in zip(o.attr("iter_args", ()), o.results):
-                out[name] = r.type
-    return out
-
-
-def map_ops(ops: tuple[Op, ...], fn) -> tuple[Op, ...]:
-    """Rebuild a body bottom-up: ``fn(op)`` sees loops with their bodies already mapped."""
-    out = []
-    for o in ops:
-        if o.body:
-            o = replace(o, body=map_ops(o.body, fn))
-        out.append(fn(o))
-    return tuple(out)
-
-
-# ----------------------------------------------------------------------------------------------- expressions
-
-_ALLOWED = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Name, ast.Load, ast.Constant, ast.Call, ast.Add, ast.Sub,
-            ast.Mult, ast.FloorDiv, ast.Mod, ast.USub, ast.Compare, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.BoolOp,
-            ast.And)
-
-
-def check_expr(expr: str) -> set[str]:
-    """Validate an index expression; return the names it uses (``cdiv``/``min``/``max`` are functions)."""
-    tree = ast.parse(str(expr), mode="eval")
-    names = set()
-    for n in ast.walk(tree):
-        if not isinstance(n, _ALLOWED):
-            raise ValueError(f"expression {expr!r}: {type(n).__name__} not allowed")
-        if isinstance(n, ast.Call) and not (isinstance(n.func, ast.Name) and n.func.id in ("cdiv", "min", "max")):
-            raise ValueError(f"expression {expr!r}: only cdiv/min/max calls")
-        if isinstance(n, ast.Name):
-            names.add(n.id)
-    return names - {"cdiv", "min", "max"}
-
-
-def eval_expr(expr: str | int, env: dict[str, int]) -> int:
-    if isinstance(expr, int):
-        return expr
-    check_expr(expr)
-    return eval(expr, {"__builtins__": {}, "cdiv": lambda a, b: -(-a // b), "min": min, "max": max}, env)
-
-
-def add_offset(expr: str | int, delta: int) -> str | int:
-    """``expr + delta`` kept readable (``pid_m*128`` + 64 -> ``pid_m*128+64``)."""
-    if delta == 0:
-        return expr
-    if isinstance(expr, int):
-        return expr + delta
-    return f"{expr}+{delta}"
-
-
-_TEXT_FORM = ("format_op", "format_program", "parse_program")
-
-
-def __getattr__(name: str):
-    """The text form (``format_program``, ...) lives in ir_text.py, which imports this module; it is part of
-    the IR's interface, so ``from .ir import format_program`` works, loaded on first use (no import circle)."""
-    if name in _TEXT_FORM:
-        from . import ir_text
-
-        return getattr(ir_text, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -103,7 +103,7 @@ def kind_of(name: str) -> OpKind:
     """The record of op kind ``name``; a KeyError that says where to add an unknown one."""
     k = OPS.get(name)
     if k is None:
-        raise KeyError(f"unknown op kind {name!r}: add an OpKind for it to torch_autows/ir_ops.py (with a Gluon "
+        raise KeyError(f"unknown op kind {name!r}: add an OpKind for it to torch_autows/ir/kinds.py (with a Gluon "
                        f"emitter and an interpreter semantic)")
     return k
 

@@ -7,7 +7,7 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from .ir import (
+from .core import (
     SM90,
     Arch,
     Arg,
