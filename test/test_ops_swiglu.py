@@ -70,3 +70,26 @@ def test_grad_goes_through_torch():
     (torch.nn.functional.silu(ref_a @ wg) * (ref_a @ wu)).sum().backward()
     torch.testing.assert_close(a.grad, ref_a.grad)
     assert fallback.counters["gemm_swiglu.fallback"] == 1
+
+
+def test_vendor_choice_runs_what_compile_default_runs(monkeypatch):
+    # runtime.choice kept the vendor's side: the call runs two GEMMs and one fused product (runtime.vendor_swiglu),
+    # not eager torch's two pointwise kernels
+    calls = []
+
+    class FakeRuntime:
+        @staticmethod
+        def gemm_swiglu(a, bg, bu, out_dtype):
+            return None  # the vendor is faster for this shape
+
+        @staticmethod
+        def vendor_swiglu(a, bg, bu, out):
+            calls.append(out.shape)
+            return out.copy_(torch.nn.functional.silu(a @ bg) * (a @ bu))
+
+    monkeypatch.setattr(torch_autows.ops, "runtime_module", lambda name: FakeRuntime if name == "swiglu" else None)
+    fallback.reset()
+    a, wg, wu = torch.randn(3, 16), torch.randn(16, 8), torch.randn(16, 8)
+    out = torch_autows.ops.gemm_swiglu(a, wg, wu)
+    assert calls == [torch.Size([3, 8])] and fallback.counters["gemm_swiglu.vendor"] == 1
+    torch.testing.assert_close(out, torch.nn.functional.silu(a @ wg) * (a @ wu))

@@ -223,6 +223,8 @@ def gemm_swiglu(a: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
                     note_served(op)
                     return out
                 note_vendor(op)  # runtime.choice: the vendor's GEMMs are faster for this shape
+                if out_dtype == a.dtype:  # what torch.compile default runs: two GEMMs and one fused product
+                    return rt.vendor_swiglu(a, w_gate, w_up, a.new_empty((a.shape[0], w_gate.shape[1])))
     return torch_gemm_swiglu(a, w_gate, w_up, out_dtype)
 
 
