@@ -46,9 +46,13 @@ def test_report_sequential_only_and_fixed_shape():
 
 def test_report_on_a_program_without_instance_maker():
     before, after = _pair()
-    text = format_program(after).replace("arg K: i32", "arg L: i32")  # not a GEMM signature any more
+    # hand-written IR (no template line): the interpreter looks makers up by template, not by argument names
+    text = "\n".join(ln for ln in format_program(after).splitlines() if ln.strip() != "template gemm")
     ok, report = interpret_report(None, parse_program(text), seeds=1)
-    assert not ok and "no instance maker" in report
+    assert not ok and "no instance maker" in report and "hand-written IR" in report
+    wrong = format_program(after).replace("arg K: i32", "arg L: i32")  # the template's signature broken
+    ok, report = interpret_report(None, parse_program(wrong), seeds=1)
+    assert not ok and "lacks the template's args" in report
 
 
 def test_report_for_attention():

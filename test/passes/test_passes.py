@@ -44,6 +44,7 @@ class TestPasses(expecttest.TestCase):
         self.assertExpectedInline(format_program(small_gemm(bias=True)), """\
 program gemm_bf16_nn_128x64x32_bias
   arch sm90 sm=90 smem_limit=232448 regs_per_sm=65536 max_regs_per_thread=256 min_regs_per_thread=24 reg_granularity=8 mma=wgmma mma_rows=64
+  template gemm
   arg a: tensor<bf16>[M, K]
   arg b: tensor<bf16>[K, N]
   arg c: tensor<bf16>[M, N] out

@@ -70,14 +70,18 @@ def _values(shape, dtype, gen) -> torch.Tensor:
 def make_instance(program: Program, seed: int = 0, *, shape: tuple[int, ...] | None = None) -> Instance:
     """A random small problem for ``program`` and its torch reference. ``shape``: GEMM (M, N, K);
     attention (batch, q heads, kv heads, Sq, Skv)."""
-    names = {a.name for a in program.args}
-    if {"q", "k", "v", "o", "lse"} <= names:
-        return _attention(program, seed, shape)
+    maker = MAKERS.get(program.template)
+    if maker is None:
+        raise InterpError(f"interp: no instance maker for program {program.name} (template "
+                          f"{program.template or 'none: hand-written IR'}); the makers are for templates "
+                          f"{', '.join(MAKERS)}; call run_sequential/run_partitioned with your own inputs")
+    return maker(program, seed, shape)
+
+
+def _gemm_instance(program: Program, seed: int, shape) -> Instance:
     lay = _gemm_layout(program)
     if lay is None:
-        raise InterpError(f"interp: no instance maker for program {program.name}; interpret_report knows GEMM "
-                          f"(args a, b, c, M, N, K) and attention (q, k, v, o, lse) Programs; call "
-                          f"run_sequential/run_partitioned with your own inputs")
+        raise InterpError(f"interp: GEMM program {program.name} lacks the template's args a, b, c, M, N, K")
     return _gemm(program, seed, shape, *lay)
 
 
@@ -186,3 +190,5 @@ def _attention(program: Program, seed: int, shape) -> Instance:
     return Instance(desc, tensors, scalars, ref, {"o": 2 * TOL[program.arg("q").dtype], "lse": 1e-4})
 
 
+#: An instance maker per template (``Program.template``, set by the template's build): a new template adds its own.
+MAKERS = {"gemm": _gemm_instance, "attention": _attention}

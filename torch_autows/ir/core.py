@@ -274,6 +274,7 @@ class Program:
     notes: tuple[str, ...] = field(default=())
     arch: Arch = SM90
     turns: TurnGroup | None = None  # ping-pong turn barriers (passes/ping_pong); None: partitions do not take turns
+    template: str = ""  # the template that built it (templates.TEMPLATES); "" for hand-written IR
 
     def arg(self, name: str) -> Arg:
         for a in self.args:

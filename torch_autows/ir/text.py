@@ -56,6 +56,8 @@ _UNSET = {("split_k", 1)}
 def format_program(p: Program) -> str:
     lines = [f"program {p.name}"]
     lines.append(f"  arch {p.arch.name} " + " ".join(f"{k}={v}" for k, v in p.arch.items() if k != "name"))
+    if p.template:
+        lines.append(f"  template {p.template}")
     lines += [f"  {a}" for a in p.args]
     lines.append(f"  {p.grid}")
     lines.append("  options " + " ".join(f"{k}={v}" for k, v in p.options.items() if (k, v) not in _UNSET))
@@ -176,6 +178,7 @@ def parse_program(text: str) -> Program:
     name = lines[0].split()[1]
     args, parts, bufs, chans, groups, notes = [], [], [], [], [], []
     grid = options = smem = turns = None
+    template = ""
     arch = SM90  # text without an arch line (hand-written pass inputs) targets Hopper
     body: tuple[Op, ...] = ()
     codes: dict[str, tuple[Op, ...]] = {}
@@ -183,7 +186,9 @@ def parse_program(text: str) -> Program:
     while i < len(lines):
         s = lines[i].strip()
         i += 1
-        if s.startswith("arch "):
+        if s.startswith("template "):
+            template = s.split()[1]
+        elif s.startswith("arch "):
             _, aname, rest = (s + " ").split(" ", 2)
             arch = Arch(aname, **{k: _lit(v) for k, v in _kv(rest).items()})
         elif s.startswith("arg "):
@@ -232,4 +237,4 @@ def parse_program(text: str) -> Program:
             raise ValueError(f"cannot parse line {s!r}")
     parts = [replace(pt, body=codes.get(pt.name, ())) for pt in parts]
     return Program(name, tuple(args), grid, options or Options(), body, tuple(parts), tuple(bufs), tuple(chans),
-                   tuple(groups), smem, tuple(notes), arch, turns)
+                   tuple(groups), smem, tuple(notes), arch, turns, template)

@@ -128,4 +128,4 @@ def build(req: AttentionRequest, opts: Options) -> Program:
     # causal: ``group_m`` query tiles of a head run back to back (1: every head's longest tile first)
     grid = (Grid(tiles[::-1], opts.persistent, opts.group_m, opts.serpentine) if req.causal
             else Grid(tiles, opts.persistent, 1, opts.serpentine))
-    return Program(name, args + (Arg("BH", "scalar", "i32"),), grid, opts, body)
+    return Program(name, args + (Arg("BH", "scalar", "i32"),), grid, opts, body, template="attention")

@@ -119,4 +119,4 @@ def build(req: GemmRequest, opts: Options) -> Program:
     if swiglu:
         name += "_swiglu"
     grid = Grid(tuple(tiles), opts.persistent, opts.group_m, opts.serpentine)
-    return Program(name, tuple(args), grid, opts, tuple(body))
+    return Program(name, tuple(args), grid, opts, tuple(body), template="gemm")
