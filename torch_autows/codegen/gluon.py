@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from ..ir import Program, TileType, walk
 from . import sm90
-from .context import GL_DTYPE, Ctx
+from .context import GL_DTYPE, Ctx, expr
 from .emitters import EMITTERS, emit_ops
 
-__all__ = ["GL_DTYPE", "LOWERINGS", "block_shapes", "emitters_for", "generate", "lowering"]
+__all__ = ["GL_DTYPE", "LOWERINGS", "block_shapes", "emitters_for", "expr", "generate", "lowering"]
 
 #: ``Arch.name`` -> the module that lowers its generation-specific ops (``IMPORTS``, ``accumulator_layout``,
 #: ``EMITTERS``); a new generation adds its module beside ``sm90.py`` and an entry here.
