@@ -4,14 +4,15 @@ Stages are ``passes.pipeline.STAGES`` ("template" and the name of each pass in P
 checks include those of the stages before it. From code_partition on: rings balance (``_check_code``) and
 ping-pong turns are consistent (``_check_turns``: none before ping_pong makes Program.turns); from
 software_pipeline on: a partition loop whose ops span two stages runs its late ops one step behind
-(``_check_pipelined``).
+(``_check_pipelined``); from tile_loop on: every partition body is one ``tile_loop`` walking ``Program.grid``
+(``_check_tile_loops``).
 
 It stays beside ``passes/`` rather than in ``ir/``: its checks are selected by the pipeline's stage names and
 read pass analyses (``passes.buffers.value_partition``), a layer above the IR.
 """
 from __future__ import annotations
 
-from .ir import Program, check_expr, defs, format_op, walk
+from .ir import Grid, Program, check_expr, defs, format_op, walk
 from .ir.kinds import LATENCY, OPS, STRUCTURAL
 from .passes.buffers import value_partition
 from .passes.pipeline import STAGES
@@ -48,6 +49,8 @@ def check(program: Program, stage: str = STAGES[-1]) -> None:
         _check_turns(program, stage)
     if level >= STAGES.index("software_pipeline"):
         _check_pipelined(program, stage)
+    if level >= STAGES.index("tile_loop"):
+        _check_tile_loops(program, stage)
 
 
 def _check_ssa(p: Program, stage: str):
@@ -268,6 +271,8 @@ def _turn_shape(ops, part: str, stage: str) -> tuple:
             inside = None
         elif o.kind == "mma" and inside is None:
             _fail(stage, f"{part} takes ping-pong turns but issues this mma outside a turn", o)
+        elif o.kind == "tile_loop":  # the whole body, per tile: its turns are the partition's
+            shape += _turn_shape(o.body, part, stage)
         elif o.kind == "loop":
             if inside is not None:
                 _fail(stage, f"{part} starts a loop inside a turn", o)
@@ -313,3 +318,22 @@ def _check_turns(p: Program, stage: str):
     if len(set(shapes.values())) > 1:
         _fail(stage, f"the partitions of turns {t.name} take different turns per tile ({shapes}): the turn "
               f"barriers would drift a phase apart")
+
+
+def _check_tile_loops(p: Program, stage: str):
+    """passes/tile_loop: every partition body is exactly one ``tile_loop`` whose grid is ``Program.grid``, and no
+    tile_loop is nested (codegen and the interpreter walk the tiles once, from it)."""
+    for pt in p.partitions:
+        if len(pt.body) != 1 or pt.body[0].kind != "tile_loop":
+            _fail(stage, f"{pt.name}: the body must be exactly one tile_loop (passes/tile_loop wraps it), found "
+                  f"{[o.kind for o in pt.body]}")
+        tl = pt.body[0]
+        try:
+            grid = Grid.of(tl)
+        except (TypeError, ValueError) as e:
+            _fail(stage, f"{pt.name}: tile_loop attributes do not describe a grid ({e})", tl)
+        if grid != p.grid:
+            _fail(stage, f"{pt.name}: tile_loop walks {grid}, but the program's is {p.grid}", tl)
+        nested = next((o for o in walk(tl.body) if o.kind == "tile_loop"), None)
+        if nested is not None:
+            _fail(stage, f"{pt.name}: a tile_loop inside the tile_loop", nested)

@@ -57,7 +57,9 @@ def test_dropped_q_release_deadlocks():
     parts = []
     for pt in after.partitions:
         if pt.name == "consumer1":
-            pt = replace(pt, body=tuple(o for o in pt.body if not (o.kind == "release" and o.attr("group") == q_group)))
+            (tiles,) = pt.body  # the tile_loop: the Q release is per tile
+            kept = tuple(o for o in tiles.body if not (o.kind == "release" and o.attr("group") == q_group))
+            pt = replace(pt, body=(replace(tiles, body=kept),))
         parts.append(pt)
     mutated = replace(after, partitions=tuple(parts))
     inst = make_instance(mutated, 0, shape=(2, 2, 1, 200, 100))  # 4 tiles: the producer waits to load the next Q
@@ -72,11 +74,12 @@ def _edit_loop(after, part, fn):
     parts = []
     for pt in after.partitions:
         if pt.name == part:
-            body = list(pt.body)
+            (tiles,) = pt.body  # the tile_loop; the KV loop is in its body
+            body = list(tiles.body)
             i = next(i for i, o in enumerate(body) if o.kind == "loop")
             loop = body[i]
             body[i] = replace(loop, body=tuple(fn(list(loop.body[:-1]))) + (loop.body[-1],))
-            pt = replace(pt, body=tuple(body))
+            pt = replace(pt, body=(replace(tiles, body=tuple(body)),))
         parts.append(pt)
     return replace(after, partitions=tuple(parts))
 
@@ -103,7 +106,7 @@ def test_every_partitioned_stage_runs():
 
 def test_pipelined_loop_structure():
     _, after = _pair(d=128, causal=True)
-    loop = next(o for o in after.partition("consumer0").body if o.kind == "loop")
+    loop = next(o for o in after.partition("consumer0").body[0].body if o.kind == "loop")  # in the tile_loop
     kinds = [(o.kind, o.attr("wait"), o.attr("pending"), o.attr("lag")) for o in loop.body if o.kind.startswith("mma")
              or o.attr("lag")]
     # Q K^T(j) and P V(j-1) issued back to back; Q K^T retired alone, P V at the end; slot j-1 freed
@@ -148,11 +151,12 @@ def test_dropped_turn_pass_deadlocks():
 
 @pytest.mark.parametrize("tiles,nprog", [(10, 3), (12, 4), (7, 7), (5, 8), (2048, 132)])
 def test_serpentine_waves_are_a_permutation(tiles, nprog):
-    from torch_autows.interp.sched import _serpentine
+    from torch_autows.interp.sched import cta_tiles, walked_grid
 
     _, after = _pair(causal=True)
-    assert after.grid.serpentine
-    walked = [[_serpentine(after, t, nprog, tiles) for t in range(pid, tiles, nprog)] for pid in range(nprog)]
+    grid = walked_grid(after)  # the partitions' tile_loop
+    assert grid.serpentine and grid == after.grid
+    walked = [cta_tiles(grid, pid, nprog, tiles) for pid in range(nprog)]
     assert sorted(t for w in walked for t in w) == list(range(tiles))
     # wave 1 reversed: CTA 0 gets the last tile of its second wave (here the shorter causal tiles)
     if tiles >= 2 * nprog:

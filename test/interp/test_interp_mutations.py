@@ -240,8 +240,10 @@ def test_dropped_in_loop_wait_ready_is_a_stale_slot():
     from torch_autows.templates.attention import build as build_attention
 
     after = pipeline.run(build_attention(AttentionRequest(64, "bf16", False), ATTENTION_CONFIGS["ws_p_128x128"]))
-    mutated = drop_text_line(after, "consumer0", "      wait_ready() {group='g0'}")  # the K/V ring, in the loop
-    body = mutated.partition("consumer0").body
+    # the K/V ring, in the KV loop inside the tile_loop
+    mutated = drop_text_line(after, "consumer0", "        wait_ready() {group='g0'}")
+    (tiles,) = mutated.partition("consumer0").body
+    body = tiles.body
     loop = next(o for o in body if o.kind == "loop")
     assert not any(o.kind == "wait_ready" for o in loop.body)
     assert any(o.kind == "wait_ready" and o.attr("group") == "g0" for o in body)  # the prologue's stays

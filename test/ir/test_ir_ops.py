@@ -24,7 +24,7 @@ def test_every_kind_has_a_gluon_emitter_and_nothing_else_does(arch):
 
 def test_every_kind_has_an_interpreter_semantic():
     for name, k in OPS.items():
-        if k.structural:  # loop / yield: both interpreters walk them as structure
+        if k.structural:  # loop / yield / tile_loop: the interpreters walk them as structure
             continue
         if k.phase == "template":  # the sequential interpreter runs template programs: SEMANTICS alone
             assert name in SEMANTICS, f"{name}: no @semantics in interp/ops.py"
@@ -58,8 +58,9 @@ def test_every_kind_the_templates_and_passes_make_is_in_the_table():
                     lo, hi = k.results
                     assert lo <= len(o.results) and (hi is None or len(o.results) <= hi), o
     assert set(OPS) - set(used) == {"neg", "where"}, "kinds no template or pass makes (besides neg, where)"
-    for name in kinds(phase="partitioned"):  # made by code_partition (turns: ping_pong), never before
-        first = "ping_pong" if name.startswith("turn_") else "code_partition"
+    # made by code_partition (turns: ping_pong; tile_loop: its own pass), never before
+    for name in kinds(phase="partitioned"):
+        first = "ping_pong" if name.startswith("turn_") else "tile_loop" if name == "tile_loop" else "code_partition"
         assert used[name] == set(pipeline.STAGES[pipeline.STAGES.index(first):]), name
 
 

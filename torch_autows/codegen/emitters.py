@@ -9,7 +9,7 @@ op and its partition (``emit_ops``), so a reader of the generated Gluon finds wh
 """
 from __future__ import annotations
 
-from ..ir import format_op, walk
+from ..ir import Grid, format_op, walk
 from .context import GL_DTYPE, Ctx, expr, v
 
 EMITTERS = {}
@@ -34,7 +34,7 @@ def emit_ops(ctx: Ctx, ops, indent: int) -> list[str]:
             raise NotImplementedError(f"codegen: no Gluon emitter for op kind {o.kind!r} on {ctx.program.arch.name}; "
                                       f"add one to codegen/emitters.py or codegen/{ctx.program.arch.name}.py")
         head = format_op(o)[0].strip()
-        if o.kind not in ("yield",):
+        if o.kind not in ("yield", "tile_loop"):  # the tile walk's lines say what they are
             lines.append(f"{pad}# {head}  <{ctx.part.name}>")
         lines += [pad + ln if ln else ln for ln in fn(ctx, o, indent)]
     return lines
@@ -288,3 +288,49 @@ def _yield(ctx, o, indent):
     if not its:
         return []
     return [f"{', '.join(v(n) for n in its)} = {', '.join(v(x) for x in o.operands)}"]
+
+
+def tile_lines(grid) -> tuple[list[str], list[str]]:
+    """(before the walk, per tile) lines of a grid: the tile counts, then linear tile id ``tile`` -> tile
+    indices, grouped along the second-to-last index for L2 reuse (persistent serpentine: odd waves reversed)."""
+    names = [n for n, _ in grid.tiles]
+    lines = [f"num_{n} = {expr(e)}" for n, e in grid.tiles]
+    lines.append("num_tiles = " + " * ".join(f"num_{n}" for n in names))
+    body = ["t = tile"]
+    if grid.persistent and grid.serpentine:  # odd waves reversed: wave w holds tiles [w*P, w*P + size)
+        body += ["wave0 = (t // gl.num_programs(0)) * gl.num_programs(0)",
+                 "wave_size = min(gl.num_programs(0), num_tiles - wave0)",
+                 "t = t + ((t // gl.num_programs(0)) % 2) * (2 * wave0 + wave_size - 1 - 2 * t)"]
+    for n in names[:-2]:
+        inner = " * ".join(f"num_{m}" for m in names[names.index(n) + 1:])
+        body += [f"{n} = t // ({inner})", f"t = t % ({inner})"]
+    if len(names) >= 2:
+        m, n = names[-2], names[-1]
+        body += [f"group_size = {grid.group} * num_{n}",
+                 f"first = (t // group_size) * {grid.group}",
+                 f"size = min(num_{m} - first, {grid.group})",
+                 f"{m} = first + (t % group_size) % size",
+                 f"{n} = (t % group_size) // size"]
+    else:
+        body.append(f"{names[0]} = t")
+    return lines, body
+
+
+@emitter("tile_loop")
+def _tile_loop(ctx, o, indent):
+    """The CTA's walk over its output tiles (passes/tile_loop): persistent ``for tile in range(pid, num_tiles,
+    nprog)``, else ``tile = pid``; the tile indices; the body once per tile; then the stores drained."""
+    grid = Grid.of(o)
+    pre, per_tile = tile_lines(grid)
+    out = list(pre)
+    if grid.persistent:
+        out.append("for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):")
+        inner = 1
+    else:
+        out.append("tile = gl.program_id(0)")
+        inner = 0
+    out += ["    " * inner + ln for ln in per_tile]
+    out += emit_ops(ctx, o.body, inner)
+    if any(x.kind == "store" for x in walk(o.body)):
+        out.append("tma.store_wait(0)")
+    return out

@@ -22,7 +22,7 @@ from . import sm90
 from .context import GL_DTYPE, Ctx, expr
 from .emitters import EMITTERS, emit_ops
 
-__all__ = ["GL_DTYPE", "LOWERINGS", "block_shapes", "emitters_for", "generate", "lowering"]
+__all__ = ["GL_DTYPE", "LOWERINGS", "block_shapes", "emitters_for", "expr", "generate", "lowering"]
 
 #: ``Arch.name`` -> the module that lowers its generation-specific ops (``IMPORTS``, ``accumulator_layout``,
 #: ``EMITTERS``); a new generation adds its module beside ``sm90.py`` and an entry here.
@@ -55,59 +55,20 @@ def _shared_params(program: Program) -> list[str]:
             + ([program.turns.name] if program.turns else []))
 
 
-def _tile_lines(program: Program) -> list[str]:
-    """Linear tile id -> tile indices, grouped along the second-to-last index for L2 reuse."""
-    g = program.grid
-    names = [n for n, _ in g.tiles]
-    lines = [f"num_{n} = {expr(e)}" for n, e in g.tiles]
-    lines.append("num_tiles = " + " * ".join(f"num_{n}" for n in names))
-    body = ["t = tile"]
-    if g.persistent and g.serpentine:  # odd waves reversed: wave w holds tiles [w*P, w*P + size)
-        body += ["wave0 = (t // gl.num_programs(0)) * gl.num_programs(0)",
-                 "wave_size = min(gl.num_programs(0), num_tiles - wave0)",
-                 "t = t + ((t // gl.num_programs(0)) % 2) * (2 * wave0 + wave_size - 1 - 2 * t)"]
-    for n in names[:-2]:
-        inner = " * ".join(f"num_{m}" for m in names[names.index(n) + 1:])
-        body += [f"{n} = t // ({inner})", f"t = t % ({inner})"]
-    if len(names) >= 2:
-        m, n = names[-2], names[-1]
-        body += [f"group_size = {g.group} * num_{n}",
-                 f"first = (t // group_size) * {g.group}",
-                 f"size = min(num_{m} - first, {g.group})",
-                 f"{m} = first + (t % group_size) % size",
-                 f"{n} = (t % group_size) // size"]
-    else:
-        body.append(f"{names[0]} = t")
-    return lines, body
-
-
 def _partition_fn(program: Program, part) -> list[str]:
     ctx = Ctx(program, part, lowering(program))
     params = _params(program) + _shared_params(program)
     groups = sorted({o.attr("group") for o in walk(part.body) if o.attr("group")})
-    has_store = any(o.kind == "store" for o in walk(part.body))
     body = [f"    {g}_n = 0" for g in groups]
     if program.turns and part.name in program.turns.partitions:
         body.append("    turn_n = 0  # mma issue groups this partition ran (ping-pong turns)")
     body += [f"    {ctx.stage_buf[o.operands[0]].name}_n = 0  # stores issued from this staging ring"
              for o in walk(part.body) if o.kind == "store" and ctx.stage_buf[o.operands[0]].count > 1]
-    pre, tile = _tile_lines(program)
-    body += ["    " + ln for ln in pre]
-    if program.grid.persistent:
-        body.append("    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):")
-        ind = 2
-    else:
-        body.append("    tile = gl.program_id(0)")
-        ind = 1
-    body += ["    " * ind + ln for ln in tile]
-    body += emit_ops(ctx, part.body, ind)  # emitters may add layouts: declare them after emitting
+    body += emit_ops(ctx, part.body, 1)  # the tile_loop and all in it; emitters may add layouts: declare them after
     lines = ["@gluon.jit", f"def {part.name}({', '.join(params)}):",
              f"    # partition {part.name}: {part.warps} warps, {part.regs} registers"]
     lines += [f"    {name}: gl.constexpr = {d}" for name, d in sorted(ctx.layout_defs.items())]
-    lines += body
-    if has_store:
-        lines.append("    tma.store_wait(0)")
-    return lines
+    return lines + body
 
 
 def _kernel_fn(program: Program) -> list[str]:
@@ -168,6 +129,9 @@ def generate(program: Program) -> str:
     """Gluon module source for a partitioned Program; ``kernel`` is its entry point."""
     if not program.partitions or not all(p.body for p in program.partitions):
         raise ValueError("codegen: program is not partitioned; run passes.pipeline first")
+    if not all(len(p.body) == 1 and p.body[0].kind == "tile_loop" for p in program.partitions):
+        raise ValueError("codegen: a partition body is not one tile_loop (the walk over the output tiles); run "
+                         "passes.pipeline to its end (passes/tile_loop)")
     if not program.name.isidentifier() or program.name in {p.name for p in program.partitions}:
         raise ValueError(f"codegen: program name {program.name!r} must be an identifier unlike its partitions'")
     parts = ", ".join(f"{p.name} ({p.warps} warps, {p.regs} regs)" for p in program.partitions)

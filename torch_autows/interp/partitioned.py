@@ -1,8 +1,9 @@
 """Partitioned semantics: each Partition.body as a coroutine, exactly as codegen.gluon emits it.
 
-One ``PartRun`` per (CTA, partition) walks the CTA's tiles (persistent: ``pid, pid + nprog, ...``)
-and runs the partition's body, yielding to the scheduler before every op and whenever an mbarrier
-wait cannot pass yet. Mirrored from the generated code:
+One ``PartRun`` per (CTA, partition) runs the partition's body: its ``tile_loop`` (passes/tile_loop; a body
+from before that pass is one tile's, walked over ``Program.grid``) runs the rest once per tile of the CTA
+(persistent: ``pid, pid + nprog, ...``, as ``sched.cta_tiles`` lists them), yielding to the scheduler before
+every op and whenever an mbarrier wait cannot pass yet. Mirrored from the generated code:
     acquire      g_s = n % count; wait empty[g_s] with phase ((n // count) & 1) ^ 1; expect ready bytes
     load         async TMA copy into buffer[g_s] (lands later, completing ready[g_s]'s bytes)
     wait_ready   g_s = n % count; wait ready[g_s] with phase (n // count) & 1
@@ -27,7 +28,7 @@ import collections
 
 import torch
 
-from ..ir import Op, walk
+from ..ir import Grid, Op, op, walk
 from .cta import CTA, SlotRef, TmaCopy
 from .ops import InterpError, apply, eval_index, skipped, tma_store
 from .sequential import tile_indices
@@ -148,10 +149,15 @@ class PartRun:
     # ------------------------------------------------------------------ interpretation
 
     def _main(self):
-        p = self.run.program
-        for tile in self.cta.tiles:
-            self.scalars.update(tile_indices(p, self.run.scalars, tile))
-            yield from self.run_ops(self.part.body)
+        body = self.part.body
+        if not any(o.kind == "tile_loop" for o in body):  # before passes/tile_loop: the body is one tile's
+            body = (op("tile_loop", body=body, **self.run.program.grid.attrs()),)
+        for o in body:
+            if o.kind == "tile_loop":  # the walk itself is no step of its own (codegen: a few integer ops)
+                self.op = o
+                yield from _tile_loop(self, o)
+            else:
+                yield from self.run_ops((o,))
         yield None
         self.op = None
         if self.wgmma:
@@ -424,7 +430,16 @@ def _turn_pass(pr: PartRun, o: Op):
     pr.turn_n += 1
 
 
-HANDLERS = {"turn_wait": _turn_wait, "turn_pass": _turn_pass,
+def _tile_loop(pr: PartRun, o: Op):
+    """passes/tile_loop: the body once per tile of the CTA (``CTA.tiles``: the scheduler made them with
+    ``sched.cta_tiles`` from this op's grid), the grid's tile indices bound to each tile's."""
+    grid = Grid.of(o)
+    for tile in pr.cta.tiles:
+        pr.scalars.update(tile_indices(grid, pr.run.scalars, tile))
+        yield from pr.run_ops(o.body)
+
+
+HANDLERS = {"tile_loop": _tile_loop, "turn_wait": _turn_wait, "turn_pass": _turn_pass,
             "acquire": _acquire, "wait_ready": _wait_ready, "get": _get, "load": _load, "release": _release,
             "release_tail": _release_tail, "advance": _advance, "trans": _trans, "mma": _mma,
             "mma_wait": _mma_wait, "store": _store}

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 
-from ..ir import Program, format_op
+from ..ir import Grid, Program, format_op
 from .cta import CTA
 from .machine import Events, Violation
 from .ops import InterpError, one_thread
@@ -29,13 +29,30 @@ RECOVERABLE = {"overwrite", "unfilled-read", "use-after-release", "wrong-phase",
                "release-before-retire", "unbalanced"}
 
 
-def _serpentine(program, t: int, nprog: int, tiles: int) -> int:
-    """The tile a persistent CTA runs at loop tile ``t`` (codegen.gluon._tile_lines: odd waves reversed)."""
-    if not program.grid.serpentine:
-        return t
-    wave0 = t // nprog * nprog
-    size = min(nprog, tiles - wave0)
-    return t + (t // nprog % 2) * (2 * wave0 + size - 1 - 2 * t)
+def walked_grid(program: Program) -> Grid:
+    """The grid the partitions walk: their ``tile_loop``'s (passes/tile_loop; verify keeps every one equal to
+    ``Program.grid``), or ``Program.grid`` for bodies from before that pass (each body is one tile's)."""
+    for pt in program.partitions:
+        for o in pt.body:
+            if o.kind == "tile_loop":
+                return Grid.of(o)
+    return program.grid
+
+
+def cta_tiles(grid: Grid, pid: int, nprog: int, tiles: int) -> list[int]:
+    """The linear tile ids CTA ``pid`` of ``nprog`` walks, in order, as a ``tile_loop`` of ``grid`` says
+    (codegen.emitters.tile_lines): persistent ``pid, pid + nprog, ...`` (serpentine: odd waves reversed), else
+    the one tile ``pid``."""
+    if not grid.persistent:
+        return [pid]
+    out = []
+    for t in range(pid, tiles, nprog):
+        if grid.serpentine:
+            wave0 = t // nprog * nprog
+            size = min(nprog, tiles - wave0)
+            t = t + (t // nprog % 2) * (2 * wave0 + size - 1 - 2 * t)
+        out.append(t)
+    return out
 
 
 class TmaAgent:
@@ -164,12 +181,10 @@ class Run:
         self.step = 0
         self.max_steps = max_steps
         self.violations = violations
-        tiles = num_tiles(program, self.scalars)
-        if program.grid.persistent:
-            self.ctas = [CTA(self, pid, [_serpentine(program, t, nprog, tiles) for t in range(pid, tiles, nprog)])
-                         for pid in range(min(nprog, tiles))]
-        else:
-            self.ctas = [CTA(self, pid, [pid]) for pid in range(tiles)]
+        grid = walked_grid(program)
+        tiles = num_tiles(grid, self.scalars)
+        ctas = min(nprog, tiles) if grid.persistent else tiles
+        self.ctas = [CTA(self, pid, cta_tiles(grid, pid, nprog, tiles)) for pid in range(ctas)]
         self.agents: list = []
         for cta in self.ctas:
             cta.parts = [PartRun(cta, pt) for pt in program.partitions]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ir import Op, Program
+from ..ir import Grid, Op, Program
 from .ops import TORCH_DTYPE, InterpError, apply, eval_index, one_thread
 
 
@@ -49,21 +49,24 @@ def split_inputs(program: Program, inputs: dict) -> tuple[dict[str, torch.Tensor
     return tensors, scalars
 
 
-def grid_extents(program: Program, scalars: dict) -> list[int]:
-    return [int(eval_index(e, scalars)) for _, e in program.grid.tiles]
+def grid_extents(program: Program | Grid, scalars: dict) -> list[int]:
+    """The extent of each tile index of the grid (a Program's, or a ``tile_loop``'s ``Grid``)."""
+    grid = program.grid if isinstance(program, Program) else program
+    return [int(eval_index(e, scalars)) for _, e in grid.tiles]
 
 
-def num_tiles(program: Program, scalars: dict) -> int:
+def num_tiles(program: Program | Grid, scalars: dict) -> int:
     n = 1
     for e in grid_extents(program, scalars):
         n *= e
     return n
 
 
-def tile_indices(program: Program, scalars: dict, tile: int) -> dict[str, int]:
-    """Linear tile id -> tile index names, grouped like codegen.gluon._tile_lines (L2-friendly order)."""
-    names = [n for n, _ in program.grid.tiles]
-    num = dict(zip(names, grid_extents(program, scalars)))
+def tile_indices(program: Program | Grid, scalars: dict, tile: int) -> dict[str, int]:
+    """Linear tile id -> tile index names, grouped like codegen.emitters.tile_lines (L2-friendly order)."""
+    grid = program.grid if isinstance(program, Program) else program
+    names = [n for n, _ in grid.tiles]
+    num = dict(zip(names, grid_extents(grid, scalars)))
     out: dict[str, int] = {}
     t = tile
     for i, n in enumerate(names[:-2]):
@@ -74,7 +77,7 @@ def tile_indices(program: Program, scalars: dict, tile: int) -> dict[str, int]:
         t = t % inner
     if len(names) >= 2:
         m, n = names[-2], names[-1]
-        g = program.grid.group
+        g = grid.group
         group_size = g * num[n]
         first = (t // group_size) * g
         size = min(num[m] - first, g)

@@ -15,6 +15,7 @@ Analysis results live on the IR so every pass's result prints:
     Buffer.count / Buffer.offset                                              memory_plan
     Partition.body, Channel.group, Program.groups (barrier pairs)             code_partition
     Program.turns (ping-pong turn barriers)                                   ping_pong
+    each Partition.body wrapped in one ``tile_loop`` op (the grid walk)         tile_loop
 
 This module holds the records and their constructors; ``analysis.py`` walks and queries op bodies and
 evaluates index expressions, ``text.py`` prints a Program (``format_program``) and reads the same text back
@@ -67,7 +68,8 @@ class Value:
 
 @dataclass(frozen=True)
 class Op:
-    """One operation. ``body`` is non-empty only for ``loop``; ``attrs`` is a sorted tuple of (key, value)."""
+    """One operation. ``body`` is non-empty only for ``loop`` and ``tile_loop``; ``attrs`` is a sorted tuple of
+    (key, value)."""
 
     kind: str
     results: tuple[Value, ...] = ()
@@ -133,6 +135,20 @@ class Grid:
         t = ", ".join(f"{n}: {e}" for n, e in self.tiles)
         tail = " serpentine" if self.serpentine else ""
         return f"grid ({t}) persistent={self.persistent} group={self.group}{tail}"
+
+    def attrs(self) -> dict[str, Any]:
+        """The grid as the attributes of a ``tile_loop`` op (passes/tile_loop; ``group`` as ``tile_group``, apart
+        from the barrier ``group`` of ring ops); ``Grid.of`` reads them back."""
+        return {"tiles": self.tiles, "persistent": self.persistent, "tile_group": self.group,
+                "serpentine": self.serpentine}
+
+    @staticmethod
+    def of(o: Op) -> Grid:
+        """The grid a ``tile_loop`` op walks (its attributes, as ``attrs`` writes them)."""
+        if o.kind != "tile_loop":
+            raise ValueError(f"Grid.of: a {o.kind} op has no grid; only tile_loop (passes/tile_loop) carries one")
+        return Grid(tuple(tuple(t) for t in o.attr("tiles")), o.attr("persistent"), o.attr("tile_group"),
+                    o.attr("serpentine"))
 
 
 @dataclass(frozen=True)

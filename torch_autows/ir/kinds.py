@@ -7,7 +7,7 @@ synchronisation ops); ``test/ir/test_ir_ops.py`` checks all three agree.
 Fields:
     operands, results  (min, max) counts; max None: any number (loop, yield)
     phase        "template": templates build it and every pass sees it; "partitioned": code_partition (or a later
-                 pass: software_pipeline, ping_pong) makes it
+                 pass: software_pipeline, ping_pong, tile_loop) makes it
     axes         how the result's axes follow the operands' (data_partition's split rule; codegen's layouts):
                  "elementwise" (same shape; size-1 dims broadcast), "mma" (rows from A and the accumulator,
                  columns from B), "trans" (swapped), "expand" (a new size-1 dim at ``axis``), "reduce"
@@ -17,7 +17,8 @@ Fields:
                  row: (attribute, "offset") adds the row offset, (attribute, "bound") subtracts it
     blocking     may block the warp (a wait): ends a ping-pong issue group of mmas (ping_pong)
     latency      stages a user must run after it in a software pipeline (loop_schedule, verify)
-    structural   a container (loop) or its terminator (yield): every pass and interpreter walks it as structure
+    structural   a container (loop, tile_loop) or its terminator (yield): every pass and interpreter walks it as
+                 structure
 """
 from __future__ import annotations
 
@@ -96,6 +97,9 @@ OPS: dict[str, OpKind] = _kinds(
     OpKind("mma_wait", (1, 2), _ONE, phase="partitioned", blocking=True),
     OpKind("turn_wait", _NONE, _NONE, phase="partitioned", blocking=True),
     OpKind("turn_pass", _NONE, _NONE, phase="partitioned"),
+    # made by passes/tile_loop: a partition's whole body, run once per output tile its CTA walks (the grid's
+    # attributes: tiles, persistent, tile_group, serpentine; ir.Grid.of reads them)
+    OpKind("tile_loop", _NONE, _NONE, phase="partitioned", structural=True),
 )
 
 

@@ -25,6 +25,7 @@ from . import (
     partition_schedule,
     ping_pong,
     software_pipeline,
+    tile_loop,
 )
 
 log = logging.getLogger("torch_autows")
@@ -44,8 +45,10 @@ PIPELINE = [
     ("code_partition", code_partition.run),
     # On lowered bodies: the pipelined loop's lagged gets and late releases are made from the ring ops.
     ("software_pipeline", software_pipeline.run),
-    # Last: turns wrap the final runs of mma issues, the pipelined steady step's included.
+    # Turns wrap the final runs of mma issues, the pipelined steady step's included.
     ("ping_pong", ping_pong.run),
+    # Wraps the final bodies: the walk over the output tiles becomes an op (codegen and the interpreter read it).
+    ("tile_loop", tile_loop.run),
 ]
 
 #: The IR's stages, in order: the template's output, then each pass's.
