@@ -109,3 +109,15 @@ def test_explain_lists_the_fusion(swiglu_pretend, act):
     gelu = torch_autows.explain(MLP(act="gelu").to(torch.bfloat16), torch.randn(4, 32, dtype=torch.bfloat16),
                                 print_report=False)
     assert gelu.count("swiglu") == 0 and gelu.count("gemm") == 3
+
+
+def test_symbolic_rows_are_fused(swiglu_pretend, monkeypatch):
+    # dynamic=True: the site is decided at run time per shape bucket; the pattern still matches
+    model = MLP().to(torch.bfloat16)
+    seen = _post_grad_graphs(monkeypatch)
+    with torch.no_grad(), ic.patch(api.inductor_options()):
+        cm = torch.compile(model, dynamic=True)
+        for n in (3, 7, 12):
+            x = torch.randn(n, 32, dtype=torch.bfloat16)
+            torch.testing.assert_close(cm(x), model(x), atol=2e-2, rtol=2e-2)
+    assert support.site_counters["swiglu.rewritten"] == 1 and "autows.gemm_swiglu" in "\n".join(seen)
