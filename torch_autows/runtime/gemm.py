@@ -77,12 +77,23 @@ def choose_config(m: int, n: int, k: int, sms: int = 132, split: bool = True) ->
     large-GEMM choice below. ``split=False`` is for batched GEMMs: no split-K (split_k takes 2-D grids), and
     only tiles whose K step divides K (a batch's rows are flattened, so no tile may straddle two)."""
     if m <= 128:
-        cands = [(decode_time(m, n, k, bn, bk, s, sms), -bn, s, bn, bk) for bn, bk, splits in DECODE_TILES
-                 for s in (splits if split else (1,)) if split or k % bk == 0]
-        if cands:
-            best = min(cands)
-            return f"dec_{best[3]}x{best[4]}_s{best[2]}"
+        best = decode_pick(DECODE_TILES, m, n, k, sms, split=split)
+        if best:
+            return "dec_{}x{}_s{}".format(*best)
     return _large_config(m, n, k, sms)
+
+
+def decode_pick(tiles, m: int, n: int, k: int, sms: int = 132, *, weights: int = 1,
+                split: bool = True) -> tuple[int, int, int] | None:
+    """(block_n, block_k, splits) of ``tiles`` ((block_n, block_k, splits) entries) with the least
+    ``decode_time``, wider tiles first on a tie; ``split=False``: no split-K, and only tiles whose K step divides
+    K. None where no tile qualifies."""
+    cands = [(decode_time(m, n, k, bn, bk, s, sms, weights), -bn, s, bn, bk) for bn, bk, splits in tiles
+             for s in (splits if split else (1,)) if split or k % bk == 0]
+    if not cands:
+        return None
+    best = min(cands)
+    return best[3], best[4], best[2]
 
 
 def _large_config(m: int, n: int, k: int, sms: int = 132) -> str:
@@ -169,11 +180,14 @@ _BOUND = BoundCache(1024)
 VENDOR = ("vendor",)
 
 
-def _replay(hit, a, b, out, out_dtype, bias=None):
-    """The output of a call seen before (``hit``: its ``_BOUND`` entry), launched through its Bound; None where
-    it cannot serve this call (then the full path runs)."""
+def replay(hit, inputs: list, out, out_dtype, after: list = ()):
+    """The output of a call seen before (``hit``: its ``BoundCache`` entry from ``launch_template``), launched
+    through its Bound with the tensors in the kernel's argument order: ``inputs``, the output (``out``, or a
+    new one), ``after``, then this stream's split-K workspace and counters where the config splits K. None
+    where the Bound cannot serve this call (then the full path runs)."""
+    a = inputs[0]
     c = out if out is not None else torch.empty(hit[1], device=a.device, dtype=out_dtype)
-    addrs = [a.data_ptr(), b.data_ptr(), c.data_ptr()] + ([] if bias is None else [bias.data_ptr()])
+    addrs = [t.data_ptr() for t in (*inputs, c, *after)]
     if len(hit) > 2:  # split-K: this stream's current workspace and counters
         ws, locks = scratch.get(a.get_device(), *hit[2])
         addrs += [ws.data_ptr(), locks.data_ptr()]
@@ -281,7 +295,7 @@ def gemm(a, b, bias, out_dtype, config: str | None = None, out: torch.Tensor | N
     if hit is VENDOR:
         return None
     if hit is not None:
-        c = _replay(hit, a, b, out, out_dtype, bias)
+        c = replay(hit, [a, b], out, out_dtype, [bias] if bias is not None else [])
         if c is not None:
             return c
     why = support_reason(a, b, bias, out_dtype) or _out_reason(out)
@@ -313,7 +327,7 @@ def bmm(a, b, out_dtype, config: str | None = None, out: torch.Tensor | None = N
     if hit is VENDOR:
         return None
     if hit is not None:
-        c = _replay(hit, a, b, out, out_dtype)
+        c = replay(hit, [a, b], out, out_dtype)
         if c is not None:
             return c
     why = support_reason(a, b, None, out_dtype) or _out_reason(out)

@@ -18,10 +18,10 @@ import torch
 
 from ..ir import Options
 from ..templates.gemm import GemmRequest
-from . import choice, scratch
+from . import choice
 from . import device as dev
 from .fallback import Unsupported
-from .gemm import DTYPES, VENDOR, _out_reason, _tma_view, decode_time, launch_template
+from .gemm import DTYPES, VENDOR, _out_reason, _tma_view, decode_pick, launch_template, replay
 from .gemm import support_reason as gemm_reason
 from .launch import BoundCache
 
@@ -46,9 +46,7 @@ def choose_config(m: int, n: int, k: int, sms: int = 132) -> str:
     """Decode tiles up to 128 rows (the least ``gemm.decode_time`` with both weights streamed), else the
     persistent 128x128 tile."""
     if m <= 128:
-        best = min((decode_time(m, n, k, bn, bk, s, sms, weights=2), -bn, s, bn, bk)
-                   for bn, bk, splits in DECODE_TILES for s in splits)
-        return f"swiglu_dec_{best[3]}x{best[4]}_s{best[2]}"
+        return "swiglu_dec_{}x{}_s{}".format(*decode_pick(DECODE_TILES, m, n, k, sms, weights=2))
     return "swiglu_p_128x128"
 
 
@@ -68,15 +66,6 @@ def support_reason(a, bg, bu, out_dtype=None, *, check_device: bool = True) -> s
 
 #: A call's metadata -> (launch.Bound, output shape[, workspace sizes]), as runtime.gemm's ``_BOUND``.
 _BOUND = BoundCache(256)
-
-
-def _replay(hit, a, bg, bu, out, out_dtype):
-    c = out if out is not None else torch.empty(hit[1], device=a.device, dtype=out_dtype)
-    addrs = [a.data_ptr(), bg.data_ptr(), bu.data_ptr(), c.data_ptr()]
-    if len(hit) > 2:  # split-K: this stream's current workspace and counters
-        ws, locks = scratch.get(a.get_device(), *hit[2])
-        addrs += [ws.data_ptr(), locks.data_ptr()]
-    return c if hit[0](*addrs) else None
 
 
 def vendor_swiglu(a, bg, bu, out):
@@ -152,7 +141,7 @@ def gemm_swiglu(a, bg, bu, out_dtype, config: str | None = None, out: torch.Tens
     if hit is VENDOR:
         return None
     if hit is not None:
-        c = _replay(hit, a, bg, bu, out, out_dtype)
+        c = replay(hit, [a, bg, bu], out, out_dtype)
         if c is not None:
             return c
     why = support_reason(a, bg, bu, out_dtype) or _out_reason(out)
