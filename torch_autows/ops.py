@@ -134,28 +134,41 @@ def gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
     return run_gemm(a, b, bias, out_dtype or a.dtype)
 
 
+_GEMM_OFF = "disabled by torch_autows.config.gemm = False (TORCH_AUTOWS_GEMM=0)"
+
+
+def _serve(op: str, call):
+    """``call()``, a runtime's entry point, counted for ``op``: (its result, False) where the generated kernel
+    served the call; (None, True) where runtime.choice kept the vendor's path; (None, False) where the runtime
+    raised ``Unsupported`` (the reason is logged once)."""
+    try:
+        out = call()
+    except Unsupported as e:
+        note_fallback(op, str(e))
+        return None, False
+    if out is not None:
+        note_served(op)
+        return out, False
+    note_vendor(op)
+    return None, True
+
+
 def run_gemm(a, b, bias, out_dtype: torch.dtype) -> torch.Tensor:
     """``gemm`` (2-D a) or ``bmm`` (3-D a, no bias) for arguments already checked, without autograd: the
     generated kernel where it serves the call, else torch with the reason logged once."""
     op = "bmm" if a.dim() == 3 else "gemm"
     if not config.gemm:
-        note_fallback(op, "disabled by torch_autows.config.gemm = False (TORCH_AUTOWS_GEMM=0)")
+        note_fallback(op, _GEMM_OFF)
     elif a.dtype not in _FLOAT_DTYPES:
         note_fallback(op, f"dtype {a.dtype}: autows GEMM serves float16, bfloat16 and float32")
     else:
         rt = runtime_module("gemm")
         if rt is None:
             note_fallback(op, "no generated GEMM kernel in this build of torch_autows")
-        else:
-            try:
-                out = rt.bmm(a, b, out_dtype) if op == "bmm" else rt.gemm(a, b, bias, out_dtype)
-            except Unsupported as e:
-                note_fallback(op, str(e))
-            else:
-                if out is not None:
-                    note_served(op)
-                    return out
-                note_vendor(op)  # runtime.choice: cuBLAS is faster for this shape
+        else:  # (vendor: runtime.choice found cuBLAS faster for this shape; torch_gemm runs it)
+            out, _ = _serve(op, lambda: rt.bmm(a, b, out_dtype) if op == "bmm" else rt.gemm(a, b, bias, out_dtype))
+            if out is not None:
+                return out
     return torch_gemm(a, b, bias, out_dtype)
 
 
@@ -208,23 +221,17 @@ def gemm_swiglu(a: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
     if _wants_grad(a, w_gate, w_up):
         note_fallback(op, "an input requires grad: the fused kernel has no backward; torch computes it")
     elif not config.gemm:
-        note_fallback(op, "disabled by torch_autows.config.gemm = False (TORCH_AUTOWS_GEMM=0)")
+        note_fallback(op, _GEMM_OFF)
     else:
         rt = runtime_module("swiglu")
         if rt is None:
             note_fallback(op, "no generated GEMM kernel in this build of torch_autows")
         else:
-            try:
-                out = rt.gemm_swiglu(a, w_gate, w_up, out_dtype)
-            except Unsupported as e:
-                note_fallback(op, str(e))
-            else:
-                if out is not None:
-                    note_served(op)
-                    return out
-                note_vendor(op)  # runtime.choice: the vendor's GEMMs are faster for this shape
-                if out_dtype == a.dtype:  # what torch.compile default runs: two GEMMs and one fused product
-                    return rt.vendor_swiglu(a, w_gate, w_up, a.new_empty((a.shape[0], w_gate.shape[1])))
+            out, vendor = _serve(op, lambda: rt.gemm_swiglu(a, w_gate, w_up, out_dtype))
+            if out is not None:
+                return out
+            if vendor and out_dtype == a.dtype:  # what torch.compile default runs: two GEMMs and one fused product
+                return rt.vendor_swiglu(a, w_gate, w_up, a.new_empty((a.shape[0], w_gate.shape[1])))
     return torch_gemm_swiglu(a, w_gate, w_up, out_dtype)
 
 
@@ -270,16 +277,10 @@ def run_attention(q, k, v, is_causal: bool, scale: float) -> tuple[torch.Tensor,
             note_fallback("attention", "no generated attention kernel in this build of torch_autows")
         elif q.dtype not in _FLOAT_DTYPES:
             note_fallback("attention", f"dtype {q.dtype}: autows attention serves float16, bfloat16 and float32")
-        else:
-            try:
-                res = rt.attention(q, k, v, is_causal, scale, vendor=torch_attention)
-            except Unsupported as e:
-                note_fallback("attention", str(e))
-            else:
-                if res is not None:
-                    note_served("attention")
-                    return (*res, True)
-                note_vendor("attention")  # runtime.choice: SDPA's pick is faster for this shape
+        else:  # (vendor: runtime.choice found SDPA's pick faster for this shape; torch_attention runs it)
+            res, _ = _serve("attention", lambda: rt.attention(q, k, v, is_causal, scale, vendor=torch_attention))
+            if res is not None:
+                return (*res, True)
     else:
         note_fallback("attention", "disabled by torch_autows.config.attention = False (TORCH_AUTOWS_ATTENTION=0)")
     return (*torch_attention(q, k, v, is_causal, scale), False)

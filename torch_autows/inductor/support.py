@@ -147,12 +147,17 @@ def _runtime_reason(name: str, *args) -> str | None:
     return None if r is None else str(r)
 
 
+def _gemm_gate(device: torch.device) -> str | None:
+    """Why no generated GEMM-template kernel (GEMM, SwiGLU) serves here at all: switched off, or the device."""
+    if not config.gemm:
+        return "disabled by torch_autows.config.gemm = False (TORCH_AUTOWS_GEMM=0)"
+    return device_reason(device)
+
+
 def gemm_reason(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
                 out_dtype: torch.dtype | None = None) -> str | None:
     """Why autows cannot serve ``a @ b (+ bias)`` (2-D) or ``bmm(a, b)`` (3-D); None when it can."""
-    if not config.gemm:
-        return "disabled by torch_autows.config.gemm = False (TORCH_AUTOWS_GEMM=0)"
-    r = device_reason(a.device)
+    r = _gemm_gate(a.device)
     if r:
         return r
     for name, t in (("a", a), ("b", b), ("bias", bias)):
@@ -165,9 +170,7 @@ def gemm_reason(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = No
 
 def swiglu_reason(a: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> str | None:
     """Why autows cannot serve ``silu(a @ w_gate) * (a @ w_up)`` in one kernel; None when it can."""
-    if not config.gemm:
-        return "disabled by torch_autows.config.gemm = False (TORCH_AUTOWS_GEMM=0)"
-    r = device_reason(a.device)
+    r = _gemm_gate(a.device)
     if r:
         return r
     if a.dtype not in (torch.float16, torch.bfloat16):
