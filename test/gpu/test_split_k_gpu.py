@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from torch_autows.runtime import gemm as rt
-from torch_autows.runtime import scratch
 
 SPLIT = [c for c, o in rt.CONFIGS.items() if o.split_k > 1]
 
@@ -24,18 +23,10 @@ def _rel(out, ref):
 
 
 @pytest.mark.parametrize("config", SPLIT)
-def test_repeated_launches_are_bitwise_equal_and_counters_reset(config):
+def test_repeated_launches_are_bitwise_equal_and_counters_reset(config, repeated_split_launches):
     a, b = _inputs(13, 3000, 1000)  # ragged rows, columns and K steps
-    outs = []
-    for _ in range(3):
-        out = torch.full((13, 1000), float("nan"), device="cuda", dtype=torch.bfloat16)
-        rt.gemm(a, b, None, torch.bfloat16, config=config, out=out)
-        outs.append(out)
-    torch.cuda.synchronize()
-    assert _rel(outs[0], a.float() @ b.float()) < 1e-2
-    assert all(torch.equal(outs[0], o) for o in outs[1:])
-    for _, locks in scratch._pairs.values():
-        assert int(locks.count_nonzero()) == 0
+    repeated_split_launches(lambda out: rt.gemm(a, b, None, torch.bfloat16, config=config, out=out), (13, 1000),
+                            a.float() @ b.float(), 1e-2)
 
 
 def test_two_streams_at_once():

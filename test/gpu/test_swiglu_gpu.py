@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import torch_autows
-from torch_autows.runtime import fallback, scratch
+from torch_autows.runtime import fallback
 from torch_autows.runtime import swiglu as rt
 
 SHAPES = [(1, 256, 512), (7, 1000, 3000), (64, 128, 64), (100, 1024, 1000), (129, 384, 520), (300, 2048, 4096)]
@@ -54,18 +54,10 @@ def test_fp16_and_fp32_output(config):
 
 
 @pytest.mark.parametrize("config", [c for c, o in rt.CONFIGS.items() if o.split_k > 1])
-def test_split_k_is_deterministic_and_resets_counters(config):
+def test_split_k_is_deterministic_and_resets_counters(config, repeated_split_launches):
     a, wg, wu = _inputs(13, 1000, 3000, seed=2)
-    outs = []
-    for _ in range(3):
-        out = torch.full((13, 1000), float("nan"), device="cuda", dtype=torch.bfloat16)
-        rt.gemm_swiglu(a, wg, wu, torch.bfloat16, config=config, out=out)
-        outs.append(out)
-    torch.cuda.synchronize()
-    assert _rel(outs[0], _ref(a, wg, wu)) < 1e-2
-    assert all(torch.equal(outs[0], o) for o in outs[1:])
-    for _, locks in scratch._pairs.values():
-        assert int(locks.count_nonzero()) == 0
+    repeated_split_launches(lambda out: rt.gemm_swiglu(a, wg, wu, torch.bfloat16, config=config, out=out),
+                            (13, 1000), _ref(a, wg, wu), 1e-2)
 
 
 @pytest.mark.parametrize("m", [1, 16, 128, 512])

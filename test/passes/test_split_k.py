@@ -60,8 +60,13 @@ def test_refuses_what_does_not_add_up():
 @pytest.mark.parametrize("variant", [{}, {"trans_b": True, "bias": True}, {"trans_a": True, "out_dtype": "f32"}])
 @pytest.mark.parametrize("splits,persistent", [(2, True), (3, False), (4, True)])
 def test_interpreter_matches_torch_and_resets_counters(variant, splits, persistent):
-    opts = replace(OPTS, split_k=splits, persistent=persistent)
-    before = build(GemmRequest(1, 1, 1, **variant), opts)
+    _interpreted(GemmRequest(1, 1, 1, **variant), replace(OPTS, split_k=splits, persistent=persistent))
+
+
+def _interpreted(request, opts, check=lambda inst, ins: None):
+    """The split program sequentially and partitioned under every policy (4 seeds, 2-4 CTAs) equals torch, and
+    every counter is back to zero after each run; ``check(instance, inputs)`` after each partitioned run."""
+    before = build(request, opts)
     after = pipeline.run(before, opts, verify=True)
     for seed in range(4):
         inst = make_instance(after, seed)
@@ -73,6 +78,7 @@ def test_interpreter_matches_torch_and_resets_counters(variant, splits, persiste
             out = run_partitioned(after, ins, policy=policy, seed=seed, nprog=2 + seed % 3)
             assert torch.equal(out["c"], inst.reference["c"]), (policy, seed, inst.desc)
             assert int(ins["locks"].count_nonzero()) == 0  # the last arrivals reset every counter
+            check(inst, ins)
 
 
 def _mutate(program, fn):
@@ -150,21 +156,12 @@ def test_two_accumulators_share_one_reduction():
 def test_two_accumulators_interpreted_under_every_policy(variant, splits, persistent):
     # one arrival per CTA for both accumulators: a counter per accumulator arrival would declare a CTA the last
     # of S parts after S/2 CTAs (split-order), or sum the up projection's parts before they are written
-    opts = replace(OPTS, split_k=splits, persistent=persistent)
-    before = build(GemmRequest(1, 1, 1, epilogue="swiglu", **variant), opts)
-    after = pipeline.run(before, opts, verify=True)
-    for seed in range(4):
-        inst = make_instance(after, seed)
+    def check(inst, ins):
         assert inst.tensors["ws"].numel() == 2 * splits * 64 * 32 * int(inst.tensors["locks"].numel())
-        ins = inst.inputs()
-        assert torch.equal(run_sequential(data_partition.run(before, opts), ins)["c"], inst.reference["c"])
-        assert int(ins["locks"].count_nonzero()) == 0
-        for policy in POLICIES:
-            ins = inst.inputs()
-            out = run_partitioned(after, ins, policy=policy, seed=seed, nprog=2 + seed % 3)
-            assert torch.equal(out["c"], inst.reference["c"]), (policy, seed, inst.desc)
-            assert int(ins["locks"].count_nonzero()) == 0  # the last arrivals reset every counter
-            assert bool(ins["ws"].isnan().all())  # every summed slot poisoned again: each was read once
+        assert bool(ins["ws"].isnan().all())  # every summed slot poisoned again: each was read once
+
+    _interpreted(GemmRequest(1, 1, 1, epilogue="swiglu", **variant),
+                 replace(OPTS, split_k=splits, persistent=persistent), check)
 
 
 def test_an_unguarded_store_of_the_second_sum_is_refused():
