@@ -152,6 +152,7 @@ def rewrite_swiglu(graph: fx.Graph) -> list[SwigluSite]:
     if support.max_autotune_on():  # Inductor's own GEMM templates and fusions are in play: leave it the graph
         return []
     sites = find_swiglu_sites(graph)
+    order = {n: i for i, n in enumerate(graph.nodes)}  # the pattern nodes' positions (they are never moved)
     for s in sites:
         if s.reason is not None or s.vendor is not None:
             support.note_site("swiglu", s.reason or s.vendor)
@@ -173,8 +174,8 @@ def rewrite_swiglu(graph: fx.Graph) -> list[SwigluSite]:
                 new.meta[k] = s.out.meta[k]
         s.out.replace_all_uses_with(res)
         graph.erase_node(s.out)
-        for n in reversed(list(graph.nodes)):  # the pattern's nodes, users before their inputs
-            if n in s.nodes and not n.users:
+        for n in sorted(s.nodes, key=order.__getitem__, reverse=True):  # users before their inputs
+            if not n.users:
                 graph.erase_node(n)
         support.site_counters["swiglu.rewritten"] += 1
     graph.lint()
