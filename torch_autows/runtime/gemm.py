@@ -39,10 +39,21 @@ CONFIGS: dict[str, Options] = {
 #: holds, the K loop split across ``s`` CTAs (passes/split_k) so that enough SMs stream the weight. A 256-wide
 #: tile splits at most 2 ways: the reduction's partial sum, load and offsets of 3+ parts spill registers.
 DECODE_TILES = ((64, 128, (1, 2, 3, 4)), (128, 128, (1, 2, 3, 4)), (256, 64, (1, 2)))  # (block_n, block_k, splits)
-for _bn, _bk, _splits in DECODE_TILES:
-    for _s in _splits:
-        CONFIGS[f"dec_{_bn}x{_bk}_s{_s}"] = Options(block_m=64, block_n=_bn, block_k=_bk, stages=12, data_partition=1,
-                                                    persistent=True, split_k=_s)
+
+
+def decode_configs(prefix: str, tiles) -> dict[str, Options]:
+    """The decode configs of ``tiles`` ((block_n, block_k, splits) entries), named ``<prefix>_<bn>x<bk>_s<s>``."""
+    return {decode_name(prefix, (bn, bk, s)): Options(block_m=64, block_n=bn, block_k=bk, stages=12, data_partition=1,
+                                                      persistent=True, split_k=s)
+            for bn, bk, splits in tiles for s in splits}
+
+
+def decode_name(prefix: str, pick: tuple[int, int, int]) -> str:
+    """The name of the decode config (block_n, block_k, splits) ``pick``."""
+    return "{}_{}x{}_s{}".format(prefix, *pick)
+
+
+CONFIGS.update(decode_configs("dec", DECODE_TILES))
 
 
 #: Throughput of a 128x128 tile relative to 128x256 when both fill every SM: 644 against 706 TFLOP/s at
@@ -79,7 +90,7 @@ def choose_config(m: int, n: int, k: int, sms: int = 132, split: bool = True) ->
     if m <= 128:
         best = decode_pick(DECODE_TILES, m, n, k, sms, split=split)
         if best:
-            return "dec_{}x{}_s{}".format(*best)
+            return decode_name("dec", best)
     return _large_config(m, n, k, sms)
 
 

@@ -21,7 +21,17 @@ from ..templates.gemm import GemmRequest
 from . import choice
 from . import device as dev
 from .fallback import Unsupported
-from .gemm import DTYPES, VENDOR, _out_reason, _tma_view, decode_pick, launch_template, replay
+from .gemm import (
+    DTYPES,
+    VENDOR,
+    _out_reason,
+    _tma_view,
+    decode_configs,
+    decode_name,
+    decode_pick,
+    launch_template,
+    replay,
+)
 from .gemm import support_reason as gemm_reason
 from .launch import BoundCache
 
@@ -36,17 +46,14 @@ CONFIGS: dict[str, Options] = {
 #: across ``s`` CTAs (passes/split_k; one reduction of both accumulators) so that enough SMs stream the weights.
 #: Both stream 32 KB of weights a K step; the 128-wide one has fewer, longer units (wide N: Llama's 14336).
 DECODE_TILES = ((64, 128, (1, 2, 4)), (128, 64, (1, 2)))  # (block_n, block_k, splits)
-for _bn, _bk, _splits in DECODE_TILES:
-    for _s in _splits:
-        CONFIGS[f"swiglu_dec_{_bn}x{_bk}_s{_s}"] = Options(block_m=64, block_n=_bn, block_k=_bk, stages=12,
-                                                           data_partition=1, persistent=True, split_k=_s)
+CONFIGS.update(decode_configs("swiglu_dec", DECODE_TILES))
 
 
 def choose_config(m: int, n: int, k: int, sms: int = 132) -> str:
     """Decode tiles up to 128 rows (the least ``gemm.decode_time`` with both weights streamed), else the
     persistent 128x128 tile."""
     if m <= 128:
-        return "swiglu_dec_{}x{}_s{}".format(*decode_pick(DECODE_TILES, m, n, k, sms, weights=2))
+        return decode_name("swiglu_dec", decode_pick(DECODE_TILES, m, n, k, sms, weights=2))
     return "swiglu_p_128x128"
 
 
