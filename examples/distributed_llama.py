@@ -1,5 +1,6 @@
 """A Llama-style decoder under tensor parallelism (inference) and FSDP2 (training), each block compiled with
-``backend="autows"``; checked against a single-process eager copy and, on GPU, timed against Inductor.
+``backend="autows"``; checked against a single-process eager reference (fp32 by default) and, on GPU, timed
+against Inductor.
 
     torchrun --nproc-per-node 2 examples/distributed_llama.py                 # both modes, CUDA if present
     torchrun --nproc-per-node 2 examples/distributed_llama.py --mode tp --device cpu --dim 64 --heads 4
@@ -10,13 +11,13 @@ each rank keeps its share of the heads), one replicated prefill batch, output vs
 ``--steps`` SGD steps; the loss (averaged over ranks) and every full gradient vs the eager model on the
 whole batch. On GPU (NCCL) both runs are also timed for ``backend="inductor"`` with
 ``torch.utils.benchmark`` (the same number of steps on every rank: a collective must not wait for a rank
-that stopped). On CPU (gloo) autows falls back to torch, says why (its kernels need sm_90 GPUs) and
-nothing is timed. The functions here are also what test/distributed/ runs on two CPU processes.
+that stopped), each with its distance to the reference, and ``--record bench/results`` writes them as a bench
+result. On CPU (gloo) autows falls back to torch, says why (its kernels need sm_90 GPUs) and nothing is
+timed. The functions here are also what test/distributed/ runs on two CPU processes.
 """
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import datetime
 import os
@@ -27,7 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 import torch_autows  # noqa: F401  (registers backend="autows" where the package is not pip-installed)
-from torch_autows.bench.llama import LlamaConfig, build_model
+from torch_autows.bench.llama import LlamaConfig, build_model, forward_flops
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 #: Relative error (norm of the difference / norm of the reference) a run may have against the eager reference.
@@ -91,14 +92,13 @@ def run_tp(args, device: torch.device, dtype: torch.dtype, backend: str | None, 
     from torch.distributed.device_mesh import init_device_mesh
 
     cfg = make_config(args)
-    ref_model = build_model(cfg, device=device, dtype=dtype, seed=seed)
-    model = compile_blocks(tensor_parallel(copy.deepcopy(ref_model), init_device_mesh(device.type,
-                                                                                      (dist.get_world_size(),))),
-                           backend)
+    ref_model = build_model(cfg, device=device, dtype=args.ref_dtype, seed=seed)
+    model = compile_blocks(tensor_parallel(build_model(cfg, device=device, dtype=dtype, seed=seed),
+                                           init_device_mesh(device.type, (dist.get_world_size(),))), backend)
     x = torch.randn(args.batch, args.seq, cfg.hidden, generator=torch.Generator().manual_seed(seed + 1)).to(device,
                                                                                                           dtype)
     with torch.no_grad():
-        return model(x), ref_model(x), model, x
+        return model(x), ref_model(x.to(args.ref_dtype)), model, x
 
 
 # --- FSDP2 (training) ---
@@ -127,8 +127,9 @@ def run_fsdp(args, device: torch.device, dtype: torch.dtype, backend: str | None
     if args.batch % world:
         raise ValueError(f"--batch {args.batch} must be divisible by the {world} ranks (each takes a slice)")
     cfg = make_config(args)
-    ref_model = build_model(cfg, device=device, dtype=dtype, seed=seed).train()
-    model = compile_blocks(shard_fsdp(copy.deepcopy(ref_model), init_device_mesh(device.type, (world,))), backend)
+    ref_model = build_model(cfg, device=device, dtype=args.ref_dtype, seed=seed).train()
+    model = compile_blocks(shard_fsdp(build_model(cfg, device=device, dtype=dtype, seed=seed).train(),
+                                      init_device_mesh(device.type, (world,))), backend)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     ref_opt = torch.optim.SGD(ref_model.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(seed + 1)
@@ -138,7 +139,7 @@ def run_fsdp(args, device: torch.device, dtype: torch.dtype, backend: str | None
         mine = x.chunk(world)[rank]
         loss = _loss(model(mine))
         loss.backward()
-        ref_loss = _loss(ref_model(x))
+        ref_loss = _loss(ref_model(x.to(args.ref_dtype)))
         ref_loss.backward()
         avg = loss.detach().clone()
         dist.all_reduce(avg, op=dist.ReduceOp.SUM)
@@ -186,22 +187,35 @@ def _time(fn, steps: int, reps: int) -> list[float]:
     return [timer.timeit(steps).median for _ in range(reps)]
 
 
-def time_against_inductor(args, device, dtype) -> list[str]:
-    """Median ms per TP prefill and per FSDP step (forward, backward, SGD) for inductor and autows."""
-    lines, med = [], lambda ts: sorted(ts)[len(ts) // 2] * 1e3
+def worst_grad(steps) -> float:
+    """The largest relative error of any full gradient at any step (``run_fsdp``'s steps)."""
+    return max(rel_err(g, r) for _, _, grads in steps for g, r in grads.values())
+
+
+def time_against_inductor(args, device, dtype) -> tuple[list[str], list[dict]]:
+    """Median ms per TP prefill and per FSDP step (forward, backward, SGD) for inductor and autows, each with
+    its distance to the reference (``--ref-dtype``): printed lines, and result rows for ``--record``."""
+    from torch_autows.bench.results import make_row
+    from torch_autows.inductor import support as target
+
+    lines, rows, med = [], [], lambda ts: sorted(ts)[len(ts) // 2] * 1e3
+    world = dist.get_world_size()
     for mode in args.modes:
-        ms = {}
+        ms, err = {}, {}
         for backend in ("inductor", "autows"):
+            target.reset()
             if mode == "tp":
-                _, _, model, x = run_tp(args, device, dtype, backend)
+                out, ref, model, x = run_tp(args, device, dtype, backend)
+                err[backend] = rel_err(out, ref)
 
                 def fn(model=model, x=x):
                     with torch.no_grad():
                         model(x)
             else:
-                _, model = run_fsdp(args, device, dtype, backend)
+                steps, model = run_fsdp(args, device, dtype, backend)
+                err[backend] = worst_grad(steps)
                 opt = torch.optim.SGD(model.parameters(), lr=1e-6)
-                x = torch.randn(args.batch // dist.get_world_size(), args.seq, args.dim, device=device, dtype=dtype)
+                x = torch.randn(args.batch // world, args.seq, args.dim, device=device, dtype=dtype)
 
                 def fn(model=model, x=x, opt=opt):
                     _loss(model(x)).backward()
@@ -210,11 +224,35 @@ def time_against_inductor(args, device, dtype) -> list[str]:
             for _ in range(3):  # warm-up: compile, autotune, CUDA graphs
                 fn()
             torch.cuda.synchronize()
-            ms[backend] = med(_time(lambda fn=fn: (fn(), torch.cuda.synchronize()), args.timed_steps, args.reps))
+            samples = _time(lambda fn=fn: (fn(), torch.cuda.synchronize()), args.timed_steps, args.reps)
+            ms[backend] = med(samples)
+            case = (f"{mode} {world}x{args.batch}x{args.seq} d{args.dim} L{args.layers} "
+                    + ("prefill" if mode == "tp" else "train step"))
+            spread = (max(samples) - min(samples)) / max(med(samples) / 1e3, 1e-30)
+            # the whole job's FLOPs (every rank's share), per step: forward, or forward + backward (3x)
+            flops = forward_flops(make_config(args), args.batch, args.seq) * (1 if mode == "tp" else 3)
+            rows.append(make_row("distributed", case, backend, tflops=flops / ms[backend] * 1e-9, ms=ms[backend],
+                                 rel_err=err[backend], spread=spread,
+                                 samples_ms=[t * 1e3 for t in samples], ranks=world,
+                                 sites=dict(sorted(target.site_counters.items())) if backend == "autows" else None))
         what = "prefill" if mode == "tp" else "train step"
         lines.append(f"{mode:<4} ms/{what}: inductor {ms['inductor']:.3f}, autows {ms['autows']:.3f}, speedup autows "
-                     f"vs inductor {ms['inductor'] / ms['autows']:.2f}x (median of {args.reps} x {args.timed_steps})")
-    return lines
+                     f"vs inductor {ms['inductor'] / ms['autows']:.2f}x (median of {args.reps} x {args.timed_steps}); "
+                     f"rel err vs {args.ref_dtype} eager: inductor {err['inductor']:.2e}, autows {err['autows']:.2e}")
+    return lines, rows
+
+
+def record(out_dir: str, rows: list[dict], argv: list[str] | None) -> str:
+    """Write the rows as ``<out>/<date>-<gpu>-distributed.json`` (bench/results' format; ``python -m
+    torch_autows.bench report`` then puts them in BENCHMARKS.md)."""
+    from pathlib import Path
+
+    from torch_autows.bench.results import collect_meta, result_path, write_json
+
+    meta = collect_meta("distributed", argv if argv is not None else sys.argv[1:], world_size=dist.get_world_size())
+    meta["command"] = "torchrun --nproc-per-node %d examples/distributed_llama.py %s" % (
+        dist.get_world_size(), " ".join(argv if argv is not None else sys.argv[1:]))
+    return str(write_json(result_path(Path(out_dir), meta["date"], meta["gpu"], "distributed"), meta, rows))
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -222,6 +260,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--mode", choices=["tp", "fsdp", "both"], default="both")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: bf16 on CUDA, fp32 on CPU")
+    p.add_argument("--ref-dtype", choices=list(DTYPES), default="fp32",
+                   help="the single-process eager reference's dtype (default fp32)")
     p.add_argument("--backend", default="autows", help="the backend checked (default autows)")
     p.add_argument("--batch", type=int, default=None)
     p.add_argument("--seq", type=int, default=None)
@@ -233,6 +273,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=2, help="FSDP training steps checked (default 2)")
     p.add_argument("--timed-steps", type=int, default=10, help="GPU: calls per timing (default 10)")
     p.add_argument("--reps", type=int, default=5, help="GPU: timings per backend; the median is printed (default 5)")
+    p.add_argument("--record", metavar="DIR", default=None,
+                   help="GPU: also write the timings as a bench result under DIR (e.g. bench/results)")
     args = p.parse_args(argv)
     gpu = args.device == "cuda"
     defaults = (dict(batch=4, seq=2048, dim=4096, heads=32, kv_heads=8, ffn=14336) if gpu
@@ -241,6 +283,7 @@ def parse(argv=None) -> argparse.Namespace:
         if getattr(args, k) is None:
             setattr(args, k, v)
     args.dtype = DTYPES[args.dtype or ("bf16" if gpu else "fp32")]
+    args.ref_dtype = DTYPES[args.ref_dtype]
     args.modes = ["tp", "fsdp"] if args.mode == "both" else [args.mode]
     return args
 
@@ -276,8 +319,11 @@ def main(argv=None) -> int:
         say(f"{mode:<4} {'ok' if flags.item() else 'MISMATCH'} on every rank; compiled sites "
             f"{dict(sorted(target.site_counters.items()))}, calls {dict(sorted(fallback.counters.items()))}")
     if gpu and ok:
-        for line in time_against_inductor(args, device, args.dtype):
+        lines, rows = time_against_inductor(args, device, args.dtype)
+        for line in lines:
             say(line)
+        if args.record and rank == 0:
+            say(f"recorded {record(args.record, rows, argv)}")
     dist.destroy_process_group()
     return 0 if ok else 1
 
