@@ -1,4 +1,5 @@
-"""Custom ops that put the generated kernels into graphs: ``torch.ops.autows.{attention,gemm,bmm,gemm_swiglu}``.
+"""Custom ops that put the generated kernels into graphs: ``torch.ops.autows.{attention,gemm,gemm_residual,bmm,
+gemm_swiglu}``.
 
 Registered by ``import torch_autows`` (so ``torch.export.load`` of a program using them works in a fresh
 process); only ``torch.library`` is used here, nothing of Inductor or Dynamo. The Inductor lowerings stay
@@ -165,6 +166,36 @@ def _gemm_backward(ctx, grad):
     return da, db, None
 
 
+@torch.library.custom_op("autows::gemm_residual", mutates_args=())
+def gemm_residual(a: Tensor, b: Tensor, residual: Tensor, bias: Tensor | None = None,
+                  out_dtype: torch.dtype | None = None) -> Tensor:
+    """``a [M, K] @ b [K, N] (+ bias [N]) + residual [M, N]`` with fp32 accumulation, the residual added in the
+    epilogue before the one rounding to ``out_dtype`` (default a's): ``h = x + o_proj(o)`` in one kernel."""
+    _kernels.check_gemm(a, b, bias, out_dtype, dtypes=_kernels.OP_DTYPES, residual=residual)
+    return _kernels.run_gemm(a, b, bias, out_dtype or a.dtype, residual).contiguous()
+
+
+@gemm_residual.register_fake
+def _gemm_residual_fake(a, b, residual, bias=None, out_dtype=None):
+    _kernels.check_gemm(a, b, bias, out_dtype, dtypes=_kernels.OP_DTYPES, residual=residual)
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype or a.dtype)
+
+
+def _gemm_residual_setup_context(ctx, inputs, output):
+    a, b, _, bias, _ = inputs
+    ctx.save_for_backward(a, b)
+    ctx.has_bias = bias is not None
+
+
+def _gemm_residual_backward(ctx, grad):
+    """As gemm's; the residual's gradient is the output's, in its dtype."""
+    a, b = ctx.saved_tensors
+    da = torch.matmul(grad, b.t().to(grad.dtype)).to(a.dtype)
+    db = torch.matmul(a.t().to(grad.dtype), grad).to(b.dtype)
+    dbias = grad.sum(0).to(a.dtype) if ctx.has_bias else None
+    return da, db, grad.to(a.dtype), dbias, None
+
+
 @torch.library.custom_op("autows::gemm_swiglu", mutates_args=())
 def gemm_swiglu(a: Tensor, w_gate: Tensor, w_up: Tensor) -> Tensor:
     """``silu(a [M, K] @ w_gate [K, N]) * (a @ w_up [K, N])`` in one kernel (fp32 accumulation and epilogue), in
@@ -182,4 +213,5 @@ def _gemm_swiglu_fake(a, w_gate, w_up):
 
 
 gemm.register_autograd(_gemm_backward, setup_context=_gemm_setup_context)
+gemm_residual.register_autograd(_gemm_residual_backward, setup_context=_gemm_residual_setup_context)
 bmm.register_autograd(_gemm_backward, setup_context=_gemm_setup_context)

@@ -1,6 +1,8 @@
 """Public kernel API: generated warp-specialized kernels with a logged torch fallback.
 
-    gemm(a, b, bias=None, out_dtype=None)           a @ b (+ bias), a [M, K], b [K, N], bias [N]
+    gemm(a, b, bias=None, out_dtype=None, residual=None)
+                                                    a @ b (+ bias) (+ residual), a [M, K], b [K, N], bias [N],
+                                                    residual [M, N] (added in the epilogue, fp32, one rounding)
     bmm(a, b, out_dtype=None)                       batched a @ b, a [B, M, K], b [B, K, N]
     gemm_swiglu(a, w_gate, w_up, out_dtype=None)    silu(a @ w_gate) * (a @ w_up), weights [K, N], one kernel
     attention(q, k, v, *, is_causal, scale, enable_gqa) -> (out, lse)
@@ -54,9 +56,10 @@ def _check_same_device_dtype(*named) -> None:
 OP_DTYPES = (*_FLOAT_DTYPES, torch.float64)
 
 
-def check_gemm(a, b, bias=None, out_dtype=None, dtypes=_FLOAT_DTYPES) -> None:
-    """Raise TypeError/ValueError unless ``a [M, K] @ b [K, N] (+ bias [N])`` is a valid call (works on fake
-    tensors: shapes, dtypes and devices only). Shared by ``gemm``, ``torch.ops.autows.gemm`` and its fake."""
+def check_gemm(a, b, bias=None, out_dtype=None, dtypes=_FLOAT_DTYPES, residual=None) -> None:
+    """Raise TypeError/ValueError unless ``a [M, K] @ b [K, N] (+ bias [N]) (+ residual [M, N])`` is a valid call
+    (works on fake tensors: shapes, dtypes and devices only). Shared by ``gemm``, ``torch.ops.autows.gemm`` (and
+    ``gemm_residual``) and their fakes."""
     _check_tensor("a", a, 2, dtypes)
     _check_tensor("b", b, 2, dtypes)
     _check_out_dtype(out_dtype, dtypes)
@@ -68,6 +71,12 @@ def check_gemm(a, b, bias=None, out_dtype=None, dtypes=_FLOAT_DTYPES) -> None:
         if bias.dim() != 1 or bias.shape[0] != b.shape[1]:
             raise ValueError(f"gemm: bias must have shape [N] = [{b.shape[1]}], got {tuple(bias.shape)}")
         named.append(("bias", bias))
+    if residual is not None:
+        _check_tensor("residual", residual, 2, dtypes)
+        if tuple(residual.shape) != (a.shape[0], b.shape[1]):
+            raise ValueError(f"gemm: residual must have the output's shape [M, N] = [{a.shape[0]}, {b.shape[1]}], "
+                             f"got {tuple(residual.shape)}")
+        named.append(("residual", residual))
     _check_same_device_dtype(*named)
 
 
@@ -123,15 +132,19 @@ def _wants_grad(*tensors) -> bool:
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
-         out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """``a @ b (+ bias)`` with fp32 accumulation; the result has ``out_dtype`` (default: a's dtype).
+         out_dtype: torch.dtype | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """``a @ b (+ bias) (+ residual)`` with fp32 accumulation; the result has ``out_dtype`` (default: a's dtype).
+    ``residual`` [M, N] (a's dtype) is added to the fp32 accumulator in the kernel's epilogue, before the one
+    rounding: ``h = x + o_proj(o)`` in one kernel. A residual the kernel cannot read (not contiguous) runs torch.
 
-    Differentiable: where an input requires grad, the call goes through ``torch.ops.autows.gemm``
-    (same kernel or fallback, plus its backward)."""
-    check_gemm(a, b, bias, out_dtype)
-    if _wants_grad(a, b, bias):
+    Differentiable: where an input requires grad, the call goes through ``torch.ops.autows.gemm`` (with a
+    residual: ``torch.ops.autows.gemm_residual``), same kernel or fallback, plus its backward."""
+    check_gemm(a, b, bias, out_dtype, residual=residual)
+    if _wants_grad(a, b, bias, residual):
+        if residual is not None:
+            return torch.ops.autows.gemm_residual(a, b, residual, bias, out_dtype)
         return torch.ops.autows.gemm(a, b, bias, out_dtype)
-    return run_gemm(a, b, bias, out_dtype or a.dtype)
+    return run_gemm(a, b, bias, out_dtype or a.dtype, residual)
 
 
 _GEMM_OFF = "disabled by torch_autows.config.gemm = False (TORCH_AUTOWS_GEMM=0)"
@@ -153,9 +166,9 @@ def _serve(op: str, call):
     return None, True
 
 
-def run_gemm(a, b, bias, out_dtype: torch.dtype) -> torch.Tensor:
-    """``gemm`` (2-D a) or ``bmm`` (3-D a, no bias) for arguments already checked, without autograd: the
-    generated kernel where it serves the call, else torch with the reason logged once."""
+def run_gemm(a, b, bias, out_dtype: torch.dtype, residual=None) -> torch.Tensor:
+    """``gemm`` (2-D a) or ``bmm`` (3-D a, no bias, no residual) for arguments already checked, without autograd:
+    the generated kernel where it serves the call, else torch with the reason logged once."""
     op = "bmm" if a.dim() == 3 else "gemm"
     if not config.gemm:
         note_fallback(op, _GEMM_OFF)
@@ -166,21 +179,28 @@ def run_gemm(a, b, bias, out_dtype: torch.dtype) -> torch.Tensor:
         if rt is None:
             note_fallback(op, "no generated GEMM kernel in this build of torch_autows")
         else:  # (vendor: runtime.choice found cuBLAS faster for this shape; torch_gemm runs it)
-            out, _ = _serve(op, lambda: rt.bmm(a, b, out_dtype) if op == "bmm" else rt.gemm(a, b, bias, out_dtype))
+            out, _ = _serve(op, lambda: rt.bmm(a, b, out_dtype) if op == "bmm"
+                            else rt.gemm(a, b, bias, out_dtype, residual=residual))
             if out is not None:
                 return out
-    return torch_gemm(a, b, bias, out_dtype)
+    return torch_gemm(a, b, bias, out_dtype, residual)
 
 
-def torch_gemm(a, b, bias, out_dtype):
-    """The fallback of ``run_gemm``: torch's mm/addmm/bmm, through fp32 when the output dtype differs."""
+def torch_gemm(a, b, bias, out_dtype, residual=None):
+    """The fallback of ``run_gemm``: torch's mm/addmm/bmm (a residual: ``addmm(residual, a, b)``, cuBLAS adding it
+    as C with beta=1, then the bias), through fp32 when the output dtype differs."""
     if out_dtype == a.dtype:
         if a.dim() == 3:
             return torch.bmm(a, b)
+        if residual is not None:
+            out = torch.addmm(residual, a, b)
+            return out + bias if bias is not None else out
         return torch.addmm(bias, a, b) if bias is not None else torch.mm(a, b)
     out = torch.matmul(a.float(), b.float())
     if bias is not None:
         out = out + bias.float()
+    if residual is not None:
+        out = out + residual.float()
     return out.to(out_dtype)
 
 

@@ -53,6 +53,10 @@ def check(program: Program, stage: str = STAGES[-1]) -> None:
         _check_tile_loops(program, stage)
 
 
+#: Attributes that hold index expressions (load/store coordinates, pointer rows and bounds, loop bounds).
+_EXPR_ATTRS = ("coords", "offset", "size", "lb", "ub", "row", "col", "ld", "rows_valid", "cols_valid", "valid")
+
+
 def _check_ssa(p: Program, stage: str):
     seen: set[str] = set()
     names = {a.name for a in p.args} | {n for n, _ in p.grid.tiles}
@@ -63,7 +67,7 @@ def _check_ssa(p: Program, stage: str):
             for x in o.operands:
                 if x not in scope:
                     _fail(stage, f"%{x} used before it is defined", o)
-            for key in ("coords", "offset", "size", "lb", "ub"):
+            for key in _EXPR_ATTRS:
                 val = o.attr(key)
                 for e in (val if isinstance(val, tuple) else (val,)) if val is not None else ():
                     bad = check_expr(str(e)) - names - loop_vars

@@ -87,3 +87,74 @@ def test_unsupported_falls_back_with_reason(caplog):
     assert fallback.counters["gemm.fallback"] == 1
     assert "TMA" in caplog.text
     torch.testing.assert_close(out, a @ b)
+
+
+# --- the residual epilogue: a @ b (+ bias) + r, r added in fp32 before the one rounding ---
+
+RESIDUAL_CONFIGS = [c for c in rt.CONFIGS if rt.serves_residual(c)]
+
+
+def _residual_cases(n=60, seed=1):
+    rng = random.Random(seed)
+    ms = [1, 2, 7, 16, 64, 100, 128, 129, 255, 256, 500, 1024]  # decode rows (split-K configs) and large ones
+    out = []
+    for i in range(n):
+        out.append(dict(m=rng.choice(ms), n=rng.choice([8, 64, 136, 256, 640, 1024, 2048]),
+                        k=rng.choice([16, 100, 256, 1000, 2048, 4096]),
+                        dtype=rng.choice([torch.bfloat16, torch.float16]),
+                        ta=rng.random() < 0.2, tb=rng.random() < 0.5, bias=rng.random() < 0.4,
+                        out32=rng.random() < 0.15, config=RESIDUAL_CONFIGS[i % len(RESIDUAL_CONFIGS)]))
+    return out
+
+
+@pytest.mark.parametrize("case", _residual_cases(), ids=lambda c: f"{c['m']}x{c['n']}x{c['k']}-{c['config']}"
+                         + ("-bias" if c["bias"] else ""))
+def test_gemm_residual_random(case):
+    torch.manual_seed(hash(str(case)) % 2**31)
+    m, n = case["m"], case["n"]
+    a = _operand(m, case["k"], case["dtype"], case["ta"])
+    b = _operand(case["k"], n, case["dtype"], case["tb"])
+    bias = torch.randn(n, device="cuda", dtype=case["dtype"]) if case["bias"] else None
+    r = 4 * torch.randn(m, n, device="cuda", dtype=case["dtype"])  # large enough that a missing add shows
+    out_dtype = torch.float32 if case["out32"] else case["dtype"]
+    ref = a.float() @ b.float() + (bias.float() if bias is not None else 0) + r.float()
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
+    rt.gemm(a, b, bias, out_dtype, config=case["config"], out=out, residual=r)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all(), "unwritten (NaN) or overflowed elements"
+    assert _rel(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize("config", [c for c in RESIDUAL_CONFIGS if rt.CONFIGS[c].split_k > 1])
+def test_split_k_residual_is_added_once(config, repeated_split_launches):
+    a = torch.randn(13, 3000, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(3000, 1000, device="cuda", dtype=torch.bfloat16)
+    r = 8 * torch.randn(13, 1000, device="cuda", dtype=torch.bfloat16)
+    repeated_split_launches(lambda out: rt.gemm(a, b, None, torch.bfloat16, config=config, out=out, residual=r),
+                            (13, 1000), a.float() @ b.float() + r.float(), 1e-2)
+
+
+@pytest.mark.parametrize("m", [1, 8, 128, 2048])
+def test_ops_gemm_residual_served_and_counted(m):
+    fallback.reset()
+    x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)  # nn.Linear weight [N, K]
+    bias = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+    out = rt.gemm(x, w.t(), bias, torch.bfloat16, config="auto", residual=x)  # h = x + o_proj(x)
+    ref = x.float() @ w.float().t() + bias.float() + x.float()
+    assert _rel(out, ref) < 1e-2
+    via_ops = torch_autows.ops.gemm(x, w.t(), bias=bias, residual=x)  # ours or cuBLAS's addmm: the measured choice
+    assert fallback.counters["gemm.autows"] + fallback.counters["gemm.vendor"] == 1
+    assert _rel(via_ops, ref) < 1e-2
+
+
+def test_residual_fallbacks():
+    fallback.reset()
+    a = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(512, 384, device="cuda", dtype=torch.bfloat16)
+    r = torch.randn(384, 256, device="cuda", dtype=torch.bfloat16).t()  # strided: torch serves it
+    out = torch_autows.ops.gemm(a, b, residual=r)
+    assert fallback.counters["gemm.fallback"] == 1
+    assert _rel(out, a.float() @ b.float() + r.float()) < 1e-2
+    with pytest.raises(fallback.Unsupported, match="does not serve a residual"):
+        rt.gemm(a, b, None, torch.bfloat16, config="ws_p_128x256", residual=r.contiguous())

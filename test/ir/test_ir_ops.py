@@ -43,9 +43,19 @@ def _swiglu_cases():
             for c, o in CONFIGS.items()]
 
 
+def _residual_cases():
+    """The residual GEMMs runtime.gemm builds (128-wide configs; not in the golden hashes' cases)."""
+    from torch_autows.runtime.gemm import CONFIGS, serves_residual
+    from torch_autows.templates.gemm import GemmRequest
+    from torch_autows.templates.gemm import build as build_gemm
+
+    return [(f"residual/{c}", build_gemm, GemmRequest(1, 1, 1, bias=True, residual=True), o)
+            for c, o in CONFIGS.items() if serves_residual(c)]
+
+
 def test_every_kind_the_templates_and_passes_make_is_in_the_table():
     used: dict[str, set[str]] = {}
-    for _, build, req, opts in cases() + _swiglu_cases():
+    for _, build, req, opts in cases() + _swiglu_cases() + _residual_cases():
         trace: list = []
         pipeline.run(build(req, opts), verify=False, dump_dir="", trace=trace)
         for stage, p in trace:

@@ -57,7 +57,8 @@ def test_refuses_what_does_not_add_up():
         split_k.run(build(GemmRequest(1, 1, 1, batch=4), OPTS), OPTS)
 
 
-@pytest.mark.parametrize("variant", [{}, {"trans_b": True, "bias": True}, {"trans_a": True, "out_dtype": "f32"}])
+@pytest.mark.parametrize("variant", [{}, {"trans_b": True, "bias": True}, {"trans_a": True, "out_dtype": "f32"},
+                                     {"bias": True, "residual": True}])  # the residual: added once, to the sum
 @pytest.mark.parametrize("splits,persistent", [(2, True), (3, False), (4, True)])
 def test_interpreter_matches_torch_and_resets_counters(variant, splits, persistent):
     _interpreted(GemmRequest(1, 1, 1, **variant), replace(OPTS, split_k=splits, persistent=persistent))

@@ -184,6 +184,22 @@ def _load_vec(ctx, o, indent):
             f"other=0.0).to({GL_DTYPE[r.type.dtype]})"]
 
 
+@emitter("load_ptr")
+def _load_ptr(ctx, o, indent):
+    # in the layout its user needs (the accumulator's: no shuffle before the add), masked rows and columns read 0
+    r = o.results[0]
+    L = ctx.layouts[r.name]
+    bm, bn = r.type.shape
+    n = v(r.name)
+    return [f"{n}_r = gl.arange(0, {bm}, layout={ctx._slice(1, L)})",
+            f"{n}_c = gl.arange(0, {bn}, layout={ctx._slice(0, L)})",
+            f"{n}_p = {o.attr('arg')}_ptr + (({expr(o.attr('row'))} + {n}_r).to(gl.int64) * ({expr(o.attr('ld'))}))"
+            f"[:, None] + ({expr(o.attr('col'))} + {n}_c)[None, :]",
+            f"{n}_m = ({n}_r < {expr(o.attr('rows_valid'))})[:, None] & "
+            f"({n}_c < {expr(o.attr('cols_valid'))})[None, :]",
+            f"{n} = gl.load({n}_p, mask={n}_m, other=0.0).to({GL_DTYPE[r.type.dtype]})"]
+
+
 @emitter("expand")
 def _expand(ctx, o, indent):
     return [f"{v(o.results[0].name)} = gl.expand_dims({v(o.operands[0])}, {o.attr('axis')})"]

@@ -4,7 +4,9 @@ The model runs once under Dynamo with a capturing backend (each call gets a fres
 user's compiled caches are untouched and no recompile budget is used up). The report uses the matchers
 and support checks the compile uses (rewrite_attention.py, support.py) on the same torch-level graphs, so "autows"
 in the report means the compile will rewrite that site. GEMM sites are the torch-level linear / matmul /
-mm / bmm / addmm calls, described as the 2-D (or batched) GEMM they lower to. With max-autotune a served
+mm / bmm / addmm calls, described as the 2-D (or batched) GEMM they lower to; a GEMM whose only user adds a
+tensor of its shape and dtype (``x + self.wo(o)``) is listed with ``+residual`` where rewrite_residual.py fuses
+the add into its epilogue. With max-autotune a served
 GEMM is a candidate that must still win Inductor's benchmark.
 """
 from __future__ import annotations
@@ -110,6 +112,27 @@ def _gemm_request(n: fx.Node):
     return None
 
 
+_ADD = (operator.add, torch.add, operator.iadd)
+
+
+def _residual_of(n: fx.Node, a):
+    """(the residual as the [M, N] tensor the kernel reads, None) where the GEMM ``n``'s only user adds a contiguous
+    tensor of its shape and dtype (what inductor/rewrite_residual.py fuses); (None, why not) for an add it cannot
+    fuse; (None, None) for no add."""
+    users = list(n.users)
+    if len(users) != 1 or users[0].op != "call_function" or users[0].target not in _ADD or len(users[0].args) != 2 \
+            or users[0].kwargs:
+        return None, None
+    r = next((x for x in users[0].args if x is not n), None)
+    y, rv = val(n), val(r) if isinstance(r, fx.Node) else None
+    if y is None or rv is None or rv.dtype != y.dtype or tuple(rv.shape) != tuple(y.shape):
+        return None, "the residual is not a tensor of the GEMM's shape and dtype"
+    if not rv.is_contiguous():
+        return None, f"the residual has strides {tuple(rv.stride())}: the epilogue reads a contiguous [M, N] tensor"
+    with getattr(rv, "fake_mode", None) or contextlib.nullcontext():
+        return rv.reshape(-1, rv.shape[-1]), None
+
+
 _SILU = (F.silu,)
 _MUL = (operator.mul, torch.mul)
 
@@ -194,16 +217,23 @@ def _sites_of(gm: fx.GraphModule, index: int, max_autotune: bool) -> list[Site]:
             continue
         form, a, b, bias = req
         bias = bias if isinstance(bias, torch.Tensor) and bias.dim() == 1 else None
+        res, res_why = _residual_of(n, a) if a.dim() == 2 and not max_autotune else (None, None)
+        if res is not None:
+            res_why = support.gemm_reason(a, b, bias, residual=res)
+            res = res if res_why is None else None
         reason = support.gemm_reason(a, b, bias)
-        shape = f"[{_shape(a)}]@[{_shape(b)}]" + ("+bias" if bias is not None else "")
+        shape = f"[{_shape(a)}]@[{_shape(b)}]" + ("+bias" if bias is not None else "") + ("+residual" if res is not None
+                                                                                          else "")
         kernel = "autows" if reason is None else "fallback"
         if reason is None and max_autotune:
             why = "ExternKernelChoice in Inductor's autotuning (used where it wins the benchmark)"
         elif reason is None:
-            chosen = support.gemm_choice(a, b, bias)
+            chosen = support.gemm_choice(a, b, bias, residual=res)
             kernel = "autows" if chosen.use_ours else "vendor"
-            why = chosen.vendor_reason or ("post-grad rewrite to autows::gemm/bmm (bias fused; other epilogues stay "
-                                           "with Inductor)" + _chosen(chosen))
+            what = ("post-grad rewrite to autows::gemm_residual (bias and the residual add fused)" if res is not None
+                    else "post-grad rewrite to autows::gemm/bmm (bias fused; other epilogues stay with Inductor)")
+            why = chosen.vendor_reason or (what + _chosen(chosen)
+                                           + (f"; residual add not fused: {res_why}" if res_why else ""))
         out.append(Site(index, "gemm", form, n.name, shape, kernel, why if reason is None else reason, _where(n)))
     return out
 

@@ -155,8 +155,9 @@ def _gemm_gate(device: torch.device) -> str | None:
 
 
 def gemm_reason(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
-                out_dtype: torch.dtype | None = None) -> str | None:
-    """Why autows cannot serve ``a @ b (+ bias)`` (2-D) or ``bmm(a, b)`` (3-D); None when it can."""
+                out_dtype: torch.dtype | None = None, residual: torch.Tensor | None = None) -> str | None:
+    """Why autows cannot serve ``a @ b (+ bias) (+ residual [M, N])`` (2-D) or ``bmm(a, b)`` (3-D); None when it
+    can."""
     r = _gemm_gate(a.device)
     if r:
         return r
@@ -165,7 +166,11 @@ def gemm_reason(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = No
             return f"{name} has dtype {t.dtype}; autows GEMM serves float16, bfloat16 and float32"
     if bias is not None and (bias.dim() != 1 or bias.dtype != a.dtype):
         return f"bias of shape {tuple(bias.shape)} / {bias.dtype}: only a 1-D [N] bias of the inputs' dtype is fused"
-    return _runtime_reason("gemm", concrete(a), concrete(b), concrete(bias), out_dtype)
+    if residual is None:
+        return _runtime_reason("gemm", concrete(a), concrete(b), concrete(bias), out_dtype)
+    if a.dtype == torch.float32:
+        return "float32 operands: the residual epilogue is the generated kernel's, which takes 16-bit operands"
+    return _runtime_reason("gemm", concrete(a), concrete(b), concrete(bias), out_dtype, concrete(residual))
 
 
 def swiglu_reason(a: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> str | None:
@@ -240,8 +245,10 @@ def _site_choice(decide: Callable, prior: Callable[[], bool], *ts) -> SiteChoice
     return SiteChoice(d.use_ours, d.describe())
 
 
-def gemm_choice(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> SiteChoice:
-    """The side of a servable GEMM site (2-D, or 3-D bmm); the vendor is cuBLAS through aten."""
+def gemm_choice(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
+                residual: torch.Tensor | None = None) -> SiteChoice:
+    """The side of a servable GEMM site (2-D, or 3-D bmm; a residual: ``addmm(residual, a, b)``); the vendor is
+    cuBLAS through aten."""
     from ..runtime import choice
     from ..runtime import gemm as rt
 
@@ -249,7 +256,8 @@ def gemm_choice(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = No
         return SiteChoice(True)
     m = _hint(a.shape[0]) * (_hint(a.shape[1]) if a.dim() == 3 else 1)
     n, k = _hint(b.shape[-1]), _hint(a.shape[-1])
-    return _site_choice(lambda: rt.site_decision(a, b, bias), lambda: choice.gemm_prior(m, n, k), a, b, bias)
+    return _site_choice(lambda: rt.site_decision(a, b, bias, residual=residual), lambda: choice.gemm_prior(m, n, k),
+                        a, b, bias, residual)
 
 
 def swiglu_choice(a: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> SiteChoice:

@@ -6,7 +6,8 @@ torch reference. GEMM: a few output tiles (at least three, so a persistent CTA w
 tails in M, N and K, at least one more K step than the ring has slots (the ring wraps); values are
 multiples of 1/4 in [-1, 1], exact in bf16/fp16 with exact fp32 products and sums, so every correct
 schedule is bit-identical to torch. A swiglu GEMM (arg ``bu``, the up weight laid out as ``b``) has the
-reference ``silu(A @ B) * (A @ Bu)`` in fp32 (the interpreter's silu is torch's, on the same exact sums).
+reference ``silu(A @ B) * (A @ Bu)`` in fp32 (the interpreter's silu is torch's, on the same exact sums). A residual
+GEMM (arg ``r``, [batch*M, N] like c) adds R in fp32 after the bias, before the one rounding to c's dtype.
 Attention: random heads (GQA groups 1 or 2), ragged Sq and Skv, q and k/v each [B, H, S, D] or [B, S, H, D]
 in memory, causal or not, normal values, compared with an fp32 softmax reference within bf16/fp16 tolerances."""
 from __future__ import annotations
@@ -116,6 +117,9 @@ def _gemm(program: Program, seed: int, shape, trans_a: bool, trans_b: bool, bias
     swiglu = "bu" in {x.name for x in program.args}
     if swiglu:
         tensors["bu"] = _values(tuple(b.shape), dt, gen)
+    residual = "r" in {x.name for x in program.args}
+    if residual:
+        tensors["r"] = _values((B * M, N), TORCH_DTYPE[program.arg("r").dtype], gen)
     refs = []
     for i in range(B):
         A = a[i * K:(i + 1) * K].t() if trans_a else a[i * M:(i + 1) * M]
@@ -127,6 +131,8 @@ def _gemm(program: Program, seed: int, shape, trans_a: bool, trans_b: bool, bias
             r = torch.nn.functional.silu(r) * (A.float() @ Bu.float())
         if bias:
             r = r + tensors["bias"].float()
+        if residual:
+            r = r + tensors["r"][i * M:(i + 1) * M].float()
         refs.append(r.to(TORCH_DTYPE[odt_name]))
     tiles = B * -(-M // BM) * -(-N // BN)
     if "ws" in {a.name for a in program.args}:  # passes/split_k: NaN slots (a part read unwritten shows), zero counters
@@ -138,6 +144,8 @@ def _gemm(program: Program, seed: int, shape, trans_a: bool, trans_b: bool, bias
         desc += f" split {o.split_k} ways"
     if swiglu:
         desc += " swiglu"
+    if residual:
+        desc += " residual"
     return Instance(desc, tensors, {"M": M, "N": N, "K": K}, {"c": torch.cat(refs)}, {"c": TOL[odt_name]})
 
 

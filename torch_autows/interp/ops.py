@@ -9,7 +9,8 @@ raises ``InterpError`` naming it.
 
 Global memory follows the hardware: a TMA ``load`` of a box reads the tensor at the coordinates and
 fills whatever lies outside the tensor with zeros; a TMA ``store`` writes only the part of the box
-inside the tensor; ``load_vec`` is a masked pointer load (``offset + i < size``, else 0).
+inside the tensor; ``load_vec`` is a masked pointer load (``offset + i < size``, else 0), ``load_ptr`` its 2-D
+form (rows ``row + r`` with ``r < rows_valid``, columns ``col + c`` with ``c < cols_valid``, leading dim ``ld``).
 """
 from __future__ import annotations
 
@@ -218,6 +219,22 @@ def _load_vec(ctx, o, args):
                           f"({t.numel()} elements): its mask lets offsets {offs[mask].min()}..{offs[mask].max()} in")
     out = torch.zeros(n, dtype=t.dtype)
     out[mask] = t[offs[mask]]
+    return out
+
+
+@semantics("load_ptr")
+def _load_ptr(ctx, o, args):
+    bm, bn = o.results[0].type.shape
+    t = ctx.tensor(o.attr("arg")).reshape(-1)
+    r, c = torch.arange(bm), torch.arange(bn)
+    keep = (r < int(ctx.eval(o.attr("rows_valid"))))[:, None] & (c < int(ctx.eval(o.attr("cols_valid"))))[None, :]
+    offs = (int(ctx.eval(o.attr("row"))) + r)[:, None] * int(ctx.eval(o.attr("ld"))) \
+        + (int(ctx.eval(o.attr("col"))) + c)[None, :]
+    if keep.any() and (offs[keep].min() < 0 or offs[keep].max() >= t.numel()):
+        raise InterpError(f"interp: `{format_op(o)[0].strip()}` reads outside {o.attr('arg')} "
+                          f"({t.numel()} elements): its mask lets offsets {offs[keep].min()}..{offs[keep].max()} in")
+    out = torch.zeros((bm, bn), dtype=t.dtype)
+    out[keep] = t[offs[keep]]
     return out
 
 

@@ -58,6 +58,9 @@ OPS: dict[str, OpKind] = _kinds(
     # memory
     OpKind("load", _NONE, _ONE, axes="source", latency=1),
     OpKind("load_vec", _NONE, _ONE, axes="source"),
+    # a masked pointer load of a 2-D tile straight into registers (the residual epilogue's R): rows row + r
+    # (r < rows_valid), columns col + c (c < cols_valid) of a row-major tensor with leading dim ``ld``, else 0
+    OpKind("load_ptr", _NONE, _ONE, axes="source", row_attrs=(("row", "offset"), ("rows_valid", "bound"))),
     OpKind("store", _UNARY, _NONE, output=True, blocking=True),
     # made by passes/split_k: the partial accumulator tiles in, the sums of the split's parts out (in the last
     # CTA), one result per operand

@@ -1,9 +1,13 @@
 """GEMM runtime: support checks, config choice, compiled-kernel and descriptor caches, launch.
 
-``support_reason(a, b, bias, out_dtype)`` says why a call cannot run the generated kernel (None:
+``support_reason(a, b, bias, out_dtype, residual)`` says why a call cannot run the generated kernel (None:
 it can); it reads only devices, dtypes, shapes and strides, so it also works on fake tensors.
 ``gemm``/``bmm`` raise ``Unsupported`` with that reason, else run the kernel built by
 ``templates.gemm`` -> ``passes.pipeline`` -> ``codegen.gluon`` for the chosen config.
+
+A residual (``gemm(..., residual=r)``: ``a @ b (+ bias) + r`` in the epilogue, r [M, N] contiguous) runs on the
+128-wide tiles only (``serves_residual``): with a 256-wide tile R's registers beside the accumulator's spill
+(about 1 KB a thread offline for sm_90a), so those configs refuse it.
 """
 from __future__ import annotations
 
@@ -83,15 +87,26 @@ def decode_time(m: int, n: int, k: int, bn: int, bk: int, s: int, sms: int = 132
     return t + (_SPLIT_TRAFFIC * weights * m * n * 4 * s / _HBM_BPS if s > 1 else 0.0)
 
 
-def choose_config(m: int, n: int, k: int, sms: int = 132, split: bool = True) -> str:
+def choose_config(m: int, n: int, k: int, sms: int = 132, split: bool = True, residual: bool = False) -> str:
     """The config for an M x N x K GEMM: decode tiles (``decode_time``'s least) up to 128 rows, else the
     large-GEMM choice below. ``split=False`` is for batched GEMMs: no split-K (split_k takes 2-D grids), and
-    only tiles whose K step divides K (a batch's rows are flattened, so no tile may straddle two)."""
+    only tiles whose K step divides K (a batch's rows are flattened, so no tile may straddle two).
+    ``residual``: only the configs that serve a residual epilogue (``serves_residual``)."""
     if m <= 128:
-        best = decode_pick(DECODE_TILES, m, n, k, sms, split=split)
+        tiles = tuple(t for t in DECODE_TILES if t[0] <= RESIDUAL_BLOCK_N) if residual else DECODE_TILES
+        best = decode_pick(tiles, m, n, k, sms, split=split)
         if best:
             return decode_name("dec", best)
-    return _large_config(m, n, k, sms)
+    return "ws_p_128x128" if residual else _large_config(m, n, k, sms)
+
+
+#: The widest output tile that adds a residual in the epilogue without spilling registers.
+RESIDUAL_BLOCK_N = 128
+
+
+def serves_residual(config: str) -> bool:
+    """Whether ``config`` serves the residual epilogue (its tile is at most ``RESIDUAL_BLOCK_N`` wide)."""
+    return CONFIGS[config].block_n <= RESIDUAL_BLOCK_N
 
 
 def decode_pick(tiles, m: int, n: int, k: int, sms: int = 132, *, weights: int = 1,
@@ -135,8 +150,8 @@ def _tma_view(t: torch.Tensor, rows: int, cols: int) -> tuple[bool, str | None]:
                   f"and the other a multiple of 16 bytes; make it .contiguous()"
 
 
-def support_reason(a, b, bias=None, out_dtype=None, *, check_device: bool = True) -> str | None:
-    """Why the generated GEMM cannot serve ``a @ b (+ bias)`` (None: it can). Works on fake tensors."""
+def support_reason(a, b, bias=None, out_dtype=None, residual=None, *, check_device: bool = True) -> str | None:
+    """Why the generated GEMM cannot serve ``a @ b (+ bias) (+ residual)`` (None: it can). Works on fake tensors."""
     out_dtype = out_dtype or a.dtype
     why = dev.sm90_reason(a.device, check_device)
     if why:
@@ -163,6 +178,10 @@ def support_reason(a, b, bias=None, out_dtype=None, *, check_device: bool = True
         return _bmm_reason(a, b)
     if bias is not None and (bias.dim() != 1 or bias.stride(0) != 1):
         return "bias must be a contiguous vector [N]"
+    if residual is not None and (residual.dtype != a.dtype or tuple(residual.shape) != (M, N)
+                                 or (M > 1 and residual.stride(0) != N) or (N > 1 and residual.stride(1) != 1)):
+        return (f"residual {tuple(residual.shape)} {residual.dtype} with strides {tuple(residual.stride())}: the "
+                f"epilogue reads a contiguous [M, N] = [{M}, {N}] tensor of the operands' dtype; make it .contiguous()")
     return None
 
 
@@ -205,10 +224,10 @@ def replay(hit, inputs: list, out, out_dtype, after: list = ()):
     return c if hit[0](*addrs) else None
 
 
-def _launch(req: GemmRequest, config: str, a2, b2, c2, bias, M, N, K, device, key, shape):
+def _launch(req: GemmRequest, config: str, a2, b2, c2, bias, M, N, K, device, key, shape, residual=None):
     tensors = {"a": a2, "b": b2, "c": c2}
-    launch_template(req, CONFIGS[config], tensors, {"bias": bias} if bias is not None else {}, M, N, K, device,
-                    _BOUND, key, shape)
+    ptrs = {n: t for n, t in (("bias", bias), ("r", residual)) if t is not None}
+    launch_template(req, CONFIGS[config], tensors, ptrs, M, N, K, device, _BOUND, key, shape)
 
 
 def launch_template(req: GemmRequest, options: Options, tensors: dict, ptrs: dict, M: int, N: int, K: int, device,
@@ -248,31 +267,38 @@ def _out_reason(out) -> str | None:
     return None
 
 
-def vendor_gemm(a, b, bias, out):
-    """What ``torch.compile``'s default runs for this GEMM: cuBLAS through aten, into ``out``."""
+def vendor_gemm(a, b, bias, out, residual=None):
+    """What ``torch.compile``'s default runs for this GEMM: cuBLAS through aten, into ``out`` (a residual: cuBLAS
+    adds it as C with beta=1, then the bias)."""
     if a.dim() == 3:
         return torch.bmm(a, b, out=out)
+    if residual is not None:
+        torch.addmm(residual, a, b, out=out)
+        return out.add_(bias) if bias is not None else out
     return torch.addmm(bias, a, b, out=out) if bias is not None else torch.mm(a, b, out=out)
 
 
-def site_decision(a, b, bias=None, out_dtype=None) -> choice.Decision:
+def site_decision(a, b, bias=None, out_dtype=None, residual=None) -> choice.Decision:
     """The choice for a GEMM site seen at compile time with static sizes (``a``, ``b``, ``bias`` may be fake):
     made on real random tensors of the same sizes, strides and dtypes on the same GPU, so the compiled graph
     can keep the vendor's call where it is faster. The support checks must have passed."""
     out_dtype = out_dtype or a.dtype
     a, b = choice.materialize(a), choice.materialize(b)
     bias = choice.materialize(bias) if bias is not None else None
+    residual = choice.materialize(residual) if residual is not None else None
     if a.dim() == 3:
         B, M, K = a.shape
         return _decide("bmm", a, b, None, out_dtype, B * M, b.shape[2], K, B)
     M, K = a.shape
     N = b.shape[1]
-    return _decide("mm", a, b, bias, out_dtype, M, N, K, (_tma_view(a, M, K)[0], _tma_view(b, K, N)[0]))
+    return _decide("mm", a, b, bias, out_dtype, M, N, K, (_tma_view(a, M, K)[0], _tma_view(b, K, N)[0]), residual)
 
 
-def _decide(op, a, b, bias, out_dtype, m, n, k, layout) -> choice.Decision:
+def _decide(op, a, b, bias, out_dtype, m, n, k, layout, residual=None) -> choice.Decision:
     """The measured / cached / prior choice (runtime.choice) between our kernel and cuBLAS for this call."""
     key = (op, str(a.dtype), str(out_dtype), layout, bias is not None, choice.bucket(m), n, k)
+    if residual is not None:  # (the key of a call without one stays as it was: the choice cache holds those)
+        key += ("residual",)
     scratch: dict[str, torch.Tensor] = {}  # outputs for the measurement, allocated only if it runs
 
     def out(side: str) -> torch.Tensor:
@@ -280,13 +306,13 @@ def _decide(op, a, b, bias, out_dtype, m, n, k, layout) -> choice.Decision:
             scratch[side] = torch.empty(_out_shape(a, b), device=a.device, dtype=out_dtype)
         return scratch[side]
 
-    fn = bmm if op == "bmm" else functools.partial(gemm, bias=bias)
+    fn = bmm if op == "bmm" else functools.partial(gemm, bias=bias, residual=residual)
 
     def ours():
         return fn(a, b, out_dtype=out_dtype, config="auto", out=out("ours"))
 
     def vendor():
-        return vendor_gemm(a, b, bias, out("vendor"))
+        return vendor_gemm(a, b, bias, out("vendor"), residual)
 
     return choice.decide(key, ours, vendor if out_dtype == a.dtype else None, choice.gemm_prior(m, n, k), a.device)
 
@@ -295,38 +321,44 @@ def _out_shape(a, b) -> tuple:
     return (*a.shape[:-1], b.shape[-1])
 
 
-def gemm(a, b, bias, out_dtype, config: str | None = None, out: torch.Tensor | None = None):
-    """``a @ b (+ bias)`` by the generated kernel, into ``out`` if given. ``config`` None: the vendor's path
-    where runtime.choice decides it is faster, and then None is returned (the caller runs torch); a config
+def gemm(a, b, bias, out_dtype, config: str | None = None, out: torch.Tensor | None = None, residual=None):
+    """``a @ b (+ bias) (+ residual)`` by the generated kernel, into ``out`` if given. ``config`` None: the vendor's
+    path where runtime.choice decides it is faster, and then None is returned (the caller runs torch); a config
     name (or "auto": the heuristic's) always runs our kernel."""
     key = ("mm", a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, out_dtype, config,
            bias is not None and (bias.shape, bias.stride(), bias.dtype),
            out is not None and (out.shape, out.stride(), out.dtype), config is None and choice.mode())
+    if residual is not None:
+        key += ((residual.shape, residual.stride(), residual.dtype),)
     hit = _BOUND.get(key)
     if hit is VENDOR:
         return None
     if hit is not None:
-        c = replay(hit, [a, b], out, out_dtype, [bias] if bias is not None else [])
+        c = replay(hit, [a, b], out, out_dtype, [t for t in (bias, residual) if t is not None])
         if c is not None:
             return c
-    why = support_reason(a, b, bias, out_dtype) or _out_reason(out)
+    if residual is not None and config not in (None, "auto") and not serves_residual(config):
+        raise Unsupported(f"config {config} ({CONFIGS[config].block_n}-wide tiles) does not serve a residual: R's "
+                          f"registers would spill; name a config at most {RESIDUAL_BLOCK_N} wide, or config='auto'")
+    why = support_reason(a, b, bias, out_dtype, residual) or _out_reason(out)
     if why:
         raise Unsupported(why)
     M, K = a.shape
     N = b.shape[1]
     ta, _ = _tma_view(a, M, K)
     tb, _ = _tma_view(b, K, N)
-    if config is None and not _decide("mm", a, b, bias, out_dtype, M, N, K, (ta, tb)).use_ours:
+    if config is None and not _decide("mm", a, b, bias, out_dtype, M, N, K, (ta, tb), residual).use_ours:
         _BOUND.put(key, VENDOR)
         return None
     config = None if config == "auto" else config
     a2 = a.t() if ta else a
     b2 = b.t() if tb else b
     c = out if out is not None else torch.empty((M, N), device=a.device, dtype=out_dtype)
-    config = config or choose_config(M, N, K)
+    config = config or choose_config(M, N, K, residual=residual is not None)
     # Kernels take M, N, K at run time: the request that keys the compiled kernel leaves them at 1.
-    req = GemmRequest(1, 1, 1, DTYPES[a.dtype], DTYPES[out_dtype], ta, tb, bias is not None)
-    _launch(req, config, a2, b2, c, bias, M, N, K, a.device, key, (M, N))
+    req = GemmRequest(1, 1, 1, DTYPES[a.dtype], DTYPES[out_dtype], ta, tb, bias is not None,
+                      residual=residual is not None)
+    _launch(req, config, a2, b2, c, bias, M, N, K, a.device, key, (M, N), residual)
     return c
 
 

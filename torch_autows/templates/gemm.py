@@ -10,6 +10,14 @@ gate and up projections in one kernel, ``C = silu(A @ B) * (A @ Bu)``: every K s
 tile (arg ``bu``, laid out as ``b``) and runs a second mma into a second accumulator; after the loop the
 epilogue computes ``silu(acc) * acc_u`` in fp32, then casts and stores. The passes see a loop that carries
 two accumulators and split it like any other (data_partition splits both, split_k reduces both).
+
+``GemmRequest.residual`` adds R, an [M, N] tensor of the operand dtype (row-major, leading dim N; arg ``r``,
+a pointer; batched: [batch*M, N] like c), to the fp32 accumulator after the bias and before the cast:
+``C = A @ B (+ bias) + R`` with one rounding (nn.Linear's output plus the residual stream, ``h = x + o_proj(o)``).
+The epilogue loads R's [BM, BN] tile with ``load_ptr``, a masked pointer load straight into registers in the
+accumulator's layout: it runs in the consumer partition that owns the tile's rows (data_partition splits it by
+rows like the accumulator), needs no SMEM ring or producer work, and after split_k it reads the reduced sum (only
+the CTA that stores adds it).
 """
 from __future__ import annotations
 
@@ -34,6 +42,7 @@ class GemmRequest:
     bias: bool = False
     batch: int = 1
     epilogue: str = "none"  # one of EPILOGUES
+    residual: bool = False  # C = ... + R, R [M, N] of the operand dtype (arg ``r``), added in fp32 before the cast
 
     def __post_init__(self):
         if self.epilogue not in EPILOGUES:
@@ -41,6 +50,8 @@ class GemmRequest:
         if self.epilogue == "swiglu" and (self.bias or self.batch > 1):
             raise ValueError("gemm template: the swiglu epilogue takes no bias and batch=1; apply a bias to each "
                              "projection outside, or loop over the batch")
+        if self.epilogue == "swiglu" and self.residual:
+            raise ValueError("gemm template: the swiglu epilogue takes no residual; add it to the result outside")
         if self.dtype not in ("bf16", "fp16"):
             raise ValueError(f"gemm template: dtype {self.dtype!r} not served; use bf16 or fp16")
         for d in ("m", "n", "k", "batch"):
@@ -48,9 +59,10 @@ class GemmRequest:
                 raise ValueError(f"gemm template: {d} must be >= 1")
 
     def __repr__(self) -> str:
-        # the dataclass form, with the epilogue only where it is not "none" (names built from it stay as they were)
+        # the dataclass form, with the epilogue only where it is not "none" and the residual only where set (names
+        # built from it stay as they were)
         fields = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
-                  if f.name != "epilogue" or self.epilogue != "none"]
+                  if (f.name != "epilogue" or self.epilogue != "none") and (f.name != "residual" or self.residual)]
         return f"GemmRequest({', '.join(fields)})"
 
 
@@ -70,6 +82,8 @@ def build(req: GemmRequest, opts: Options) -> Program:
             Arg("c", "tensor", odt, ("M", "N"), out=True)]
     if req.bias:
         args.append(Arg("bias", "ptr", dt, ("N",)))
+    if req.residual:
+        args.append(Arg("r", "ptr", dt, ("M", "N")))
     args += [Arg("M", "scalar", "i32"), Arg("N", "scalar", "i32"), Arg("K", "scalar", "i32")]
 
     T = TileType
@@ -105,6 +119,11 @@ def build(req: GemmRequest, opts: Options) -> Program:
                  op("expand", [Value("bias_row", T("f32", (1, BN)))], ["bias_v"], axis=0),
                  op("add", [Value("acc_bias", acc_t)], [last, "bias_row"])]
         last = "acc_bias"
+    if req.residual:  # R's tile, masked at the ragged edges, in fp32 (the rows of c: a batch's rows follow its own)
+        body += [op("load_ptr", [Value("res", acc_t)], arg="r", row=row_a, col="pid_n*%d" % BN, ld="N",
+                    rows_valid="M-pid_m*%d" % BM, cols_valid="N-pid_n*%d" % BN),
+                 op("add", [Value("acc_res", acc_t)], [last, "res"])]
+        last = "acc_res"
     body += [op("cast", [Value("out", T(odt, (BM, BN)))], [last]),
              op("store", [], ["out"], arg="c", coords=(row_a if batched else "pid_m*%d" % BM, "pid_n*%d" % BN))]
 
@@ -114,6 +133,8 @@ def build(req: GemmRequest, opts: Options) -> Program:
     name = f"gemm_{dt}_{'t' if req.trans_a else 'n'}{'t' if req.trans_b else 'n'}_{BM}x{BN}x{BK}"
     if req.bias:
         name += "_bias"
+    if req.residual:
+        name += "_res"
     if batched:
         name += "_batched"
     if swiglu:

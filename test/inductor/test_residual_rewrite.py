@@ -1,0 +1,128 @@
+"""The post-grad residual rewrite (inductor/rewrite_residual.py): ``h = x + self.wo(o)`` (mm -> view -> add in the
+post-grad graph) becomes one ``autows::gemm_residual`` in inference and training graphs; adds it cannot fuse
+(broadcast, strided or fp32 residuals) stay with a logged reason; explain lists the fusion per site."""
+from __future__ import annotations
+
+import torch
+import torch._inductor.config as ic
+import torch.nn as nn
+import torch.nn.functional as F
+
+from torch_autows.inductor import api, support
+
+
+class Block(nn.Module):
+    """A Llama block's two residual adds: attention's output projection and the MLP's down projection."""
+
+    def __init__(self, d=32, f=48, bias=False):
+        super().__init__()
+        self.wo, self.w1, self.w2 = nn.Linear(d, d, bias=bias), nn.Linear(d, f, bias=False), nn.Linear(f, d, bias=bias)
+
+    def forward(self, x, o):
+        h = x + self.wo(o)
+        return self.w2(F.relu(self.w1(h))) + h  # the residual on the left and on the right
+
+
+def _run(model, *xs, monkeypatch, dynamic=False):
+    seen = []
+    from torch_autows.inductor import graph_passes
+
+    real = graph_passes.AutoWSPostGradPass.ours
+
+    def ours(self, graph):
+        real(self, graph)
+        seen.append(str(graph))
+
+    monkeypatch.setattr(graph_passes.AutoWSPostGradPass, "ours", ours)
+    with ic.patch(api.inductor_options()):
+        got = torch.compile(model, dynamic=dynamic)(*xs)
+    return got, "\n".join(seen)
+
+
+def _inputs(dtype=torch.bfloat16, requires_grad=False):
+    torch.manual_seed(0)
+    return (torch.randn(2, 5, 32, dtype=dtype, requires_grad=requires_grad),
+            torch.randn(2, 5, 32, dtype=dtype, requires_grad=requires_grad))
+
+
+def test_llama_block_is_fused(pretend, monkeypatch):
+    for bias in (False, True):
+        torch._dynamo.reset()
+        support.reset()
+        model = Block(bias=bias).to(torch.bfloat16)
+        x, o = _inputs()
+        with torch.no_grad():
+            got, graph = _run(model, x, o, monkeypatch=monkeypatch)
+            ref = model(x, o)
+        assert support.site_counters["gemm_residual.rewritten"] == 2, graph
+        assert graph.count("autows.gemm_residual") == 2 and "aten.add" not in graph and "aten.mm" not in graph
+        torch.testing.assert_close(got, ref, atol=3e-2, rtol=3e-2)
+
+
+def test_training_graph_is_fused_and_differentiable(pretend, monkeypatch):
+    model = Block().to(torch.bfloat16)
+    x, o = _inputs(requires_grad=True)
+    got, graph = _run(model, x, o, monkeypatch=monkeypatch)
+    got.float().sum().backward()
+    assert "autows.gemm_residual" in graph and support.site_counters["gemm_residual.rewritten"] >= 2
+    xr, orr = (t.detach().clone().requires_grad_() for t in (x, o))
+    model(xr, orr).float().sum().backward()
+    torch.testing.assert_close(x.grad, xr.grad, atol=5e-2, rtol=5e-2)
+    torch.testing.assert_close(o.grad, orr.grad, atol=5e-2, rtol=5e-2)
+
+
+def test_symbolic_rows_are_fused(pretend, monkeypatch):
+    model = Block().to(torch.bfloat16)
+    seen = []
+    with torch.no_grad():
+        for n in (3, 7):
+            x, o = torch.randn(1, n, 32, dtype=torch.bfloat16), torch.randn(1, n, 32, dtype=torch.bfloat16)
+            got, graph = _run(model, x, o, monkeypatch=monkeypatch, dynamic=True)
+            seen.append(graph)
+            torch.testing.assert_close(got, model(x, o), atol=3e-2, rtol=3e-2)
+    assert "autows.gemm_residual" in "\n".join(seen)
+
+
+def test_adds_it_cannot_fuse_stay_with_a_reason(pretend, monkeypatch, log_warnings):
+    class Near(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Linear(32, 32, bias=False)
+
+        def forward(self, x, o):
+            return (self.w(o) + x[:1],  # broadcast over rows
+                    self.w(o) + x.t(),  # a transposed view
+                    self.w(o) + self.w(x).t())  # a transposed GEMM output: strided too
+
+    x = torch.randn(32, 32, dtype=torch.bfloat16)
+    with torch.no_grad():
+        got, graph = _run(Near().to(torch.bfloat16), x, x.clone(), monkeypatch=monkeypatch)
+    assert "gemm_residual" not in graph and support.site_counters["gemm_residual.rewritten"] == 0
+    assert "broadcasts to the sum" in log_warnings.text
+    assert "strides" in log_warnings.text
+    torch._dynamo.reset()
+    with torch.no_grad():  # fp32: the residual epilogue is the 16-bit kernel's
+        _, graph = _run(Block(), *_inputs(torch.float32), monkeypatch=monkeypatch)
+    assert "gemm_residual" not in graph and "16-bit operands" in log_warnings.text
+
+
+def test_explain_lists_the_fusion(pretend):
+    import torch_autows
+
+    report = torch_autows.explain(Block().to(torch.bfloat16), *_inputs(), print_report=False)
+    gemms = {s.node: s for s in report.sites if s.kind == "gemm"}
+    assert len(gemms) == 3
+    fused = [s for s in gemms.values() if "+residual" in s.shape]
+    assert len(fused) == 2 and all("autows::gemm_residual" in s.why and s.kernel == "autows" for s in fused)
+    assert [s.shape for s in gemms.values() if "+residual" not in s.shape] == ["[10x32]@[32x48]"]  # w1: relu after
+
+
+def test_2d_add_folded_into_addmm_is_fused(pretend, monkeypatch):
+    """Without a view between them Inductor folds ``mm + x`` into ``addmm(x, a, b)``: x [M, N] is the residual."""
+    w = nn.Linear(32, 16, bias=False).to(torch.bfloat16)
+    x, o = torch.randn(8, 16, dtype=torch.bfloat16), torch.randn(8, 32, dtype=torch.bfloat16)
+    with torch.no_grad():
+        got, graph = _run(lambda x, o: x + w(o), x, o, monkeypatch=monkeypatch)
+        ref = x + w(o)
+    assert "autows.gemm_residual" in graph and "addmm" not in graph, graph
+    torch.testing.assert_close(got, ref, atol=3e-2, rtol=3e-2)
