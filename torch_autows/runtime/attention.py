@@ -3,7 +3,9 @@
 ``support_reason(q, k, v, is_causal, scale)`` says why a call cannot run the generated kernel (None:
 it can; works on fake tensors). ``attention`` raises ``Unsupported`` with that reason, else runs
 templates.attention -> passes.pipeline -> codegen.gluon and returns (out, lse); ``out`` is in q's
-layout when q is a transposed [B, S, H, D] tensor (``empty_out``), or the ``out=`` given.
+layout when q is a transposed [B, S, H, D] tensor (``empty_out``), or the ``out=`` given. Head dims 64, 96, 128,
+192 and 256 are served; 96 and 192 run in wider tiles, so their q/k/v in [B, S, H, D] rows with several heads
+are read from [B, H, S, D] copies (``_in_place``'s ``own_cols``).
 """
 from __future__ import annotations
 

@@ -8,6 +8,10 @@ ch=D) are read in place. GQA maps q-head h to kv-head h // (Hq // Hkv). o is wri
 through a pointer, with its own (o_rb, o_rh, o_ch) and rows of D + (Hq-1)*o_ch elements, so a caller
 can have the output in q's layout (a model's transpose back to [B, S, H*D] is then a view); lse is
 [B*Hq*Sq].
+Head dims 96 and 192 run in tiles of 128 and 256 columns (``tile_d``: Gluon tensors have power-of-two shapes):
+the caller's q/k/v views must end each row at the head's last column (TMA then reads the padding columns as
+zeros, so they add nothing to Q K^T; V's padding only feeds output columns past D), and the output store is
+bounded to D columns (``store_ptr``'s ``cols_valid``).
 A KV tile that runs past Skv reads other rows of the tensor (or TMA zeros): the ``mask`` op sets
 those scores to -inf, so their probabilities are exactly 0. Query rows past Sq are computed but never
 stored (``store_ptr``/``store_vec`` mask rows). Causal masking is top-left aligned (col <= row), as
