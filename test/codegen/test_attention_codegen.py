@@ -125,3 +125,14 @@ def test_turn_barriers_come_from_the_ir():
     assert "mbarrier.wait(turns_x.index(1), (turn_n & 1))" in src and "mbarrier.arrive(turns_x.index(0))" in src
     with pytest.raises(ValueError, match="Program.turns"):
         gluon.generate(replace(program, turns=None))
+
+
+def test_wide_tiles_store_only_the_head_dims_columns():
+    """d=96 runs in 128-column tiles: the output store masks columns from 96 on and rows are 96 apart; d=128 stores
+    its whole tile (no column mask: its Gluon is unchanged)."""
+    config = CONFIGS[choose_config(96, False, 4096)]
+    src96 = gluon.generate(pipeline.run(build(AttentionRequest(96, "bf16", False), config)))
+    src128 = gluon.generate(pipeline.run(build(AttentionRequest(128, "bf16", False), config)))
+    assert "gl.zeros([64, 128], gl.float32" in src96  # the accumulator is 128 wide
+    assert "_c < 96)[None, :])" in src96 and "* (96 + (Hq - 1) * o_ch))" in src96
+    assert "[None, :])" not in src128.split("gl.store(v_out")[1].split("\n")[0]
