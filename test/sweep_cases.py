@@ -107,14 +107,15 @@ def bmm_cases(n: int = N, seed: int = SEED) -> list[Case]:
 
 def attention_servable(p: dict) -> bool:
     """What runtime.attention.support_reason says for a drawn case on an sm_90 GPU (checked on CPU by
-    test_sweep_helpers): half dtypes, head dim 64/128, non-empty sequences (every layout drawn is TMA-legal)."""
-    return p["dtype"] in ("bf16", "fp16") and p["d"] in (64, 128) and p["sq"] >= 1 and p["skv"] >= 1
+    test_sweep_helpers): half dtypes, head dim 64/96/128/192/256, non-empty sequences (every layout drawn is
+    TMA-legal)."""
+    return p["dtype"] in ("bf16", "fp16") and p["d"] in (64, 96, 128, 192, 256) and p["sq"] >= 1 and p["skv"] >= 1
 
 
 def attention_cases(n: int = N, seed: int = SEED) -> list[Case]:
     """ops.attention draws: B 1..3, Hkv 1..4 with GQA groups 1/2/4, Sq != Skv with odd and block-edge lengths up
-    to 1100, causal, d 64/128 (others fall back), bf16/fp16 (a few fp32: torch), default / positive / negative /
-    zero scale, [B, S, H, D] views and fused-QKV slices. NaN inputs only where the generated kernel serves the
+    to 1100, causal, d 64/96/128/256 (32, 80 fall back), bf16/fp16 (a few fp32: torch), default / positive / negative
+    / zero scale, [B, S, H, D] views and fused-QKV slices. NaN inputs only where the generated kernel serves the
     call (torch's own fused kernels disagree among themselves on NaN rows) and in v only without causal (a
     causally skipped key block never multiplies v, a masked one in the diagonal block gives 0 * NaN)."""
     out = []

@@ -88,3 +88,20 @@ def test_raw_max_only_for_positive_scales():
         o = options_for("ws_p_128x128_q2_rm", scale)
         assert not o.raw_max and o == CONFIGS["ws_p_128x128_q2"]
     assert options_for("ws_p_128x128_q2", -1.0) is CONFIGS["ws_p_128x128_q2"]
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5, 8), (2, 1, 3, 8), (1, 4, 1, 16)])
+def test_own_cols_views_end_at_the_head_dim(shape):
+    """Tiles wider than D (d=96 in 128 columns): q, k and v are read through views whose TMA rows are one head's D
+    columns, so the padding columns are out of bounds (zeros), never the next head's values; [B, S, H, D] rows
+    with several heads are copied to [B, H, S, D]."""
+    B, H, S, D = shape
+    layouts = list(_layouts(*shape))
+    for name, t, _ in layouts:
+        view = _rows_view(t, own_cols=True)
+        assert _addresses(view, t) and _tma(view).shape[1] == D, name
+        assert (_tma(_rows_view(t)).shape[1] == D) == (H == 1 or not _rows_view(t)[3]), name  # the default may not
+    for (kn, k, _), (vn, v, _) in itertools.product(layouts, layouts):
+        kv, vv = _kv_views(k, v, own_cols=True)
+        assert kv[1:4] == vv[1:4] and _addresses(kv, k) and _addresses(vv, v), (kn, vn)
+        assert _tma(kv).shape[1] == D and _tma(vv).shape[1] == D, (kn, vn)

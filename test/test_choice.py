@@ -200,7 +200,9 @@ def test_gemm_prior(m, n, k, ours):
 
 @pytest.mark.parametrize("d,causal,skv,ours", [(128, False, 512, False), (128, True, 512, False),
                                                (128, False, 4096, False), (128, True, 4096, True),
-                                               (64, False, 8192, True), (128, False, 16384, True)])
+                                               (64, False, 8192, True), (128, False, 16384, True),
+                                               (96, False, 16384, False), (192, True, 16384, False),
+                                               (256, False, 16384, False)])  # not swept: SDPA's pick
 def test_attention_prior(d, causal, skv, ours):
     assert choice.attention_prior(d, causal, skv) is ours
 

@@ -40,9 +40,9 @@ def test_explain_attention_compile(capsys):
 
 
 def test_explain_attention_unsupported_head_dim():
-    r = subprocess.run([sys.executable, "-m", "torch_autows", "explain", "attention", "--d", "96"],
+    r = subprocess.run([sys.executable, "-m", "torch_autows", "explain", "attention", "--d", "80"],
                        capture_output=True, text=True)
-    assert r.returncode == 2 and "head dim 96 not served" in r.stderr
+    assert r.returncode == 2 and "head dim 80 not served" in r.stderr
 
 
 def test_explain_attention_config_for_another_head_dim():
@@ -131,8 +131,8 @@ def test_help_texts(capsys):
     g = _help(capsys, ["explain", "gemm"])
     assert all(c in g for c in gemm.CONFIGS)
     a = _help(capsys, ["explain", "attention"])
-    assert "head dim: 64 or 128" in a and all(c in a for c in attention.CONFIGS)
-    assert "ws_p3_192x64_q2 (d=64 only)" in a and "code_partition" in a
+    assert "head dim: 64, 96, 128, 192 or 256" in a and all(c in a for c in attention.CONFIGS)
+    assert "ws_p3_192x64_q2 (d=64)" in a and "ws_p_128x64_rm_g16 (d=192/256)" in a and "code_partition" in a
 
 
 # ---- what is printed ----

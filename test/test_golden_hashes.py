@@ -30,7 +30,7 @@ def cases():
     """(case name, template build function, request, options) for every Program the runtimes can build."""
     from torch_autows.runtime import attention as rt_attention
     from torch_autows.runtime import gemm as rt_gemm
-    from torch_autows.templates.attention import AttentionRequest
+    from torch_autows.templates.attention import HEAD_DIMS, AttentionRequest
     from torch_autows.templates.attention import build as build_attention
     from torch_autows.templates.gemm import GemmRequest
     from torch_autows.templates.gemm import build as build_gemm
@@ -47,7 +47,7 @@ def cases():
             req = GemmRequest(1, 1, 1, dt, "f32" if f32 else dt, False, False, False, batch)
             out.append((f"gemm/{config}/{req}", build_gemm, req, opts))
     for config in rt_attention.CONFIGS:
-        for d, dt, causal, scale in itertools.product((64, 128), ("bf16", "fp16"), (False, True), (0.125, -0.125)):
+        for d, dt, causal, scale in itertools.product(HEAD_DIMS, ("bf16", "fp16"), (False, True), (0.125, -0.125)):
             if not rt_attention.serves(config, d):
                 continue
             opts = rt_attention.options_for(config, scale)

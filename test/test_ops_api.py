@@ -97,8 +97,12 @@ def test_gemm_support_reasons_on_fake_cuda_tensors():
 def test_attention_support_reasons_on_fake_cuda_tensors():
     from torch_autows.runtime.attention import support_reason as attn_reason
 
-    q = _fake_cuda(1, 2, 64, 96)
-    assert "head_dim 96 not served" in attn_reason(q, q, q, check_device=False)
+    for d in (80, 32, 512):  # not served: torch SDPA
+        q = _fake_cuda(1, 2, 64, d)
+        assert f"head_dim {d} not served" in attn_reason(q, q, q, check_device=False)
+    for d in (64, 96, 192, 256):  # 96 and 192 in tiles of 128 and 256 columns
+        q = _fake_cuda(1, 2, 64, d)
+        assert attn_reason(q, q, q, check_device=False) is None, d
     q = _fake_cuda(1, 2, 64, 128)
     assert attn_reason(q, q, q, check_device=False) is None
     assert "float32" in attn_reason(q.float(), q.float(), q.float(), check_device=False)

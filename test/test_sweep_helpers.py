@@ -77,8 +77,9 @@ def _kernel_variants(family, cases):
 
 
 # GEMM: the decode tiles (M <= 128: 10 configs, each per dtype, layout and bias) raised the kernels a 500-case
-# sweep compiles from 14 to 56 (bmm: 3 to 13); at 1-2 s a compile on the H200 the sweep stays within minutes
-@pytest.mark.parametrize("family,budget,least", [("gemm", 60, 0.5), ("bmm", 14, 0.5), ("attention", 12, 0.75)])
+# sweep compiles from 14 to 56 (bmm: 3 to 13); at 1-2 s a compile on the H200 the sweep stays within minutes.
+# Attention: head dims 96 and 256 (5% of the draws, served since) add 8 to the 12 of 64 and 128
+@pytest.mark.parametrize("family,budget,least", [("gemm", 60, 0.5), ("bmm", 14, 0.5), ("attention", 20, 0.75)])
 def test_servable_share_and_compile_budget(family, budget, least, monkeypatch):
     monkeypatch.setattr(dev, "sm90_reason", lambda device, check_device=True: None)  # as on the H200
     cases = sc.RUNNERS[family][0](500, 0)

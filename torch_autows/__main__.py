@@ -184,11 +184,10 @@ def _parser() -> _Parser:
                                                                "default: --h")
     a.add_argument("--s", type=_positive, default=4096, help="query length (default: 4096)")
     a.add_argument("--skv", type=_positive, default=None, help="key/value length; default: --s")
-    a.add_argument("--d", type=_positive, default=128, help="head dim: 64 or 128 (default: 128)")
+    a.add_argument("--d", type=_positive, default=128, help="head dim: 64, 96, 128, 192 or 256 (default: 128)")
     a.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16", help="dtype of q, k, v (default: bf16)")
     a.add_argument("--causal", action="store_true", help="causal mask, top-left aligned like SDPA's is_causal")
-    names = [f"{c} (d={'/'.join(map(str, rt_attention.HEAD_DIMS[c]))} only)" if c in rt_attention.HEAD_DIMS
-             else c for c in rt_attention.CONFIGS]
+    names = [f"{c} (d={'/'.join(map(str, rt_attention.HEAD_DIMS[c]))})" for c in rt_attention.CONFIGS]
     a.add_argument("--config", default=None, help=f"runtime config name, one of {', '.join(names)} "
                                                    f"(default: the runtime heuristic's pick)")
     for p in (g, a):

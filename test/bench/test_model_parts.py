@@ -50,7 +50,10 @@ def test_flops():
     a = cases.AttnCase(4, 16, 16, 4096, 128, causal=True)
     assert a.flops == 4 * 4 * 16 * 4096**2 * 128 / 2
     assert all(c.batch * c.seqlen == cases.TOKENS for c in cases.attention_cases())
-    assert all(c.heads * c.head_dim == cases.HIDDEN for c in cases.attention_cases() if not c.gqa)
+    grid = cases.attention_cases()
+    assert all(c.heads * c.head_dim == cases.HIDDEN for c in grid if not c.gqa and c.head_dim in (64, 128))
+    wide = [c for c in grid if c.head_dim not in (64, 128)]  # 16 heads: 96 and 192 divide no 2048
+    assert {c.head_dim for c in wide} == {96, 192, 256} and all(c.heads == c.kv_heads == 16 for c in wide)
 
 
 @pytest.mark.parametrize("causal", [False, True])

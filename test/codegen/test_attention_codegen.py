@@ -1,4 +1,5 @@
-"""Every attention config the runtime can pick compiles offline to sm_90a with the WS structure asserted."""
+"""Every attention config the runtime can pick compiles offline to sm_90a with the WS structure asserted, for
+every head dim it serves (64, 96, 128, 192, 256), without register spills."""
 from __future__ import annotations
 
 import itertools
@@ -12,9 +13,15 @@ from torch_autows.passes import pipeline
 from torch_autows.runtime.attention import CONFIGS, choose_config, serves
 from torch_autows.templates.attention import AttentionRequest, build
 
+# 64 and 128 under every config and dtype; the dims in tiles wider than D (96 in 128 columns, 192 and 256 in 256:
+# templates.attention.tile_d) in bf16 (fp16 allocates the same registers), 96 under the config picked for it (it
+# differs from 128 only in the output's column mask), 192 and 256 under every config serving them
+_WIDE = [(c, d, causal, "bf16") for c, d, causal in itertools.product(CONFIGS, (96, 192, 256), (False, True))
+         if serves(c, d) and (d != 96 or c == choose_config(d, causal, 4096))]
+
 
 @pytest.mark.parametrize("config,d,causal,dtype", [c for c in itertools.product(
-    CONFIGS, (64, 128), (False, True), ("bf16", "fp16")) if serves(c[0], c[1])])
+    CONFIGS, (64, 128), (False, True), ("bf16", "fp16")) if serves(c[0], c[1])] + _WIDE)
 def test_compiles_with_three_partitions(config, d, causal, dtype):
     for skv in (1, 4096, 8192, 65536):
         assert choose_config(d, causal, skv) in CONFIGS and serves(choose_config(d, causal, skv), d)
@@ -118,3 +125,14 @@ def test_turn_barriers_come_from_the_ir():
     assert "mbarrier.wait(turns_x.index(1), (turn_n & 1))" in src and "mbarrier.arrive(turns_x.index(0))" in src
     with pytest.raises(ValueError, match="Program.turns"):
         gluon.generate(replace(program, turns=None))
+
+
+def test_wide_tiles_store_only_the_head_dims_columns():
+    """d=96 runs in 128-column tiles: the output store masks columns from 96 on and rows are 96 apart; d=128 stores
+    its whole tile (no column mask: its Gluon is unchanged)."""
+    config = CONFIGS[choose_config(96, False, 4096)]
+    src96 = gluon.generate(pipeline.run(build(AttentionRequest(96, "bf16", False), config)))
+    src128 = gluon.generate(pipeline.run(build(AttentionRequest(128, "bf16", False), config)))
+    assert "gl.zeros([64, 128], gl.float32" in src96  # the accumulator is 128 wide
+    assert "_c < 96)[None, :])" in src96 and "* (96 + (Hq - 1) * o_ch))" in src96
+    assert "[None, :])" not in src128.split("gl.store(v_out")[1].split("\n")[0]

@@ -1,9 +1,9 @@
 """Numerics of the generated flash-attention forward on sm_90 against fp32 math SDPA: >= 200 configurations.
 
 Sequence lengths with tails (1, 17, 1000, 4097), Sq != Skv, causal (top-left, as torch), GQA, bf16 and
-fp16, head dims 64/128, [B, S, H, D] views transposed to [B, H, S, D] (q/v and k independently, so k
-and v may differ in layout; at odd lengths sliced from a fused QKV projection, rows 3*H*D apart), every
-runtime config in turn; out and lse both checked; outputs poisoned with NaN before each run.
+fp16, head dims 64/128 (and 60 cases of 96/192/256), [B, S, H, D] views transposed to [B, H, S, D] (q/v and
+k independently, so k and v may differ in layout; at odd lengths sliced from a fused QKV projection, rows
+3*H*D apart), every runtime config in turn; out and lse both checked; outputs poisoned with NaN before each run.
 """
 from __future__ import annotations
 
@@ -18,14 +18,14 @@ from torch_autows.runtime import attention as rt
 from torch_autows.runtime import fallback
 
 
-def _cases(n=220, seed=1):
+def _cases(n=220, seed=1, dims=(64, 128)):
     rng = random.Random(seed)
     seqs = [1, 17, 64, 127, 128, 129, 300, 1000, 4097]
     out = []
     for i in range(n):
         hkv = rng.choice([1, 2, 4])
         out.append(dict(b=rng.choice([1, 2]), hkv=hkv, g=rng.choice([1, 2, 4]), sq=rng.choice(seqs),
-                        skv=rng.choice(seqs), d=rng.choice([64, 128]), causal=rng.random() < 0.5,
+                        skv=rng.choice(seqs), d=rng.choice(dims), causal=rng.random() < 0.5,
                         dtype=rng.choice([torch.bfloat16, torch.float16]), bshd=rng.random() < 0.25,
                         kv_bshd=rng.random() < 0.25, scale=rng.choice([None, 0.3, 0.0, -0.3])))
         configs = [n for n in rt.CONFIGS if rt.serves(n, out[-1]["d"])]  # every config in turn
@@ -38,7 +38,7 @@ def _id(c):
             f"-{c['config']}")
 
 
-@pytest.mark.parametrize("c", _cases(), ids=_id)
+@pytest.mark.parametrize("c", _cases() + _cases(60, seed=2, dims=(96, 192, 256)), ids=_id)
 def test_attention_random(c):
     torch.manual_seed(hash(str(c)) % 2**31)
     hq = c["hkv"] * c["g"]
@@ -81,11 +81,29 @@ def test_ops_attention_served():
     torch.testing.assert_close(out_t, out)
 
 
-def test_head_dim_96_falls_back_with_reason(caplog):
+@pytest.mark.parametrize("d", [96, 192, 256])
+def test_ops_attention_serves_wide_head_dims(d):
+    """96 and 192 run in tiles of 128 and 256 columns: q/k/v in [B, S, H, D] with several heads are read from
+    [B, H, S, D] copies (the padding columns must be zeros, not the next head's), out stays in q's layout."""
     fallback.reset()
     import torch_autows
 
-    q = torch.randn(1, 2, 64, 96, device="cuda", dtype=torch.bfloat16)
+    q, k, v = (torch.randn(2, 300, 4, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2) for _ in range(3))
+    k = k * 3  # a next head's columns in place of zeros would change the scores visibly
+    for causal in (False, True):
+        out, lse = torch_autows.ops.attention(q, k, v, is_causal=causal)  # ours: the tests force choice "autows"
+        ref, ref_lse = torch_attention(q.float(), k.float(), v.float(), causal, d ** -0.5)
+        assert not out.isnan().any() and out.transpose(1, 2).is_contiguous()
+        assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
+        torch.testing.assert_close(lse, ref_lse, atol=2e-2, rtol=1e-3)
+    assert fallback.counters["attention.autows"] == 2
+
+
+def test_head_dim_80_falls_back_with_reason(caplog):
+    fallback.reset()
+    import torch_autows
+
+    q = torch.randn(1, 2, 64, 80, device="cuda", dtype=torch.bfloat16)
     with caplog.at_level("WARNING", logger="torch_autows"):
         torch_autows.ops.attention(q, q, q)
-    assert "head_dim 96" in caplog.text and fallback.counters["attention.fallback"] == 1
+    assert "head_dim 80" in caplog.text and fallback.counters["attention.fallback"] == 1

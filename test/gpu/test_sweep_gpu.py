@@ -2,8 +2,8 @@
 
 Families: GEMM (ops.gemm: M 1..300, odd N/K, bias, fp32 output, transposed operands, shapes the runtime refuses
 and torch runs), bmm, and the attention forward (ops.attention: B, Hq, Hkv with GQA, Sq != Skv, odd lengths,
-causal, d 64/128 and head dims that fall back, bf16/fp16, default / positive / negative / zero scale, [B, S, H, D]
-and fused-QKV views). Each case is checked through the public op and, where the generated kernel serves it,
+causal, d 64/96/128/256 and 32/80 (they fall back), bf16/fp16, default / positive / negative / zero scale,
+[B, S, H, D] and fused-QKV views). Each case is checked through the public op and, where the generated kernel serves it,
 through the runtime into NaN-poisoned out= / lse= buffers, against an fp32 torch reference (test/sweep_cases.py):
 relative norm error 1e-2 for bf16/fp16 outputs, and NaN/inf exactly where torch has them (about 15% of the
 cases get a NaN or inf input). Every failure names its case and seed (TORCH_AUTOWS_SWEEP_SEED, default 0).

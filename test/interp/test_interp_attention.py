@@ -1,5 +1,6 @@
-"""Attention Programs through both semantics: every runtime config (d 64/128, causal or not, bf16/fp16)
-under every policy, against an fp32 softmax reference; plus the attention op kinds and one mutation.
+"""Attention Programs through both semantics: every runtime config (d 64/128, causal or not, bf16/fp16; d 96, 192 and
+256 under the configs serving them) under every policy, against an fp32 softmax reference; plus the attention op
+kinds and mutations.
 
 Tile sizes are the runtime's (no shrinking). Each seed is a fresh shape: 1-2 batches, GQA groups 1-2,
 ragged Sq and Skv (partial KV tiles are masked, partial query tiles are not stored).
@@ -12,10 +13,10 @@ import pytest
 import torch
 from programs import violation_kinds
 
-from torch_autows.interp import POLICIES, Violation, make_instance, run_partitioned, run_sequential
+from torch_autows.interp import POLICIES, InterpError, Violation, make_instance, run_partitioned, run_sequential
 from torch_autows.ir import walk
 from torch_autows.passes import pipeline
-from torch_autows.runtime.attention import CONFIGS, serves
+from torch_autows.runtime.attention import CONFIGS, choose_config, serves
 from torch_autows.templates.attention import AttentionRequest, build
 
 SEEDS = 10
@@ -26,10 +27,17 @@ def _pair(d=64, dtype="bf16", causal=False, config="ws_p_128x128"):
     return before, pipeline.run(before)
 
 
+# head dims in tiles wider than D (96 in 128 columns, 192 in 256: templates.attention.tile_d) and 256: the config the
+# runtime picks for 96 (its tiles are 128's), every config serving 192 and 256
+_WIDE = [(config, d, dtype, causal) for config in CONFIGS
+         for d, dtype, causal in [(96, "bf16", True), (192, "bf16", False), (256, "fp16", True)]
+         if serves(config, d) and (d != 96 or config == choose_config(d, causal, 4096))]
+
+
 @pytest.mark.parametrize("config,d,dtype,causal", [
     (config, *c) for config in CONFIGS
     for c in [(64, "bf16", False), (64, "bf16", True), (128, "bf16", False), (128, "fp16", True)]
-    if serves(config, c[0])])
+    if serves(config, c[0])] + _WIDE)
 def test_attention_matches_torch_under_every_policy(config, d, dtype, causal):
     before, after = _pair(d, dtype, causal, config)
     for seed in range(SEEDS):
@@ -40,6 +48,24 @@ def test_attention_matches_torch_under_every_policy(config, d, dtype, causal):
             out = run_partitioned(after, inst.inputs(), policy=policy, seed=seed, nprog=2 + seed % 2)
             assert inst.matches(out), (policy, inst.desc, inst.error(out))
             assert torch.equal(out["o"], seq["o"]) and torch.equal(out["lse"], seq["lse"])  # same math, any order
+
+
+def test_output_columns_past_the_head_dim_are_not_stored():
+    """d=96 runs in 128-column tiles: the output store is bounded to 96 columns (``cols_valid``); without the
+    bound a row's padding columns land on the next row's (or past the tensor's end)."""
+    before, after = _pair(96, "bf16", False, choose_config(96, False, 4096))
+    (store,) = [o for o in before.body if o.kind == "store_ptr"]
+    assert store.attr("cols_valid") == 96 and store.results == () and before.arg("o").dims == ("BHSq", "D")
+    unbounded = replace(before, body=tuple(replace(o, attrs=tuple(a for a in o.attrs if a[0] != "cols_valid"))
+                                           if o is store else o for o in before.body))
+    for seed in range(3):
+        inst = make_instance(after, seed, shape=(1, 2, 2, 130, 70))
+        assert inst.matches(run_sequential(before, inst.inputs()))
+        try:
+            ok = inst.matches(run_sequential(unbounded, inst.inputs()))
+        except InterpError:  # the last row's padding columns run past the output
+            ok = False
+        assert not ok, seed
 
 
 def test_fully_masked_rows_and_tiny_sequences():

@@ -1,4 +1,4 @@
-"""Attention the generated kernels do not serve (head dims 96 and 256): ``torch_autows.ops.attention``'s fallback
+"""Attention the generated kernels do not serve (head dim 80): ``torch_autows.ops.attention``'s fallback
 (torch's fused SDPA kernel that returns the log-sum-exp, chosen as SDPA would) against plain
 ``F.scaled_dot_product_attention`` (torch's own pick, no lse). Shows what a user of the public op pays where the
 kernel falls back."""

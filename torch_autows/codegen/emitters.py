@@ -138,7 +138,15 @@ def _store_ptr(ctx, o, indent):
             f"{n}_c = gl.arange(0, {bn}, layout={ctx._slice(0, L)})",
             f"{n}_p = {o.attr('arg')}_ptr + (({expr(o.attr('row'))} + {n}_r).to(gl.int64) * ({expr(o.attr('ld'))}))"
             f"[:, None] + ({expr(o.attr('col', 0))} + {n}_c)[None, :]",
-            f"gl.store({n}_p, {n}, mask=({n}_r < {expr(o.attr('rows_valid'))})[:, None])"]
+            f"gl.store({n}_p, {n}, mask={_store_mask(n, o)})"]
+
+
+def _store_mask(n: str, o) -> str:
+    """store_ptr's mask: rows below ``rows_valid``, and (a tile wider than the tensor) columns below ``cols_valid``."""
+    rows = f"({n}_r < {expr(o.attr('rows_valid'))})[:, None]"
+    if o.attr("cols_valid") is None:
+        return rows
+    return f"{rows} & ({n}_c < {expr(o.attr('cols_valid'))})[None, :]"
 
 
 @emitter("store_vec")

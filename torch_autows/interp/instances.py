@@ -152,7 +152,9 @@ def _gemm(program: Program, seed: int, shape, trans_a: bool, trans_b: bool, bias
 def _attention(program: Program, seed: int, shape) -> Instance:
     o = program.options
     rng = random.Random(seed)
-    D = next(x.results[0].type.shape[-1] for x in walk(program.body) if x.kind == "load" and x.attr("arg") == "q")
+    tile = next(x.results[0].type.shape[-1] for x in walk(program.body) if x.kind == "load" and x.attr("arg") == "q")
+    # a head dim narrower than the tiles (templates.attention.tile_d) is the output store's column bound
+    D = next((x.attr("cols_valid") for x in walk(program.body) if x.kind == "store_ptr" and x.attr("cols_valid")), tile)
     causal = any(x.attr("causal") for x in walk(program.body) if x.kind == "mask")
     if shape is not None:
         B, Hq, Hkv, Sq, Skv = shape
@@ -174,8 +176,11 @@ def _attention(program: Program, seed: int, shape) -> Instance:
     lse = torch.logsumexp(s4, -1)
     p = torch.exp(s4 - lse[..., None]).masked_fill(torch.isneginf(lse)[..., None], 0.0)  # NaN stays NaN
     out = p @ v4.float().repeat_interleave(Hq // Hkv, 1)
-    # q and k/v each in the [B, H, S, D] or the [B, S, H, D] layout (see templates.attention)
+    # q and k/v each in the [B, H, S, D] or the [B, S, H, D] layout (see templates.attention); with tiles wider than
+    # D, [B, S, H, D] rows only for one head, as the runtime reads them (runtime.attention._in_place's own_cols)
     q_bshd, kv_bshd = rng.random() < 0.5, rng.random() < 0.5
+    if tile != D:
+        q_bshd, kv_bshd = q_bshd and Hq == 1, kv_bshd and Hkv == 1
 
     def rows(t4, bshd):
         b, h, s, d = t4.shape

@@ -6,7 +6,8 @@
     fin0       where(x == -inf, 0, x)
     div0       where(b == 0, 0, a / where(b == 0, 1, b))
     lse        where(l == 0, -inf, (m + log2(where(l == 0, 1, l))) * ln 2)
-    store_ptr  rows row + r (r < rows_valid), columns col + c, of a row-major pointer with leading dim ``ld``
+    store_ptr  rows row + r (r < rows_valid), columns col + c (c < cols_valid, if given), of a row-major pointer
+               with leading dim ``ld``
     store_vec  ptr[offset + i] for i < valid
 """
 from __future__ import annotations
@@ -76,9 +77,10 @@ def _store_ptr(ctx, o, args):
     x = args[0]
     bm, bn = x.shape
     r = torch.arange(bm)
-    keep = r < int(ctx.eval(o.attr("rows_valid")))
+    c = torch.arange(bn)
+    keep = (r < int(ctx.eval(o.attr("rows_valid"))))[:, None] & (c < int(ctx.eval(o.attr("cols_valid", bn))))[None, :]
     col = int(ctx.eval(o.attr("col", 0)))
-    offs = (int(ctx.eval(o.attr("row"))) + r)[:, None] * int(ctx.eval(o.attr("ld"))) + col + torch.arange(bn)[None, :]
+    offs = (int(ctx.eval(o.attr("row"))) + r)[:, None] * int(ctx.eval(o.attr("ld"))) + col + c[None, :]
     _scatter(o, ctx.tensor(o.attr("arg")), offs[keep].reshape(-1), x[keep].reshape(-1))
 
 

@@ -3,7 +3,9 @@
 ``support_reason(q, k, v, is_causal, scale)`` says why a call cannot run the generated kernel (None:
 it can; works on fake tensors). ``attention`` raises ``Unsupported`` with that reason, else runs
 templates.attention -> passes.pipeline -> codegen.gluon and returns (out, lse); ``out`` is in q's
-layout when q is a transposed [B, S, H, D] tensor (``empty_out``), or the ``out=`` given.
+layout when q is a transposed [B, S, H, D] tensor (``empty_out``), or the ``out=`` given. Head dims 64, 96, 128,
+192 and 256 are served; 96 and 192 run in wider tiles, so their q/k/v in [B, S, H, D] rows with several heads
+are read from [B, H, S, D] copies (``_in_place``'s ``own_cols``).
 """
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from dataclasses import replace
 import torch
 
 from ..ir import Options
-from ..templates.attention import AttentionRequest
+from ..templates.attention import HEAD_DIMS as TEMPLATE_HEAD_DIMS
+from ..templates.attention import AttentionRequest, tile_d
 from . import choice
 from . import device as dev
 from .fallback import Unsupported
@@ -37,6 +40,8 @@ _Q2 = replace(_ONE_Q, tile_buffers=2)
 # without deferring, or 64 keys with it.
 _P3 = Options(block_m=192, block_n=128, stages=4, data_partition=3, persistent=True, tile_buffers=2,
               serpentine=True, group_m=1, producer_regs=24)
+_WIDE = Options(block_m=128, block_n=64, stages=2, data_partition=2, persistent=True, serpentine=True, group_m=16,
+                raw_max=True)
 CONFIGS: dict[str, Options] = {
     "ws_p_128x128": _ONE_Q,
     "ws_p_128x128_q2": _Q2,
@@ -51,15 +56,26 @@ CONFIGS: dict[str, Options] = {
     # Picked for d=64 from 8192 keys.
     "ws_p3_192x128_q2_rm_g8": replace(_P3, raw_max=True, group_m=8),
     "ws_p3_192x64_q2": replace(_P3, block_n=64, defer_mma=True),
+    # Head dims 192 and 256 (tiles of 256 columns, templates.attention.tile_d), FA3's d=256 shape: each consumer's
+    # accumulator is 64x256 f32 (128 registers a thread), so 64 keys per step and nothing deferred (P V deferred
+    # spills at d=192); Q 64 KB + 2 K/V stages of 32 KB each (192 KB). Picked for d > 128.
+    "ws_p_128x64_rm_g16": _WIDE,
+    "ws_p_128x64_rm_g16_pp": replace(_WIDE, pingpong=True),
 }
 
-#: Head dims a config serves (default: every one the template takes).
-HEAD_DIMS: dict[str, tuple[int, ...]] = {"ws_p3_192x128_q2": (64,), "ws_p3_192x128_q2_rm_g8": (64,),
-                                         "ws_p3_192x64_q2": (64,)}
+#: Head dims each config serves (every config is listed). 96 runs in the 128-column tiles of 128, 192 in the
+#: 256-column tiles of 256 (templates.attention.tile_d), so a config serves both or neither.
+HEAD_DIMS: dict[str, tuple[int, ...]] = {
+    "ws_p_128x128": (64, 96, 128), "ws_p_128x128_q2": (64, 96, 128), "ws_p_128x128_q2_rm": (64, 96, 128),
+    "ws_p_128x128_q2_rm_g16": (64, 96, 128), "ws_p_128x128_q2_pp": (64, 96, 128),
+    "ws_p3_192x128_q2": (64,), "ws_p3_192x128_q2_rm_g8": (64,), "ws_p3_192x64_q2": (64,),
+    "ws_p_128x64_rm_g16": (192, 256), "ws_p_128x64_rm_g16_pp": (192, 256),
+}
 
 
 def serves(config: str, d: int) -> bool:
-    return d in HEAD_DIMS.get(config, (64, 128))
+    """Whether ``config`` runs head dim ``d`` (fits SMEM and registers without spilling; see HEAD_DIMS)."""
+    return d in HEAD_DIMS.get(config, ())
 
 
 def choose_config(d: int, causal: bool, seqlen_kv: int) -> str:
@@ -69,10 +85,13 @@ def choose_config(d: int, causal: bool, seqlen_kv: int) -> str:
     * raw_max everywhere: 0.919 against 0.873 cuDNN geomean for the same kernel without it (FFMA softmax);
     * causal query tiles grouped 16 per head: +10-20% on causal s1024-s4096 (0.956 geomean with both);
     * d=64 with 8192 keys or more: three consumer warpgroups of 64 rows (192 per tile), +4-10% there. Shorter
-      sequences have too few 192-row tiles per SM, and up to 12% lose.
+      sequences have too few 192-row tiles per SM, and up to 12% lose;
+    * d=96 runs as d=128 (its tiles are 128 columns wide), d=192 and 256 in 128x64 tiles (not swept yet).
     """
     if d == 64 and seqlen_kv >= 8192:
         return "ws_p3_192x128_q2_rm_g8"
+    if tile_d(d) > 128:
+        return "ws_p_128x64_rm_g16"
     return "ws_p_128x128_q2_rm_g16"
 
 
@@ -83,8 +102,9 @@ def support_reason(q, k, v, is_causal=False, scale=None, *, check_device: bool =
     if q.dtype not in (torch.bfloat16, torch.float16):
         return f"dtype {q.dtype}; generated attention takes bfloat16 or float16"
     D = q.shape[-1]
-    if D not in (64, 128):
-        return f"head_dim {D} not served by autows attention (64 and 128 are); falling back to torch SDPA"
+    if D not in TEMPLATE_HEAD_DIMS:
+        served = ", ".join(map(str, TEMPLATE_HEAD_DIMS))
+        return f"head_dim {D} not served by autows attention ({served} are); falling back to torch SDPA"
     if q.shape[-2] < 1 or k.shape[-2] < 1:
         return "an empty sequence"
     if q.numel() == 0 or k.numel() == 0:
@@ -105,14 +125,16 @@ def _plan(req: AttentionRequest, opts: Options):
     return kernel.program, kernel.launcher
 
 
-def _in_place(t: torch.Tensor, bshd_first: bool = False):
+def _in_place(t: torch.Tensor, bshd_first: bool = False, own_cols: bool = False):
     """(tensor, rb, rh, ch, ld) of a [B, H, S, D] tensor addressed as rows of sequence positions (see the
     template) with a row pitch of ``ld`` elements, without a copy; None when it cannot be.
 
     Two row orders: [B, H, S, D] (rb=H*S, rh=S, ch=0; rows of D) and [B, S, H, D], the layout models
     transpose (rb=S, rh=0, ch=D; rows of H*D). Rows may be longer than that (``ld``), as for q, k and v
     sliced from one fused QKV projection [B, S, 3, H, D]. TMA needs ``ld`` a multiple of 16 bytes.
-    With a length-1 dim both orders may fit; ``bshd_first`` says which to try first."""
+    With a length-1 dim both orders may fit; ``bshd_first`` says which to try first. ``own_cols``: only a view
+    whose rows end at the head's last column (not [B, S, H, D] rows with H > 1), for a kernel whose tiles are
+    wider than D (templates.attention.tile_d): TMA then reads the columns past D as zeros, not the next head."""
     B, H, S, D = t.shape
     sb, sh, ss, sd = t.stride()
     if t.numel() == 0:  # nothing to address (and no pitch to derive)
@@ -121,7 +143,7 @@ def _in_place(t: torch.Tensor, bshd_first: bool = False):
         return None
     forms = [(H * S, S, 0, D, ((S, ss), (H, sh), (B, sb))), (S, 0, D, H * D, ((S, ss), (B, sb)))]
     for rb, rh, ch, cols, order in forms[::-1] if bshd_first else forms:
-        if ch and H > 1 and sh != D:
+        if ch and H > 1 and (sh != D or own_cols):
             continue
         ld, ok, rows = None, True, 1  # the pitch: the stride of the innermost row dim with more than one entry
         for n, st in order:
@@ -135,19 +157,19 @@ def _in_place(t: torch.Tensor, bshd_first: bool = False):
     return None
 
 
-def _rows_view(t: torch.Tensor):
-    """``_in_place(t)``, or a [B, H, S, D]-contiguous copy's."""
-    return _in_place(t) or _in_place(t.contiguous())
+def _rows_view(t: torch.Tensor, own_cols: bool = False):
+    """``_in_place(t, own_cols=own_cols)``, or a [B, H, S, D]-contiguous copy's."""
+    return _in_place(t, own_cols=own_cols) or _in_place(t.contiguous(), own_cols=own_cols)
 
 
-def _kv_views(k: torch.Tensor, v: torch.Tensor):
+def _kv_views(k: torch.Tensor, v: torch.Tensor, own_cols: bool = False):
     """Row views of k and v with the same (rb, rh, ch), which the kernel shares between them: v in place if
-    it can be read in k's row order, else a copy of v in that order."""
-    kv = _rows_view(k)
+    it can be read in k's row order, else a copy of v in that order (``own_cols``: see ``_in_place``)."""
+    kv = _rows_view(k, own_cols)
     bshd = bool(kv[3])
-    vv = _in_place(v, bshd)
+    vv = _in_place(v, bshd, own_cols)
     if vv is None or vv[1:4] != kv[1:4]:
-        vv = _in_place(v.transpose(1, 2).contiguous().transpose(1, 2) if bshd else v.contiguous(), bshd)
+        vv = _in_place(v.transpose(1, 2).contiguous().transpose(1, 2) if bshd else v.contiguous(), bshd, own_cols)
     return kv, vv
 
 
@@ -237,7 +259,8 @@ def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
     config = None if config == "auto" else config
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
-    qv, (kv, vv) = _rows_view(q), _kv_views(k, v)
+    own_cols = tile_d(D) != D  # tiles wider than D: q, k and v read so that the columns past D are zeros
+    qv, (kv, vv) = _rows_view(q, own_cols), _kv_views(k, v, own_cols)
     given = out
     ov = _out_view(out) if out is not None else None
     if ov is None:  # none given, or in neither layout (then written through a copy, below)
@@ -246,7 +269,7 @@ def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
     lse = lse if lse is not None else torch.empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
     config = config or choose_config(D, is_causal, Skv)
     if not serves(config, D):
-        raise ValueError(f"attention config {config!r} serves head dims {HEAD_DIMS[config]}, not {D}")
+        raise ValueError(f"attention config {config!r} serves head dims {HEAD_DIMS.get(config, ())}, not {D}")
     try:  # no directory to write the kernel source to (or another OSError): torch serves the call, with why
         program, launcher = _plan(AttentionRequest(D, DTYPES[q.dtype], bool(is_causal)), options_for(config, scale))
     except OSError as e:

@@ -168,7 +168,10 @@ def gemm_prior(m: int, n: int, k: int) -> bool:
 
 def attention_prior(d: int, causal: bool, seqlen_kv: int) -> bool:
     """Ours from 8k keys (0.99-1.09x cuDNN), and causal from 4k (0.99-1.04x); shorter sequences (0.74-0.96x)
-    go to SDPA's pick (attention-9)."""
+    go to SDPA's pick (attention-9). The sweeps cover head dims 64 and 128: the others (96, 192, 256) go to
+    SDPA's pick until swept."""
+    if d not in (64, 128):
+        return False
     return seqlen_kv >= 8192 or (causal and seqlen_kv >= 4096)
 
 

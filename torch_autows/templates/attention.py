@@ -8,6 +8,10 @@ ch=D) are read in place. GQA maps q-head h to kv-head h // (Hq // Hkv). o is wri
 through a pointer, with its own (o_rb, o_rh, o_ch) and rows of D + (Hq-1)*o_ch elements, so a caller
 can have the output in q's layout (a model's transpose back to [B, S, H*D] is then a view); lse is
 [B*Hq*Sq].
+Head dims 96 and 192 run in tiles of 128 and 256 columns (``tile_d``: Gluon tensors have power-of-two shapes):
+the caller's q/k/v views must end each row at the head's last column (TMA then reads the padding columns as
+zeros, so they add nothing to Q K^T; V's padding only feeds output columns past D), and the output store is
+bounded to D columns (``store_ptr``'s ``cols_valid``).
 A KV tile that runs past Skv reads other rows of the tensor (or TMA zeros): the ``mask`` op sets
 those scores to -inf, so their probabilities are exactly 0. Query rows past Sq are computed but never
 stored (``store_ptr``/``store_vec`` mask rows). Causal masking is top-left aligned (col <= row), as
@@ -26,6 +30,9 @@ from dataclasses import dataclass
 
 from ..ir import Arg, Grid, Options, Program, TileType, Value, op
 
+#: Head dims the template takes. 96 and 192 run in tiles of 128 and 256 columns (``tile_d``).
+HEAD_DIMS = (64, 96, 128, 192, 256)
+
 
 @dataclass(frozen=True)
 class AttentionRequest:
@@ -36,12 +43,18 @@ class AttentionRequest:
     def __post_init__(self):
         if self.dtype not in ("bf16", "fp16"):
             raise ValueError(f"attention template: dtype {self.dtype!r} not served; use bf16 or fp16")
-        if self.d not in (64, 128):
-            raise ValueError(f"attention template: head dim {self.d} not served; use 64 or 128")
+        if self.d not in HEAD_DIMS:
+            raise ValueError(f"attention template: head dim {self.d} not served; use one of {HEAD_DIMS}")
+
+
+def tile_d(d: int) -> int:
+    """The width of the kernel's q/k/v/o tiles for head dim ``d``: the power of two at or above it (Gluon
+    tensors have power-of-two shapes)."""
+    return 1 << (d - 1).bit_length()
 
 
 def build(req: AttentionRequest, opts: Options) -> Program:
-    BM, BN, D, dt = opts.block_m, opts.block_n, req.d, req.dtype
+    BM, BN, D, dt = opts.block_m, opts.block_n, tile_d(req.d), req.dtype
     T = TileType
     args = (Arg("q", "tensor", dt, ("BHSq", "D")), Arg("k", "tensor", dt, ("BHSkv", "D")),
             Arg("v", "tensor", dt, ("BHSkv", "D")), Arg("o", "ptr", dt, ("BHSq", "D"), out=True),
@@ -117,13 +130,13 @@ def build(req: AttentionRequest, opts: Options) -> Program:
         op("expand", [Value("l_col", T("f32", (BM, 1)))], ["l_f"], axis=1),
         op("div0", [Value("out_f", acc_t)], ["acc_f", "l_col"]),
         op("cast", [Value("out", T(dt, (BM, D)))], ["out_f"]),
-        op("store_ptr", [], ["out"], arg="o", row=o_row, col="(pid_bh%Hq)*o_ch", ld="%d+(Hq-1)*o_ch" % D,
-           rows_valid="Sq-%s*%d" % (mi, BM)),
+        op("store_ptr", [], ["out"], arg="o", row=o_row, col="(pid_bh%Hq)*o_ch", ld="%d+(Hq-1)*o_ch" % req.d,
+           rows_valid="Sq-%s*%d" % (mi, BM), **({"cols_valid": req.d} if D != req.d else {})),
         *((op("mulc", [Value("m_fs", row_t)], ["m_f"], c="qk_scale"),) if opts.raw_max else ()),
         op("lse", [Value("lse_v", row_t)], ["m_fs" if opts.raw_max else "m_f", "l_f"]),
         op("store_vec", [], ["lse_v"], arg="lse", offset=lse_row, valid="Sq-%s*%d" % (mi, BM)),
     )
-    name = f"attn_fwd_{dt}_d{D}_{BM}x{BN}" + ("_causal" if req.causal else "")
+    name = f"attn_fwd_{dt}_d{req.d}_{BM}x{BN}" + ("_causal" if req.causal else "")
     tiles = (("pid_bh", "BH"), ("pid_m", "cdiv(Sq,%d)" % BM))
     # causal: ``group_m`` query tiles of a head run back to back (1: every head's longest tile first)
     grid = (Grid(tiles[::-1], opts.persistent, opts.group_m, opts.serpentine) if req.causal
