@@ -1,4 +1,4 @@
-"""ops.gemm(..., residual=): argument checks, the CPU fallback (torch.addmm(residual, a, b), then the bias), the
+"""ops.gemm(..., residual=): argument checks, the CPU fallback (torch.mm/addmm, then the residual added), the
 custom op ``autows::gemm_residual`` (fake impl, autograd: the residual's gradient is the output's), and the
 runtime's support checks and config choice for the residual epilogue (128-wide tiles only)."""
 from __future__ import annotations

@@ -187,15 +187,14 @@ def run_gemm(a, b, bias, out_dtype: torch.dtype, residual=None) -> torch.Tensor:
 
 
 def torch_gemm(a, b, bias, out_dtype, residual=None):
-    """The fallback of ``run_gemm``: torch's mm/addmm/bmm (a residual: ``addmm(residual, a, b)``, cuBLAS adding it
-    as C with beta=1, then the bias), through fp32 when the output dtype differs."""
+    """The fallback of ``run_gemm``: torch's mm/addmm/bmm (a residual is added after, as torch.compile's default
+    does: cuBLAS adding it as C with beta=1 is slower, 46.6 against 21.8 + 9.7 us at 8192x768x768 on the H200),
+    through fp32 when the output dtype differs."""
     if out_dtype == a.dtype:
         if a.dim() == 3:
             return torch.bmm(a, b)
-        if residual is not None:
-            out = torch.addmm(residual, a, b)
-            return out + bias if bias is not None else out
-        return torch.addmm(bias, a, b) if bias is not None else torch.mm(a, b)
+        out = torch.addmm(bias, a, b) if bias is not None else torch.mm(a, b)
+        return out.add_(residual) if residual is not None else out
     out = torch.matmul(a.float(), b.float())
     if bias is not None:
         out = out + bias.float()

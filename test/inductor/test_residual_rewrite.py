@@ -3,6 +3,7 @@ post-grad graph) becomes one ``autows::gemm_residual`` in inference and training
 (broadcast, strided or fp32 residuals) stay with a logged reason; explain lists the fusion per site."""
 from __future__ import annotations
 
+import pytest
 import torch
 import torch._inductor.config as ic
 import torch.nn as nn
@@ -81,6 +82,23 @@ def test_symbolic_rows_are_fused(pretend, monkeypatch):
             seen.append(graph)
             torch.testing.assert_close(got, model(x, o), atol=3e-2, rtol=3e-2)
     assert "autows.gemm_residual" in "\n".join(seen)
+
+
+@pytest.mark.parametrize("mode", ["measure", "prior"])
+def test_symbolic_rows_stay_unfused_unless_forced(pretend, monkeypatch, log_warnings, mode):
+    """A residual fusion is kept only where measured faster than cuBLAS's GEMM alone: with symbolic sizes (no
+    measurement at compile time) or in prior mode the default's graph stays, with the reason logged."""
+    import torch_autows
+
+    torch._dynamo.reset()
+    support.reset()
+    model = Block().to(torch.bfloat16)
+    with torch.no_grad(), torch_autows.config.patch(choice=mode):
+        x, o = torch.randn(1, 7, 32, dtype=torch.bfloat16), torch.randn(1, 7, 32, dtype=torch.bfloat16)
+        got, graph = _run(model, x, o, monkeypatch=monkeypatch, dynamic=mode == "measure")
+        torch.testing.assert_close(got, model(x, o), atol=3e-2, rtol=3e-2)
+    assert "autows.gemm_residual" not in graph and support.site_counters["gemm_residual.rewritten"] == 0
+    assert "gemm_residual" in log_warnings.text
 
 
 def test_adds_it_cannot_fuse_stay_with_a_reason(pretend, monkeypatch, log_warnings):

@@ -247,17 +247,20 @@ def _site_choice(decide: Callable, prior: Callable[[], bool], *ts) -> SiteChoice
 
 def gemm_choice(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
                 residual: torch.Tensor | None = None) -> SiteChoice:
-    """The side of a servable GEMM site (2-D, or 3-D bmm; a residual: ``addmm(residual, a, b)``); the vendor is
-    cuBLAS through aten."""
+    """The side of a servable GEMM site (2-D, or 3-D bmm); the vendor is cuBLAS through aten. A site with a
+    residual is fused only where measured faster than cuBLAS's GEMM alone (the default adds the residual in
+    its next pointwise kernel): with symbolic sizes, or in prior mode, it stays with Inductor."""
     from ..runtime import choice
     from ..runtime import gemm as rt
 
     if a.dtype == torch.float32:  # runs torch inside the op anyway (the kernel takes 16-bit operands)
-        return SiteChoice(True)
+        return SiteChoice(residual is None)
+    if residual is not None and choice.mode() != "autows" and not _static(a, b, bias, residual):
+        return SiteChoice(False, "a residual fusion is kept only where measured faster, which needs static sizes")
     m = _hint(a.shape[0]) * (_hint(a.shape[1]) if a.dim() == 3 else 1)
     n, k = _hint(b.shape[-1]), _hint(a.shape[-1])
-    return _site_choice(lambda: rt.site_decision(a, b, bias, residual=residual), lambda: choice.gemm_prior(m, n, k),
-                        a, b, bias, residual)
+    prior = (lambda: False) if residual is not None else (lambda: choice.gemm_prior(m, n, k))
+    return _site_choice(lambda: rt.site_decision(a, b, bias, residual=residual), prior, a, b, bias, residual)
 
 
 def swiglu_choice(a: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> SiteChoice:
