@@ -222,3 +222,16 @@ def test_try_plot_without_matplotlib_is_one_note(tmp_path, gemm_rows, monkeypatc
     results.write_json(tmp_path / "r2.json", {}, gemm_rows)
     notes.clear()
     assert regenerate_plots(tmp_path, note=notes.append) == [] and len(notes) == 1
+
+
+def test_rows_with_only_a_time_compare_by_time():
+    """A run that records ms and no TFLOP/s (the 2-GPU distributed steps) is compared by time: 10 ms against
+    12.5 ms is 1.25x, shown in ms."""
+    rows = [results.make_row("distributed", "tp", "inductor", ms=12.5),
+            results.make_row("distributed", "tp", "autows", ms=10.0),
+            results.make_row("distributed", "fsdp", "inductor", ms=20.0),
+            results.make_row("distributed", "fsdp", "autows", error="MISMATCH")]
+    s = {x["case"]: x for x in report.summarize(rows)}
+    assert s["tp"]["ratio"] == pytest.approx(1.25) and s["tp"]["best_other"] == "inductor"
+    assert s["fsdp"]["status"] == "failed" and s["fsdp"]["ratio"] is None
+    assert "10.000 ms" in report.table(rows) and "12.500 ms" in report.table(rows)

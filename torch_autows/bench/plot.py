@@ -16,7 +16,7 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 
-from .report import OURS, impl_order, ok, summarize
+from .report import OURS, impl_order, ok, rate, summarize
 
 #: One colour per peer name in every plot; names not listed get a stable colour from ``_SPARE``.
 COLORS = {
@@ -69,7 +69,7 @@ def relative(rows: list[dict]) -> dict[tuple[str, str], float]:
             continue
         for impl, row in s["by_impl"].items():
             if ok(row):
-                rel[(s["case"], impl)] = row["tflops"] / best
+                rel[(s["case"], impl)] = rate(row) / best
     return rel
 
 

@@ -26,8 +26,16 @@ def impl_order(rows: list[dict], ours: str = OURS) -> list[str]:
     return [i for i in impls if i != ours] + ([ours] if ours in impls else [])
 
 
+def rate(row: dict) -> float | None:
+    """What a row is compared by, higher is better: its TFLOP/s, or 1/ms for a row that records only a time
+    (a run whose FLOPs are not counted, e.g. a multi-GPU step)."""
+    if row.get("tflops") is not None:
+        return row["tflops"]
+    return 1.0 / row["ms"] if row.get("ms") else None
+
+
 def ok(row: dict | None) -> bool:
-    return row is not None and not row.get("error") and row.get("tflops") is not None
+    return row is not None and not row.get("error") and rate(row) is not None
 
 
 def summarize(rows: list[dict], ours: str = OURS) -> list[dict]:
@@ -35,11 +43,11 @@ def summarize(rows: list[dict], ours: str = OURS) -> list[dict]:
     out = []
     for case in _ordered(r["case"] for r in rows):
         by_impl = {r["impl"]: r for r in rows if r["case"] == case}
-        others = {i: r["tflops"] for i, r in by_impl.items()  # "<ours>-variant" rows are ours, not peers
+        others = {i: rate(r) for i, r in by_impl.items()  # "<ours>-variant" rows are ours, not peers
                   if i != ours and not i.startswith(f"{ours}-") and ok(r)}
         best = max(others, key=others.get) if others else None
         mine = by_impl.get(ours)
-        ratio = mine["tflops"] / others[best] if ok(mine) and best and others[best] > 0 else None
+        ratio = rate(mine) / others[best] if ok(mine) and best and others[best] > 0 else None
         if mine is None:
             status = "not run"
         elif not ok(mine):
@@ -66,7 +74,7 @@ def _cell(row: dict | None) -> str:
         return "-"
     if not ok(row):
         return "FAIL"
-    s = f"{row['tflops']:.1f}"
+    s = f"{row['tflops']:.1f}" if row.get("tflops") is not None else f"{row['ms']:.3f} ms"
     if row.get("spread") is not None:
         s += f" ±{100 * row['spread']:.0f}%"
     return s
