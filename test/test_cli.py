@@ -18,7 +18,7 @@ def test_explain_gemm_compile_prints_every_pass_gluon_and_summary(capsys):
     assert main(["explain", "gemm", "--m", "4096", "--n", "4096", "--k", "4096", "--dtype", "bf16", "--compile"]) == 0
     out = capsys.readouterr().out
     steps = ["template", "data_partition", "loop_schedule", "partition_schedule", "buffers", "memory_plan",
-             "code_partition", "software_pipeline", "ping_pong", "tile_loop"]
+             "code_partition", "software_pipeline", "ping_pong", "tile_loop", "cross_tile"]
     pos = 0
     for s in steps + ["generated Gluon"]:
         pos = out.index(s, pos)
@@ -85,7 +85,8 @@ ATTN = ["explain", "attention", "--d", "64"]
     (ATTN + ["--interpret", "--seeds", "-1"], "argument --seeds: must be >= 1, got -1"),
     (GEMM + ["--stage", "nope"], "argument --stage: invalid choice: 'nope' (choose from 'template', "
                                  "'data_partition', 'loop_schedule', 'partition_schedule', 'buffers', "
-                                 "'memory_plan', 'code_partition', 'software_pipeline', 'ping_pong', 'tile_loop')"),
+                                 "'memory_plan', 'code_partition', 'software_pipeline', 'ping_pong', 'tile_loop', "
+                                 "'cross_tile')"),
     (GEMM + ["--out", "somewhere"], "--out DIR needs --compile"),
     ([], "the following arguments are required: explain"),
 ])
@@ -142,7 +143,7 @@ def _headers(out: str) -> list[str]:
 
 
 STAGES = ["template", "data_partition", "loop_schedule", "partition_schedule", "buffers", "memory_plan",
-          "code_partition", "software_pipeline", "ping_pong", "tile_loop"]
+          "code_partition", "software_pipeline", "ping_pong", "tile_loop", "cross_tile"]
 
 
 @pytest.mark.parametrize("flags,expect", [

@@ -66,6 +66,27 @@ def test_attention_random(c):
     torch.testing.assert_close(lse, ref_lse, atol=2e-2, rtol=1e-3)
 
 
+@pytest.mark.parametrize("config", [n for n in rt.CONFIGS if rt.CONFIGS[n].cross_tile])
+@pytest.mark.parametrize("d,causal,sq,skv", [(128, True, 1000, 1000), (128, False, 513, 777), (64, True, 4097, 4097),
+                                              (64, False, 129, 1)])
+def test_cross_tile_many_tiles_per_cta(config, d, causal, sq, skv):
+    """passes/cross_tile: b=4, h=48 puts 3-34 tiles on each persistent CTA (grid = SMs), so every CTA runs the
+    peeled first tile, next-tile steps and the last tail; ragged lengths, out and lse checked."""
+    if not rt.serves(config, d):
+        pytest.skip(f"{config} serves head dims {rt.HEAD_DIMS.get(config)}")
+    torch.manual_seed(0)
+    q = torch.randn(4, 48, sq, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(4, 48, skv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((4, 48, sq), float("nan"), device="cuda")
+    rt.attention(q, k, v, causal, 1 / math.sqrt(d), config=config, out=out, lse=lse)
+    ref, ref_lse = torch_attention(q.float(), k.float(), v.float(), causal, 1 / math.sqrt(d))
+    torch.cuda.synchronize()
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert ((out.float() - ref).norm() / ref.norm().clamp_min(1e-6)).item() < 1e-2
+    torch.testing.assert_close(lse, ref_lse, atol=2e-2, rtol=1e-3)
+
+
 def test_ops_attention_served():
     fallback.reset()
     import torch_autows

@@ -282,7 +282,7 @@ def test_pipeline_dump(tmp_path):
     names = sorted(f.name.split(".", 1)[1] for f in tmp_path.iterdir())
     assert names == ["00.template.ir", "01.data_partition.ir", "02.loop_schedule.ir", "03.partition_schedule.ir",
                      "04.buffers.ir", "05.memory_plan.ir", "06.code_partition.ir", "07.software_pipeline.ir",
-                     "08.ping_pong.ir", "09.tile_loop.ir"]
+                     "08.ping_pong.ir", "09.tile_loop.ir", "10.cross_tile.ir"]
 
 
 def test_groups_share_one_ring():

@@ -75,7 +75,7 @@ class Ctx:
                     L.setdefault(rs[0].name, self._slice(o.attr("axis"), L[o.operands[0]]))
                 elif o.kind == "expand" and o.operands[0] in L:
                     L.setdefault(rs[0].name, L[o.operands[0]].rsplit("_S", 1)[0])
-                elif o.kind == "loop":
+                elif o.kind in ("loop", "tile_next"):
                     for n, init, r in zip(o.attr("iter_args"), o.operands, o.results):
                         known = [L[x] for x in (init, n, r.name) if x in L]
                         for x in (init, n, r.name):
@@ -102,7 +102,7 @@ class Ctx:
                     continue
                 if o.kind == "expand":
                     L.setdefault(o.operands[0], self._slice(o.attr("axis"), L[rs[0].name]))
-                elif o.kind not in REDUCE and o.kind not in ("mma", "loop"):
+                elif o.kind not in REDUCE and o.kind not in ("mma", "loop", "tile_next"):
                     for x in o.operands:
                         t = types.get(x)
                         if t is not None and t.space == "reg" and len(t.shape) == len(rs[0].type.shape):

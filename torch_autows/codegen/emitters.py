@@ -343,18 +343,42 @@ def tile_lines(grid) -> tuple[list[str], list[str]]:
 @emitter("tile_loop")
 def _tile_loop(ctx, o, indent):
     """The CTA's walk over its output tiles (passes/tile_loop): persistent ``for tile in range(pid, num_tiles,
-    nprog)``, else ``tile = pid``; the tile indices; the body once per tile; then the stores drained."""
+    nprog)``, else ``tile = pid``; the tile indices; the body once per tile; then the stores drained. A
+    ``cross_tile`` walk (passes/cross_tile) runs its body once, on the CTA's first tile (if it has one); the
+    body's ``tile_next`` walks the rest."""
     grid = Grid.of(o)
     pre, per_tile = tile_lines(grid)
     out = list(pre)
-    if grid.persistent:
+    if o.attr("cross_tile"):
+        out.append("tile = gl.program_id(0)")
+        out.append("if tile < num_tiles:  # the first tile is peeled: its head runs before the walk")
+        out += ["    " + ln for ln in per_tile] + emit_ops(ctx, o.body, 1)
+    elif grid.persistent:
         out.append("for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):")
         inner = 1
     else:
         out.append("tile = gl.program_id(0)")
         inner = 0
-    out += ["    " * inner + ln for ln in per_tile]
-    out += emit_ops(ctx, o.body, inner)
+    if not o.attr("cross_tile"):
+        out += ["    " * inner + ln for ln in per_tile]
+        out += emit_ops(ctx, o.body, inner)
     if any(x.kind == "store" for x in walk(o.body)):
         out.append("tma.store_wait(0)")
+    return out
+
+
+@emitter("tile_next")
+def _tile_next(ctx, o, indent):
+    """passes/cross_tile: the CTA's tiles after its first, the previous tile's indices kept as ``<index>_prev``
+    and its values carried in the iter_args (the enclosing ``cross_tile`` tile_loop bound the first tile)."""
+    grid = Grid.of(ctx.part.body[0])  # the enclosing tile_loop (a partition body is one)
+    its = o.attr("iter_args")
+    out = [f"{v(n)} = {v(x)}" for n, x in zip(its, o.operands)]
+    out.append("for tile in range(gl.program_id(0) + gl.num_programs(0), num_tiles, gl.num_programs(0)):")
+    out += [f"    {n}_prev = {n}" for n, _ in grid.tiles]
+    out += ["    " + ln for ln in tile_lines(grid)[1]]
+    ctx.loop_stack.append(o)
+    out += emit_ops(ctx, o.body, 1)
+    ctx.loop_stack.pop()
+    out += [f"{v(r.name)} = {v(n)}" for n, r in zip(its, o.results)]
     return out

@@ -432,14 +432,33 @@ def _turn_pass(pr: PartRun, o: Op):
 
 def _tile_loop(pr: PartRun, o: Op):
     """passes/tile_loop: the body once per tile of the CTA (``CTA.tiles``: the scheduler made them with
-    ``sched.cta_tiles`` from this op's grid), the grid's tile indices bound to each tile's."""
+    ``sched.cta_tiles`` from this op's grid), the grid's tile indices bound to each tile's. A ``cross_tile``
+    walk (passes/cross_tile) runs the body once, on the first tile (none without tiles); its ``tile_next``
+    walks the others."""
     grid = Grid.of(o)
-    for tile in pr.cta.tiles:
+    for tile in pr.cta.tiles[:1] if o.attr("cross_tile") else pr.cta.tiles:
         pr.scalars.update(tile_indices(grid, pr.run.scalars, tile))
         yield from pr.run_ops(o.body)
 
 
-HANDLERS = {"tile_loop": _tile_loop, "turn_wait": _turn_wait, "turn_pass": _turn_pass,
+def _tile_next(pr: PartRun, o: Op):
+    """passes/cross_tile: the body once per tile of the CTA after its first, the previous tile's indices bound
+    as ``<index>_prev`` and the next one's as the indices; iter_args carried as a loop's."""
+    grid = Grid.of(pr.part.body[0])
+    its = o.attr("iter_args", ())
+    for name, init in zip(its, o.operands):
+        pr.env[name] = pr.raw(init, o)
+    for tile in pr.cta.tiles[1:]:
+        pr.scalars.update({f"{n}_prev": pr.scalars[n] for n, _ in grid.tiles})
+        pr.scalars.update(tile_indices(grid, pr.run.scalars, tile))
+        nxt = yield from pr.run_ops(o.body)
+        for name, v in zip(its, nxt or ()):
+            pr.env[name] = v
+    for name, r in zip(its, o.results):
+        pr.env[r.name] = pr.env[name]
+
+
+HANDLERS = {"tile_loop": _tile_loop, "tile_next": _tile_next, "turn_wait": _turn_wait, "turn_pass": _turn_pass,
             "acquire": _acquire, "wait_ready": _wait_ready, "get": _get, "load": _load, "release": _release,
             "release_tail": _release_tail, "advance": _advance, "trans": _trans, "mma": _mma,
             "mma_wait": _mma_wait, "store": _store}

@@ -30,12 +30,12 @@ def defs(ops: tuple[Op, ...]) -> dict[str, Op]:
 
 
 def value_types(ops: tuple[Op, ...]) -> dict[str, TileType]:
-    """Value name -> its tile type (loop iter_args take their loop result's type)."""
+    """Value name -> its tile type (loop and tile_next iter_args take their result's type)."""
     out: dict[str, TileType] = {}
     for o in walk(ops):
         for r in o.results:
             out[r.name] = r.type
-        if o.kind == "loop":
+        if o.kind in ("loop", "tile_next"):
             for name, r in zip(o.attr("iter_args", ()), o.results):
                 out[name] = r.type
     return out

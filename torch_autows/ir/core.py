@@ -205,6 +205,9 @@ class Options:
     producer_regs: int = 40
     # CTAs per output tile, each summing a contiguous range of the reduction loop (passes/split_k; 1: none)
     split_k: int = 1
+    # a persistent consumer overlaps tile t's tail (last P V, normalise, stores) with tile t+1's first QK^T and
+    # softmax (passes/cross_tile)
+    cross_tile: bool = False
 
     def items(self) -> list[tuple[str, Any]]:
         return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]

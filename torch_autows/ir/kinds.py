@@ -17,8 +17,8 @@ Fields:
                  row: (attribute, "offset") adds the row offset, (attribute, "bound") subtracts it
     blocking     may block the warp (a wait): ends a ping-pong issue group of mmas (ping_pong)
     latency      stages a user must run after it in a software pipeline (loop_schedule, verify)
-    structural   a container (loop, tile_loop) or its terminator (yield): every pass and interpreter walks it as
-                 structure
+    structural   a container (loop, tile_loop, tile_next) or its terminator (yield): every pass and interpreter
+                 walks it as structure
 """
 from __future__ import annotations
 
@@ -103,6 +103,9 @@ OPS: dict[str, OpKind] = _kinds(
     # made by passes/tile_loop: a partition's whole body, run once per output tile its CTA walks (the grid's
     # attributes: tiles, persistent, tile_group, serpentine; ir.Grid.of reads them)
     OpKind("tile_loop", _NONE, _NONE, phase="partitioned", structural=True),
+    # made by passes/cross_tile, inside a ``cross_tile`` tile_loop: the walk over a CTA's tiles after its first,
+    # with iter_args carrying the previous tile's values (its tile indices as ``<index>_prev``)
+    OpKind("tile_next", (0, None), (0, None), phase="partitioned", structural=True),
 )
 
 

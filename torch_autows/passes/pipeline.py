@@ -19,6 +19,7 @@ from ..ir import Program, format_program
 from . import (
     buffers,
     code_partition,
+    cross_tile,
     data_partition,
     loop_schedule,
     memory_plan,
@@ -49,6 +50,9 @@ PIPELINE = [
     ("ping_pong", ping_pong.run),
     # Wraps the final bodies: the walk over the output tiles becomes an op (codegen and the interpreter read it).
     ("tile_loop", tile_loop.run),
+    # With the walk as an op: a consumer's tile tail runs under the next tile's first step (Options.cross_tile;
+    # without it, or where the body has not software_pipeline's head/tail shape, the program is unchanged).
+    ("cross_tile", cross_tile.run),
 ]
 
 #: The IR's stages, in order: the template's output, then each pass's.
