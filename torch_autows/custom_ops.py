@@ -100,27 +100,31 @@ def run_gemm(a: Tensor, b: Tensor, bias: Tensor | None = None, out_dtype: torch.
     return _kernels.run_gemm(a, b, bias, out_dtype or a.dtype)
 
 
-def gemm_into(out: Tensor, a: Tensor, b: Tensor, bias: Tensor | None = None) -> None:
-    """``out[...] = a @ b (+ bias)``; the generated kernel writes a contiguous ``out`` directly (no copy)."""
+def gemm_into(out: Tensor, a: Tensor, b: Tensor, bias: Tensor | None = None, residual: Tensor | None = None) -> None:
+    """``out[...] = a @ b (+ bias) (+ residual)``; the generated kernel writes a contiguous ``out`` directly (no
+    copy). Same paths as the ops: the kernel; torch with the reason logged where it cannot serve the call; the
+    vendor's GEMM (then ``out.add_(residual)``, as ``ops.torch_gemm``) where runtime.choice finds cuBLAS faster."""
     op = "bmm" if a.dim() == 3 else "gemm"
     rt = _kernels.runtime_module("gemm")
     if rt is None or not config.gemm or not out.is_contiguous() or a.dtype not in _SERVED_DTYPES:
-        out.copy_(run_gemm(a, b, bias, out.dtype))
+        out.copy_(_kernels.run_gemm(a, b, bias, out.dtype, residual))
         return
     try:
         if op == "bmm":
             served = rt.bmm(a, b, out.dtype, out=out)
         else:
-            served = rt.gemm(a, b, bias, out.dtype, out=out)
+            served = rt.gemm(a, b, bias, out.dtype, out=out, residual=residual)
     except Unsupported as e:
         note_fallback(op, str(e))
-        out.copy_(_kernels.torch_gemm(a, b, bias, out.dtype))
+        out.copy_(_kernels.torch_gemm(a, b, bias, out.dtype, residual))
     else:
         if served is not None:
             note_served(op)
         else:  # runtime.choice: cuBLAS is faster for this shape
             note_vendor(op)
             rt.vendor_gemm(a, b, bias, out)
+            if residual is not None:
+                out.add_(residual)
 
 
 @torch.library.custom_op("autows::gemm", mutates_args=())

@@ -144,3 +144,85 @@ def test_2d_add_folded_into_addmm_is_fused(pretend, monkeypatch):
         ref = x + w(o)
     assert "autows.gemm_residual" in graph and "addmm" not in graph, graph
     torch.testing.assert_close(got, ref, atol=3e-2, rtol=3e-2)
+
+
+def test_fused_sites_lower_to_direct_extern_calls(pretend):
+    """The compiled wrapper calls ``extern_kernels.autows_mm_residual`` into a planned buffer (lowering.py), not
+    ``torch.ops.autows.gemm_residual`` through the dispatcher; on CPU it then falls back to torch at run time."""
+    from torch._inductor.utils import run_and_get_code
+
+    from torch_autows.runtime import fallback
+
+    for bias in (False, True):
+        torch._dynamo.reset()
+        support.reset()
+        fallback.reset()
+        model = Block(bias=bias).to(torch.bfloat16)
+        x, o = _inputs()
+        with torch.no_grad(), ic.patch(api.inductor_options()):
+            got, code = run_and_get_code(torch.compile(model), x, o)
+            ref = model(x, o)
+        src = "\n".join(code)
+        assert src.count("extern_kernels.autows_mm_residual(") == 2, src
+        assert "torch.ops.autows" not in src
+        assert support.site_counters["gemm_residual.rewritten"] == 2
+        assert fallback.counters["gemm.fallback"] == 3  # wo, w2 (with their residuals) and w1, on CPU tensors
+        torch.testing.assert_close(got, ref, atol=3e-2, rtol=3e-2)
+
+
+def _mm(a, b, bias, out):
+    return torch.addmm(bias, a, b, out=out) if bias is not None else torch.mm(a, b, out=out)
+
+
+def _fake_runtime(monkeypatch, gemm):
+    """A GEMM runtime whose ``gemm`` is ``gemm`` and whose vendor path is torch's, in place of the real one."""
+    from types import SimpleNamespace
+
+    from torch_autows import ops
+
+    rt = SimpleNamespace(gemm=gemm, vendor_gemm=_mm)
+    monkeypatch.setattr(ops, "runtime_module", lambda name: rt if name == "gemm" else None)
+
+
+@pytest.mark.parametrize("path", ["vendor", "unsupported", "served"])
+def test_extern_residual_paths(monkeypatch, path):
+    """``autows_mm_residual`` as the op: the vendor's GEMM then ``add_(residual)``, torch for ``Unsupported``, or the
+    kernel's output with R added in its epilogue (here a stand-in runtime that writes ``out`` itself)."""
+    from torch_autows.inductor import externs
+    from torch_autows.runtime import fallback
+    from torch_autows.runtime.fallback import Unsupported
+
+    fallback.reset()
+    seen = []
+
+    def gemm(a, b, bias, out_dtype, out=None, residual=None):
+        seen.append(residual)
+        if path == "unsupported":
+            raise Unsupported("a reason")
+        if path == "vendor":
+            return None
+        return _mm(a, b, bias, out).add_(residual)
+
+    _fake_runtime(monkeypatch, gemm)
+    torch.manual_seed(0)
+    a, b, bias, r = torch.randn(8, 16), torch.randn(16, 4), torch.randn(4), torch.randn(8, 4)
+    out = torch.full((8, 4), float("nan"))
+    externs.autows_mm_residual(a, b, r, bias, out=out)
+    torch.testing.assert_close(out, torch.addmm(bias, a, b) + r)
+    assert len(seen) == 1 and seen[0] is r  # the runtime was asked with the residual
+    counter = {"vendor": "gemm.vendor", "unsupported": "gemm.fallback", "served": "gemm.autows"}[path]
+    assert fallback.counters[counter] == 1
+    out2 = torch.empty(8, 4)
+    externs.autows_mm_residual(a, b, r, out=out2)  # no bias
+    torch.testing.assert_close(out2, a @ b + r)
+
+
+def test_out_dtype_keeps_the_op(pretend):
+    """An ``out_dtype`` other than the operands' (the rewrite never passes one) keeps the op's fallback kernel."""
+    from torch._inductor.utils import run_and_get_code
+
+    a, b, r = torch.randn(8, 16).bfloat16(), torch.randn(16, 32).bfloat16(), torch.randn(8, 32).bfloat16()
+    f = torch.compile(lambda a, b, r: torch.ops.autows.gemm_residual(a, b, r, None, torch.float32) * 2)
+    got, code = run_and_get_code(f, a, b, r)
+    assert "torch.ops.autows.gemm_residual" in "\n".join(code) and "autows_mm_residual" not in "\n".join(code)
+    torch.testing.assert_close(got, (a.float() @ b.float() + r.float()) * 2, atol=2e-2, rtol=2e-2)

@@ -4,7 +4,7 @@ Modules, low to high (a module imports only from its own line or lower ones; tes
 
     masks.py              which explicit mask tensors are provably causal (so the site can be served)
     support.py            "can autows serve this?" checks shared by the rewrites, the choices and explain()
-    externs.py            the extern kernels ``extern_kernels.autows_{mm,addmm,bmm,attention}`` Inductor calls
+    externs.py            ``extern_kernels.autows_{mm,addmm,bmm,mm_residual,attention}``, the kernels Inductor calls
     lowering.py           the ops' Inductor lowerings: direct calls of the extern kernels (no dispatcher per call)
     rewrite_attention.py  finds attention sites in the Dynamo (torch-level) graph and rewrites them to our op
     rewrite_gemm.py       post-grad rewrite of aten.mm/addmm/bmm to our op (when max-autotune is off)

@@ -1,8 +1,8 @@
 """The extern kernels: the Python functions Inductor's output code calls as ``extern_kernels.autows_*``.
 
-``autows_mm`` / ``autows_addmm`` / ``autows_bmm`` write our GEMM into the buffer Inductor planned
-(``out=``); ``autows_attention`` is the attention op's body (``custom_ops.attention_impl``). Both the GEMM
-choice under max-autotune (choices.py) and the ops' lowerings (lowering.py) bind them through
+``autows_mm`` / ``autows_addmm`` / ``autows_bmm`` / ``autows_mm_residual`` write our GEMM into the buffer
+Inductor planned (``out=``); ``autows_attention`` is the attention op's body (``custom_ops.attention_impl``).
+Both the GEMM choice under max-autotune (choices.py) and the ops' lowerings (lowering.py) bind them through
 ``extern_choice``. Their names are global in Inductor, so each ``ExternKernelChoice`` is created once per
 process; ``register()`` creates them all, so that output code loaded from Inductor's cache, compiled in
 an earlier process, finds its ``extern_kernels.autows_*`` without anything being compiled first.
@@ -28,19 +28,27 @@ def autows_addmm(inp: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, alpha=1
     gemm_into(out, a, b, inp if inp.dim() == 1 else inp[0])
 
 
+def autows_mm_residual(a: torch.Tensor, b: torch.Tensor, residual: torch.Tensor, bias: torch.Tensor | None = None,
+                       *, out: torch.Tensor) -> None:
+    """``out = a @ b (+ bias) + residual`` (2-D; ``autows::gemm_residual``'s lowering): the residual added in the
+    kernel's epilogue, or after the vendor's / torch's GEMM where those serve the call."""
+    gemm_into(out, a, b, bias, residual)
+
+
 def autows_bmm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor) -> None:
     """``out = a @ b`` (3-D, batched)."""
     gemm_into(out, a, b)
 
 
 KERNELS = {"mm": autows_mm, "addmm": autows_addmm, "bmm": autows_bmm,
+           "mm_residual": autows_mm_residual,  # not a max-autotune choice: gemm_residual's lowering (lowering.py)
            "attention": attention_impl}  # not a GEMM choice: the attention lowering's kernel name (lowering.py)
 _CHOICES: dict[str, ExternKernelChoice] = {}
 
 
 def extern_choice(op: str) -> ExternKernelChoice:
-    """The ``ExternKernelChoice`` for "mm" / "addmm" / "bmm" ("attention": only its name, registered in
-    ``extern_kernels``), created once per process."""
+    """The ``ExternKernelChoice`` for "mm" / "addmm" / "bmm" / "mm_residual" ("attention": only its name,
+    registered in ``extern_kernels``), created once per process."""
     if op not in _CHOICES:
         fn, name = KERNELS[op], f"autows_{op}"
         lookup = getattr(ExternKernelChoice, "lookup", None)  # 2.13; 2.11 only has the extern_kernels module

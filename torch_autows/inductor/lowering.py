@@ -1,13 +1,14 @@
-"""Inductor lowerings of ``autows::gemm`` / ``autows::bmm`` / ``autows::attention``: direct calls of our
-extern kernels.
+"""Inductor lowerings of ``autows::gemm`` / ``autows::gemm_residual`` / ``autows::bmm`` / ``autows::attention``:
+direct calls of our extern kernels.
 
 Without a lowering, Inductor runs a custom op as a ``FallbackKernel``: the compiled wrapper calls
 ``torch.ops.autows.gemm.default(...)``, which goes through the dispatcher and the ``custom_op`` layers
 (autograd wrapper, redispatch, the Python impl) before our launcher, about 30 us of host time per call
 on a CPU where the launcher itself takes 20; small models, with many short GEMMs, wait on that. The
 lowering emits what max-autotune already emits when our choice wins: ``extern_kernels.autows_mm(a, b,
-out=buf)`` (externs.py) into a buffer Inductor plans like any other, so the wrapper calls our Python
-function directly and Inductor can reuse the buffer.
+out=buf)`` (externs.py; ``autows_mm_residual(a, b, residual[, bias], out=buf)`` for the residual op) into a
+buffer Inductor plans like any other, so the wrapper calls our Python function directly and Inductor can
+reuse the buffer.
 
 Same semantics as the op: ``gemm_into`` re-checks the real tensors and falls back to torch with a
 logged reason. Not used under ``cpp_wrapper`` (no Python to call) or for an ``out_dtype`` other than
@@ -31,6 +32,7 @@ from .externs import extern_choice
 
 # torch.ops.autows.* are defined by ``import torch_autows`` (custom_ops), which runs before this module
 _GEMM, _BMM = torch.ops.autows.gemm.default, torch.ops.autows.bmm.default
+_GEMM_RESIDUAL = torch.ops.autows.gemm_residual.default
 _ATTENTION = torch.ops.autows.attention.default
 
 
@@ -52,6 +54,18 @@ def _lower_gemm(a, b, bias=None, out_dtype=None):
         return extern_choice("mm").bind((a, b), layout).output_node()
     bias = ir.ExternKernel.require_stride1(ir.ExternKernel.realize_input(bias))
     return extern_choice("addmm").bind((bias, a, b), layout, alpha=1, beta=1).output_node()
+
+
+def _lower_gemm_residual(a, b, residual, bias=None, out_dtype=None):
+    if not _direct(a, out_dtype):
+        return _as_op(_GEMM_RESIDUAL, a, b, residual, bias, out_dtype)
+    _, _, _, layout, a, b = mm_args(a, b)
+    # the kernel reads R as a contiguous [M, N] tensor (the rewrite only fuses contiguous ones): a no-op for those
+    residual = ir.ExternKernel.require_contiguous(ir.ExternKernel.realize_input(residual))
+    inputs = (a, b, residual)
+    if bias is not None:
+        inputs += (ir.ExternKernel.require_stride1(ir.ExternKernel.realize_input(bias)),)
+    return extern_choice("mm_residual").bind(inputs, layout).output_node()
 
 
 def _lower_bmm(a, b, out_dtype=None):
@@ -83,10 +97,11 @@ _registered = False
 
 
 def register() -> None:
-    """Register the three lowerings in Inductor (once per process; before Inductor lowers a graph with our ops:
+    """Register the four lowerings in Inductor (once per process; before Inductor lowers a graph with our ops:
     the post-grad pass and ``rewrite_gemms`` call it)."""
     global _registered
     if not _registered:
-        for op, fn in ((_GEMM, _lower_gemm), (_BMM, _lower_bmm), (_ATTENTION, _lower_attention)):
+        for op, fn in ((_GEMM, _lower_gemm), (_GEMM_RESIDUAL, _lower_gemm_residual), (_BMM, _lower_bmm),
+                       (_ATTENTION, _lower_attention)):
             register_lowering(op, type_promotion_kind=None)(fn)
         _registered = True

@@ -7,7 +7,11 @@ it can); it reads only devices, dtypes, shapes and strides, so it also works on 
 
 A residual (``gemm(..., residual=r)``: ``a @ b (+ bias) + r`` in the epilogue, r [M, N] contiguous) runs on the
 128-wide tiles only (``serves_residual``): with a 256-wide tile R's registers beside the accumulator's spill
-(about 1 KB a thread offline for sm_90a), so those configs refuse it.
+(about 1 KB a thread offline for sm_90a), so those configs refuse it. Measured offline (ptxas, ws_p_128x256,
+nt + bias): the masked [64, 256] pointer load spills 970 bytes; the same load without a mask 0; a row mask with
+clamped columns 0 or 2182 depending only on the order of equivalent statements. So it is the per-element mask
+and addresses of one full-tile load, and rewriting that load is not a reliable fix: serving 256-wide tiles needs
+the epilogue applied in column slices of the accumulator (or R brought in by TMA), an IR change.
 """
 from __future__ import annotations
 
