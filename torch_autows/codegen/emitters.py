@@ -237,6 +237,18 @@ def _silu(ctx, o, indent):  # x * sigmoid(x) = x / (1 + e^-x); e^-x = 2^(-x log2
     return [f"{v(o.results[0].name)} = {x} / (1.0 + gl.exp2({x} * -1.4426950408889634))"]
 
 
+@emitter("gelu")
+def _gelu(ctx, o, indent):
+    # tanh form: 0.5 x (1 + tanh(u)) = x sigmoid(2u) = x / (1 + 2^(-2u log2 e)), u = sqrt(2/pi) (x + 0.044715 x^3)
+    # (Gluon has no tanh): large |u| gives x / 1 or x / inf = -0, never inf/inf. erf form: 0.5 x (1 + erf(x / sqrt 2))
+    x, r = v(o.operands[0]), v(o.results[0].name)
+    if o.attr("approximate") == "tanh":  # -2 log2(e) sqrt(2/pi) = -2.302208198144325
+        return [f"{r} = {x} / (1.0 + gl.exp2(({x} + 0.044715 * {x} * {x} * {x}) * -2.302208198144325))"]
+    if o.attr("approximate") == "none":
+        return [f"{r} = 0.5 * {x} * (1.0 + gl.erf({x} * 0.7071067811865476))"]
+    raise ValueError(f"gelu: approximate {o.attr('approximate')!r} has no emitter; use 'tanh' or 'none'")
+
+
 @emitter("neg")
 def _neg(ctx, o, indent):
     return [f"{v(o.results[0].name)} = -{v(o.operands[0])}"]

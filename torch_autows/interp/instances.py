@@ -7,7 +7,8 @@ tails in M, N and K, at least one more K step than the ring has slots (the ring 
 multiples of 1/4 in [-1, 1], exact in bf16/fp16 with exact fp32 products and sums, so every correct
 schedule is bit-identical to torch. A swiglu GEMM (arg ``bu``, the up weight laid out as ``b``) has the
 reference ``silu(A @ B) * (A @ Bu)`` in fp32 (the interpreter's silu is torch's, on the same exact sums). A residual
-GEMM (arg ``r``, [batch*M, N] like c) adds R in fp32 after the bias, before the one rounding to c's dtype.
+GEMM (arg ``r``, [batch*M, N] like c) adds R in fp32 after the bias, before the one rounding to c's dtype. An
+activation GEMM (a ``gelu`` op) applies torch's F.gelu (same ``approximate``) to the fp32 biased sum.
 Attention: random heads (GQA groups 1 or 2), ragged Sq and Skv, q and k/v each [B, H, S, D] or [B, S, H, D]
 in memory, causal or not, normal values, compared with an fp32 softmax reference within bf16/fp16 tolerances."""
 from __future__ import annotations
@@ -120,6 +121,7 @@ def _gemm(program: Program, seed: int, shape, trans_a: bool, trans_b: bool, bias
     residual = "r" in {x.name for x in program.args}
     if residual:
         tensors["r"] = _values((B * M, N), TORCH_DTYPE[program.arg("r").dtype], gen)
+    act = next((x.attr("approximate") for x in walk(program.body) if x.kind == "gelu"), None)
     refs = []
     for i in range(B):
         A = a[i * K:(i + 1) * K].t() if trans_a else a[i * M:(i + 1) * M]
@@ -131,6 +133,8 @@ def _gemm(program: Program, seed: int, shape, trans_a: bool, trans_b: bool, bias
             r = torch.nn.functional.silu(r) * (A.float() @ Bu.float())
         if bias:
             r = r + tensors["bias"].float()
+        if act is not None:
+            r = torch.nn.functional.gelu(r, approximate=act)
         if residual:
             r = r + tensors["r"][i * M:(i + 1) * M].float()
         refs.append(r.to(TORCH_DTYPE[odt_name]))
@@ -146,6 +150,8 @@ def _gemm(program: Program, seed: int, shape, trans_a: bool, trans_b: bool, bias
         desc += " swiglu"
     if residual:
         desc += " residual"
+    if act is not None:
+        desc += f" gelu({act})"
     return Instance(desc, tensors, {"M": M, "N": N, "K": K}, {"c": torch.cat(refs)}, {"c": TOL[odt_name]})
 
 

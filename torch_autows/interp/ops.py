@@ -292,6 +292,11 @@ def _silu(ctx, o, args):
     return torch.nn.functional.silu(args[0].float())
 
 
+@semantics("gelu")
+def _gelu(ctx, o, args):  # torch's, in fp32 (approximate "tanh" or "none")
+    return torch.nn.functional.gelu(args[0].float(), approximate=o.attr("approximate"))
+
+
 @semantics("neg")
 def _neg(ctx, o, args):
     return -args[0]

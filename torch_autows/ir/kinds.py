@@ -84,6 +84,8 @@ OPS: dict[str, OpKind] = _kinds(
     OpKind("cast", _UNARY, _ONE, axes="elementwise"),
     OpKind("exp2", _UNARY, _ONE, axes="elementwise"),
     OpKind("silu", _UNARY, _ONE, axes="elementwise"),  # x * sigmoid(x), fp32 (the swiglu epilogue)
+    # F.gelu in fp32, attr approximate "tanh" or "none" (erf) (the GEMM activation epilogue)
+    OpKind("gelu", _UNARY, _ONE, axes="elementwise"),
     OpKind("mulc", _UNARY, _ONE, axes="elementwise"),
     OpKind("fin0", _UNARY, _ONE, axes="elementwise"),
     OpKind("mask", _UNARY, _ONE, axes="elementwise", row_attrs=(("row", "offset"),)),

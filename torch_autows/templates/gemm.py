@@ -18,6 +18,15 @@ The epilogue loads R's [BM, BN] tile with ``load_ptr``, a masked pointer load st
 accumulator's layout: it runs in the consumer partition that owns the tile's rows (data_partition splits it by
 rows like the accumulator), needs no SMEM ring or producer work, and after split_k it reads the reduced sum (only
 the CTA that stores adds it).
+
+``GemmRequest.activation`` applies an activation to the fp32 sum after the bias and before the cast:
+``C = act(A @ B (+ bias))`` with one rounding (GPT-2's ``c_fc``: nn.Linear then nn.GELU). "gelu_tanh" is
+``F.gelu(x, approximate="tanh")``, "gelu" the exact erf form; an IR ``gelu`` op (attr ``approximate``) on the
+accumulator's registers, no memory traffic. Order: bias, then the activation, then (were it allowed) a residual:
+the activation belongs to the linear layer and a residual adds after it, but no model here needs both in one
+kernel, so activation + residual and activation + swiglu are refused. After split_k the activation reads the
+reduced sum (a non-linear op applied once, by the CTA that stores; the other CTAs compute on zeros and store
+nothing).
 """
 from __future__ import annotations
 
@@ -28,6 +37,8 @@ from ..ir import Arg, Grid, Options, Program, TileType, Value, op
 
 #: The epilogues the template builds: "none" (C = A @ B (+ bias)), "swiglu" (C = silu(A @ B) * (A @ Bu)).
 EPILOGUES = ("none", "swiglu")
+#: The activations the template applies after the bias: name -> the ``approximate`` of F.gelu.
+ACTIVATIONS = {"none": None, "gelu_tanh": "tanh", "gelu": "none"}
 
 
 @dataclass(frozen=True, repr=False)
@@ -43,8 +54,15 @@ class GemmRequest:
     batch: int = 1
     epilogue: str = "none"  # one of EPILOGUES
     residual: bool = False  # C = ... + R, R [M, N] of the operand dtype (arg ``r``), added in fp32 before the cast
+    activation: str = "none"  # one of ACTIVATIONS, applied in fp32 after the bias, before the cast
 
     def __post_init__(self):
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"gemm template: activation {self.activation!r} not served; use one of "
+                             f"{', '.join(ACTIVATIONS)}")
+        if self.activation != "none" and (self.residual or self.epilogue != "none"):
+            raise ValueError("gemm template: an activation takes no residual and no swiglu epilogue; apply the "
+                             "other part outside")
         if self.epilogue not in EPILOGUES:
             raise ValueError(f"gemm template: epilogue {self.epilogue!r} not served; use one of {', '.join(EPILOGUES)}")
         if self.epilogue == "swiglu" and (self.bias or self.batch > 1):
@@ -59,10 +77,11 @@ class GemmRequest:
                 raise ValueError(f"gemm template: {d} must be >= 1")
 
     def __repr__(self) -> str:
-        # the dataclass form, with the epilogue only where it is not "none" and the residual only where set (names
-        # built from it stay as they were)
+        # the dataclass form, with the epilogue, residual and activation only where set (names built from it stay
+        # as they were)
+        unset = {"epilogue": "none", "residual": False, "activation": "none"}
         fields = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
-                  if (f.name != "epilogue" or self.epilogue != "none") and (f.name != "residual" or self.residual)]
+                  if f.name not in unset or getattr(self, f.name) != unset[f.name]]
         return f"GemmRequest({', '.join(fields)})"
 
 
@@ -119,6 +138,9 @@ def build(req: GemmRequest, opts: Options) -> Program:
                  op("expand", [Value("bias_row", T("f32", (1, BN)))], ["bias_v"], axis=0),
                  op("add", [Value("acc_bias", acc_t)], [last, "bias_row"])]
         last = "acc_bias"
+    if req.activation != "none":  # after the bias, in fp32
+        body.append(op("gelu", [Value("acc_act", acc_t)], [last], approximate=ACTIVATIONS[req.activation]))
+        last = "acc_act"
     if req.residual:  # R's tile, masked at the ragged edges, in fp32 (the rows of c: a batch's rows follow its own)
         body += [op("load_ptr", [Value("res", acc_t)], arg="r", row=row_a, col="pid_n*%d" % BN, ld="N",
                     rows_valid="M-pid_m*%d" % BM, cols_valid="N-pid_n*%d" % BN),
@@ -133,6 +155,8 @@ def build(req: GemmRequest, opts: Options) -> Program:
     name = f"gemm_{dt}_{'t' if req.trans_a else 'n'}{'t' if req.trans_b else 'n'}_{BM}x{BN}x{BK}"
     if req.bias:
         name += "_bias"
+    if req.activation != "none":
+        name += "_" + req.activation
     if req.residual:
         name += "_res"
     if batched:
