@@ -1,5 +1,5 @@
-"""Custom ops that put the generated kernels into graphs: ``torch.ops.autows.{attention,gemm,gemm_residual,bmm,
-gemm_swiglu}``.
+"""Custom ops that put the generated kernels into graphs: ``torch.ops.autows.{attention,gemm,gemm_residual,gemm_act,
+bmm,gemm_swiglu}``.
 
 Registered by ``import torch_autows`` (so ``torch.export.load`` of a program using them works in a fresh
 process); only ``torch.library`` is used here, nothing of Inductor or Dynamo. The Inductor lowerings stay
@@ -18,7 +18,7 @@ an extern kernel and compiles everything around it. Each op
 * has a fake impl written with ``new_empty`` on the input sizes, so symbolic sizes flow through;
 * never syncs with the host, so it is safe inside CUDA graphs (``mode="reduce-overhead"``);
 * has a backward (``register_autograd``): the public ops route calls that need gradients through here;
-  except ``gemm_swiglu``, which the SwiGLU rewrite inserts only into graphs that need none.
+  except ``gemm_swiglu`` and ``gemm_act``, which their rewrites insert only into graphs that need none.
 """
 from __future__ import annotations
 
@@ -100,29 +100,31 @@ def run_gemm(a: Tensor, b: Tensor, bias: Tensor | None = None, out_dtype: torch.
     return _kernels.run_gemm(a, b, bias, out_dtype or a.dtype)
 
 
-def gemm_into(out: Tensor, a: Tensor, b: Tensor, bias: Tensor | None = None, residual: Tensor | None = None) -> None:
-    """``out[...] = a @ b (+ bias) (+ residual)``; the generated kernel writes a contiguous ``out`` directly (no
-    copy). Same paths as the ops: the kernel; torch with the reason logged where it cannot serve the call; the
-    vendor's GEMM (then ``out.add_(residual)``, as ``ops.torch_gemm``) where runtime.choice finds cuBLAS faster."""
+def gemm_into(out: Tensor, a: Tensor, b: Tensor, bias: Tensor | None = None, residual: Tensor | None = None,
+              activation: str = "none") -> None:
+    """``out[...] = act(a @ b (+ bias)) (+ residual)``; the generated kernel writes a contiguous ``out`` directly
+    (no copy). Same paths as the ops: the kernel; torch with the reason logged where it cannot serve the call; the
+    vendor's GEMM (then torch's gelu in place, or ``out.add_(residual)``, as ``ops.torch_gemm``) where
+    runtime.choice finds cuBLAS faster."""
     op = "bmm" if a.dim() == 3 else "gemm"
     rt = _kernels.runtime_module("gemm")
     if rt is None or not config.gemm or not out.is_contiguous() or a.dtype not in _SERVED_DTYPES:
-        out.copy_(_kernels.run_gemm(a, b, bias, out.dtype, residual))
+        out.copy_(_kernels.run_gemm(a, b, bias, out.dtype, residual, activation))
         return
     try:
         if op == "bmm":
             served = rt.bmm(a, b, out.dtype, out=out)
         else:
-            served = rt.gemm(a, b, bias, out.dtype, out=out, residual=residual)
+            served = rt.gemm(a, b, bias, out.dtype, out=out, residual=residual, activation=activation)
     except Unsupported as e:
         note_fallback(op, str(e))
-        out.copy_(_kernels.torch_gemm(a, b, bias, out.dtype, residual))
+        out.copy_(_kernels.torch_gemm(a, b, bias, out.dtype, residual, activation))
     else:
         if served is not None:
             note_served(op)
         else:  # runtime.choice: cuBLAS is faster for this shape
             note_vendor(op)
-            rt.vendor_gemm(a, b, bias, out)
+            rt.vendor_gemm(a, b, bias, out, activation)
             if residual is not None:
                 out.add_(residual)
 
@@ -198,6 +200,25 @@ def _gemm_residual_backward(ctx, grad):
     db = torch.matmul(a.t().to(grad.dtype), grad).to(b.dtype)
     dbias = grad.sum(0).to(a.dtype) if ctx.has_bias else None
     return da, db, grad.to(a.dtype), dbias, None
+
+
+@torch.library.custom_op("autows::gemm_act", mutates_args=())
+def gemm_act(a: Tensor, b: Tensor, activation: str, bias: Tensor | None = None,
+             out_dtype: torch.dtype | None = None) -> Tensor:
+    """``gelu(a [M, K] @ b [K, N] (+ bias [N]))`` (``activation`` "gelu_tanh" or "gelu": F.gelu's approximate
+    "tanh" or "none") with fp32 accumulation and activation, in ``out_dtype`` (default a's). No backward: the
+    post-grad rewrite (inductor/rewrite_activation.py) inserts it only into inference graphs."""
+    _kernels.check_gemm(a, b, bias, out_dtype, dtypes=_kernels.OP_DTYPES)
+    act = _kernels.check_activation(activation)
+    with torch.no_grad():
+        return _kernels.run_gemm(a, b, bias, out_dtype or a.dtype, activation=act).contiguous()
+
+
+@gemm_act.register_fake
+def _gemm_act_fake(a, b, activation, bias=None, out_dtype=None):
+    _kernels.check_gemm(a, b, bias, out_dtype, dtypes=_kernels.OP_DTYPES)
+    _kernels.check_activation(activation)
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype or a.dtype)
 
 
 @torch.library.custom_op("autows::gemm_swiglu", mutates_args=())

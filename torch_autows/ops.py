@@ -1,8 +1,9 @@
 """Public kernel API: generated warp-specialized kernels with a logged torch fallback.
 
-    gemm(a, b, bias=None, out_dtype=None, residual=None)
+    gemm(a, b, bias=None, out_dtype=None, residual=None, activation=None)
                                                     a @ b (+ bias) (+ residual), a [M, K], b [K, N], bias [N],
-                                                    residual [M, N] (added in the epilogue, fp32, one rounding)
+                                                    residual [M, N] (added in the epilogue, fp32, one rounding);
+                                                    activation "gelu_tanh"/"gelu": gelu(a @ b (+ bias))
     bmm(a, b, out_dtype=None)                       batched a @ b, a [B, M, K], b [B, K, N]
     gemm_swiglu(a, w_gate, w_up, out_dtype=None)    silu(a @ w_gate) * (a @ w_up), weights [K, N], one kernel
     attention(q, k, v, *, is_causal, scale, enable_gqa) -> (out, lse)
@@ -50,6 +51,24 @@ def _check_same_device_dtype(*named) -> None:
             raise ValueError(f"{n} is on {t.device} but {n0} is on {t0.device}; move them to one device")
         if t.dtype != t0.dtype:
             raise TypeError(f"{n} has dtype {t.dtype} but {n0} has {t0.dtype}; cast them to one dtype")
+
+
+#: The activations ``gemm(activation=)`` applies in the epilogue -> F.gelu's ``approximate``.
+ACTIVATIONS = {"gelu_tanh": "tanh", "gelu": "none"}
+
+
+def check_activation(activation, residual=None) -> str:
+    """Raise ValueError unless ``activation`` is None, "none" or one of ``ACTIVATIONS`` (and no residual comes with
+    one); return its name ("none" for None)."""
+    if activation is None or activation == "none":
+        return "none"
+    if not isinstance(activation, str) or activation not in ACTIVATIONS:
+        raise ValueError(f"gemm: activation {activation!r} not served; use None, {', '.join(map(repr, ACTIVATIONS))} "
+                         f"(F.gelu with approximate='tanh' or 'none')")
+    if residual is not None:
+        raise ValueError("gemm: an activation and a residual in one call are not served; add the residual to the "
+                         "result outside")
+    return activation
 
 
 #: Dtypes the custom ops ``torch.ops.autows.*`` take: the public ones plus float64 (torch runs it; gradcheck).
@@ -132,14 +151,24 @@ def _wants_grad(*tensors) -> bool:
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
-         out_dtype: torch.dtype | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+         out_dtype: torch.dtype | None = None, residual: torch.Tensor | None = None,
+         activation: str | None = None) -> torch.Tensor:
     """``a @ b (+ bias) (+ residual)`` with fp32 accumulation; the result has ``out_dtype`` (default: a's dtype).
     ``residual`` [M, N] (a's dtype) is added to the fp32 accumulator in the kernel's epilogue, before the one
     rounding: ``h = x + o_proj(o)`` in one kernel. A residual the kernel cannot read (not contiguous) runs torch.
+    ``activation`` ("gelu_tanh" or "gelu": ``F.gelu(x, approximate="tanh" | "none")``) is applied in fp32 to
+    ``a @ b (+ bias)`` in the epilogue (GPT-2's ``c_fc`` + GELU in one kernel); it takes no residual.
 
     Differentiable: where an input requires grad, the call goes through ``torch.ops.autows.gemm`` (with a
-    residual: ``torch.ops.autows.gemm_residual``), same kernel or fallback, plus its backward."""
+    residual: ``torch.ops.autows.gemm_residual``), same kernel or fallback, plus its backward; with an
+    activation torch computes it (logged: the fused kernel has no backward)."""
     check_gemm(a, b, bias, out_dtype, residual=residual)
+    act = check_activation(activation, residual)
+    if act != "none":
+        if _wants_grad(a, b, bias):
+            note_fallback("gemm", "an input requires grad: the activation epilogue has no backward; torch computes it")
+            return torch_gemm(a, b, bias, out_dtype or a.dtype, activation=act)
+        return run_gemm(a, b, bias, out_dtype or a.dtype, activation=act)
     if _wants_grad(a, b, bias, residual):
         if residual is not None:
             return torch.ops.autows.gemm_residual(a, b, residual, bias, out_dtype)
@@ -166,8 +195,9 @@ def _serve(op: str, call):
     return None, True
 
 
-def run_gemm(a, b, bias, out_dtype: torch.dtype, residual=None) -> torch.Tensor:
-    """``gemm`` (2-D a) or ``bmm`` (3-D a, no bias, no residual) for arguments already checked, without autograd:
+def run_gemm(a, b, bias, out_dtype: torch.dtype, residual=None, activation: str = "none") -> torch.Tensor:
+    """``gemm`` (2-D a) or ``bmm`` (3-D a, no bias, residual or activation) for arguments already checked, without
+    autograd:
     the generated kernel where it serves the call, else torch with the reason logged once."""
     op = "bmm" if a.dim() == 3 else "gemm"
     if not config.gemm:
@@ -180,24 +210,29 @@ def run_gemm(a, b, bias, out_dtype: torch.dtype, residual=None) -> torch.Tensor:
             note_fallback(op, "no generated GEMM kernel in this build of torch_autows")
         else:  # (vendor: runtime.choice found cuBLAS faster for this shape; torch_gemm runs it)
             out, _ = _serve(op, lambda: rt.bmm(a, b, out_dtype) if op == "bmm"
-                            else rt.gemm(a, b, bias, out_dtype, residual=residual))
+                            else rt.gemm(a, b, bias, out_dtype, residual=residual, activation=activation))
             if out is not None:
                 return out
-    return torch_gemm(a, b, bias, out_dtype, residual)
+    return torch_gemm(a, b, bias, out_dtype, residual, activation)
 
 
-def torch_gemm(a, b, bias, out_dtype, residual=None):
+def torch_gemm(a, b, bias, out_dtype, residual=None, activation: str = "none"):
     """The fallback of ``run_gemm``: torch's mm/addmm/bmm (a residual is added after, as torch.compile's default
-    does: cuBLAS adding it as C with beta=1 is slower, 46.6 against 21.8 + 9.7 us at 8192x768x768 on the H200),
-    through fp32 when the output dtype differs."""
+    does: cuBLAS adding it as C with beta=1 is slower, 46.6 against 21.8 + 9.7 us at 8192x768x768 on the H200;
+    an activation is F.gelu on the result), through fp32 when the output dtype differs."""
+    gelu = None if activation == "none" else functools.partial(torch.nn.functional.gelu,
+                                                                approximate=ACTIVATIONS[activation])
     if out_dtype == a.dtype:
         if a.dim() == 3:
             return torch.bmm(a, b)
         out = torch.addmm(bias, a, b) if bias is not None else torch.mm(a, b)
+        out = gelu(out) if gelu else out
         return out.add_(residual) if residual is not None else out
     out = torch.matmul(a.float(), b.float())
     if bias is not None:
         out = out + bias.float()
+    if gelu:
+        out = gelu(out)
     if residual is not None:
         out = out + residual.float()
     return out.to(out_dtype)

@@ -1,6 +1,7 @@
 """The extern kernels: the Python functions Inductor's output code calls as ``extern_kernels.autows_*``.
 
-``autows_mm`` / ``autows_addmm`` / ``autows_bmm`` / ``autows_mm_residual`` write our GEMM into the buffer
+``autows_mm`` / ``autows_addmm`` / ``autows_bmm`` / ``autows_mm_residual`` / ``autows_mm_gelu_tanh`` /
+``autows_mm_gelu`` write our GEMM into the buffer
 Inductor planned (``out=``); ``autows_attention`` is the attention op's body (``custom_ops.attention_impl``).
 Both the GEMM choice under max-autotune (choices.py) and the ops' lowerings (lowering.py) bind them through
 ``extern_choice``. Their names are global in Inductor, so each ``ExternKernelChoice`` is created once per
@@ -35,6 +36,19 @@ def autows_mm_residual(a: torch.Tensor, b: torch.Tensor, residual: torch.Tensor,
     gemm_into(out, a, b, bias, residual)
 
 
+def autows_mm_gelu_tanh(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
+                        out: torch.Tensor) -> None:
+    """``out = gelu(a @ b (+ bias), approximate="tanh")`` (2-D; ``autows::gemm_act``'s lowering): the activation in
+    the kernel's epilogue, or torch's gelu after the vendor's / torch's GEMM where those serve the call."""
+    gemm_into(out, a, b, bias, activation="gelu_tanh")
+
+
+def autows_mm_gelu(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
+                   out: torch.Tensor) -> None:
+    """``out = gelu(a @ b (+ bias))`` (the exact erf form), as ``autows_mm_gelu_tanh``."""
+    gemm_into(out, a, b, bias, activation="gelu")
+
+
 def autows_bmm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor) -> None:
     """``out = a @ b`` (3-D, batched)."""
     gemm_into(out, a, b)
@@ -42,12 +56,15 @@ def autows_bmm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor) -> None:
 
 KERNELS = {"mm": autows_mm, "addmm": autows_addmm, "bmm": autows_bmm,
            "mm_residual": autows_mm_residual,  # not a max-autotune choice: gemm_residual's lowering (lowering.py)
+           # nor these: gemm_act's lowering, one name per activation (no string argument in the output code)
+           "mm_gelu_tanh": autows_mm_gelu_tanh, "mm_gelu": autows_mm_gelu,
            "attention": attention_impl}  # not a GEMM choice: the attention lowering's kernel name (lowering.py)
 _CHOICES: dict[str, ExternKernelChoice] = {}
 
 
 def extern_choice(op: str) -> ExternKernelChoice:
-    """The ``ExternKernelChoice`` for "mm" / "addmm" / "bmm" / "mm_residual" ("attention": only its name,
+    """The ``ExternKernelChoice`` for "mm" / "addmm" / "bmm" / "mm_residual" / "mm_gelu_tanh" / "mm_gelu"
+    ("attention": only its name,
     registered in ``extern_kernels``), created once per process."""
     if op not in _CHOICES:
         fn, name = KERNELS[op], f"autows_{op}"

@@ -1,4 +1,5 @@
-"""Inductor lowerings of ``autows::gemm`` / ``autows::gemm_residual`` / ``autows::bmm`` / ``autows::attention``:
+"""Inductor lowerings of ``autows::gemm`` / ``autows::gemm_residual`` / ``autows::gemm_act`` / ``autows::bmm`` /
+``autows::attention``:
 direct calls of our extern kernels.
 
 Without a lowering, Inductor runs a custom op as a ``FallbackKernel``: the compiled wrapper calls
@@ -6,7 +7,8 @@ Without a lowering, Inductor runs a custom op as a ``FallbackKernel``: the compi
 (autograd wrapper, redispatch, the Python impl) before our launcher, about 30 us of host time per call
 on a CPU where the launcher itself takes 20; small models, with many short GEMMs, wait on that. The
 lowering emits what max-autotune already emits when our choice wins: ``extern_kernels.autows_mm(a, b,
-out=buf)`` (externs.py; ``autows_mm_residual(a, b, residual[, bias], out=buf)`` for the residual op) into a
+out=buf)`` (externs.py; ``autows_mm_residual(a, b, residual[, bias], out=buf)`` for the residual op,
+``autows_mm_<activation>(a, b[, bias], out=buf)`` for the activation op) into a
 buffer Inductor plans like any other, so the wrapper calls our Python function directly and Inductor can
 reuse the buffer.
 
@@ -33,6 +35,7 @@ from .externs import extern_choice
 # torch.ops.autows.* are defined by ``import torch_autows`` (custom_ops), which runs before this module
 _GEMM, _BMM = torch.ops.autows.gemm.default, torch.ops.autows.bmm.default
 _GEMM_RESIDUAL = torch.ops.autows.gemm_residual.default
+_GEMM_ACT = torch.ops.autows.gemm_act.default
 _ATTENTION = torch.ops.autows.attention.default
 
 
@@ -68,6 +71,16 @@ def _lower_gemm_residual(a, b, residual, bias=None, out_dtype=None):
     return extern_choice("mm_residual").bind(inputs, layout).output_node()
 
 
+def _lower_gemm_act(a, b, activation, bias=None, out_dtype=None):
+    if not _direct(a, out_dtype) or activation not in ("gelu_tanh", "gelu"):  # (the op raises on the latter)
+        return _as_op(_GEMM_ACT, a, b, activation, bias, out_dtype)
+    _, _, _, layout, a, b = mm_args(a, b)
+    inputs = (a, b)
+    if bias is not None:
+        inputs += (ir.ExternKernel.require_stride1(ir.ExternKernel.realize_input(bias)),)
+    return extern_choice(f"mm_{activation}").bind(inputs, layout).output_node()
+
+
 def _lower_bmm(a, b, out_dtype=None):
     if not _direct(a, out_dtype):
         return _as_op(_BMM, a, b, out_dtype)
@@ -97,11 +110,11 @@ _registered = False
 
 
 def register() -> None:
-    """Register the four lowerings in Inductor (once per process; before Inductor lowers a graph with our ops:
+    """Register the five lowerings in Inductor (once per process; before Inductor lowers a graph with our ops:
     the post-grad pass and ``rewrite_gemms`` call it)."""
     global _registered
     if not _registered:
-        for op, fn in ((_GEMM, _lower_gemm), (_GEMM_RESIDUAL, _lower_gemm_residual), (_BMM, _lower_bmm),
-                       (_ATTENTION, _lower_attention)):
+        for op, fn in ((_GEMM, _lower_gemm), (_GEMM_RESIDUAL, _lower_gemm_residual), (_GEMM_ACT, _lower_gemm_act),
+                       (_BMM, _lower_bmm), (_ATTENTION, _lower_attention)):
             register_lowering(op, type_promotion_kind=None)(fn)
         _registered = True

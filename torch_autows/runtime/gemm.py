@@ -12,6 +12,11 @@ nt + bias): the masked [64, 256] pointer load spills 970 bytes; the same load wi
 clamped columns 0 or 2182 depending only on the order of equivalent statements. So it is the per-element mask
 and addresses of one full-tile load, and rewriting that load is not a reliable fix: serving 256-wide tiles needs
 the epilogue applied in column slices of the accumulator (or R brought in by TMA), an IR change.
+
+An activation (``gemm(..., activation="gelu_tanh" | "gelu")``: ``gelu(a @ b (+ bias))`` in the epilogue) runs
+on every config for "gelu_tanh" (offline sm_90a, nt + bias: 0 spills on all 14); the exact "gelu" (an erf per
+element) spills on the 256-wide tiles (ws_p_128x256 504 bytes, ws_np_128x256 360, dec_256x64_s1 32), so it takes
+the 128-wide ones (``serves_activation``). Its measured choice compares against cuBLAS then torch's gelu.
 """
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ import functools
 import torch
 
 from ..ir import Options
-from ..templates.gemm import GemmRequest
+from ..templates.gemm import ACTIVATIONS, GemmRequest
 from . import choice, scratch
 from . import device as dev
 from .fallback import Unsupported
@@ -91,11 +96,14 @@ def decode_time(m: int, n: int, k: int, bn: int, bk: int, s: int, sms: int = 132
     return t + (_SPLIT_TRAFFIC * weights * m * n * 4 * s / _HBM_BPS if s > 1 else 0.0)
 
 
-def choose_config(m: int, n: int, k: int, sms: int = 132, split: bool = True, residual: bool = False) -> str:
+def choose_config(m: int, n: int, k: int, sms: int = 132, split: bool = True, residual: bool = False,
+                  activation: str = "none") -> str:
     """The config for an M x N x K GEMM: decode tiles (``decode_time``'s least) up to 128 rows, else the
     large-GEMM choice below. ``split=False`` is for batched GEMMs: no split-K (split_k takes 2-D grids), and
     only tiles whose K step divides K (a batch's rows are flattened, so no tile may straddle two).
-    ``residual``: only the configs that serve a residual epilogue (``serves_residual``)."""
+    ``residual``, ``activation``: only the configs that serve that epilogue (``serves_residual``,
+    ``serves_activation``)."""
+    residual = residual or not serves_activation("ws_p_128x256", activation)  # the 128-wide tiles only
     if m <= 128:
         tiles = tuple(t for t in DECODE_TILES if t[0] <= RESIDUAL_BLOCK_N) if residual else DECODE_TILES
         best = decode_pick(tiles, m, n, k, sms, split=split)
@@ -111,6 +119,11 @@ RESIDUAL_BLOCK_N = 128
 def serves_residual(config: str) -> bool:
     """Whether ``config`` serves the residual epilogue (its tile is at most ``RESIDUAL_BLOCK_N`` wide)."""
     return CONFIGS[config].block_n <= RESIDUAL_BLOCK_N
+
+
+def serves_activation(config: str, activation: str) -> bool:
+    """Whether ``config`` applies ``activation`` in its epilogue without spills (the exact gelu: 128-wide tiles)."""
+    return activation != "gelu" or CONFIGS[config].block_n <= RESIDUAL_BLOCK_N
 
 
 def decode_pick(tiles, m: int, n: int, k: int, sms: int = 132, *, weights: int = 1,
@@ -271,14 +284,16 @@ def _out_reason(out) -> str | None:
     return None
 
 
-def vendor_gemm(a, b, bias, out):
-    """What ``torch.compile``'s default runs for this GEMM: cuBLAS through aten, into ``out``."""
+def vendor_gemm(a, b, bias, out, activation: str = "none"):
+    """What ``torch.compile``'s default runs for this GEMM: cuBLAS through aten, into ``out``; an activation is
+    then torch's pointwise gelu over the output (in place: one read and one write, as Inductor's kernel)."""
     if a.dim() == 3:
         return torch.bmm(a, b, out=out)
-    return torch.addmm(bias, a, b, out=out) if bias is not None else torch.mm(a, b, out=out)
+    c = torch.addmm(bias, a, b, out=out) if bias is not None else torch.mm(a, b, out=out)
+    return c if activation == "none" else torch.ops.aten.gelu_(c, approximate=ACTIVATIONS[activation])
 
 
-def site_decision(a, b, bias=None, out_dtype=None, residual=None) -> choice.Decision:
+def site_decision(a, b, bias=None, out_dtype=None, residual=None, activation: str = "none") -> choice.Decision:
     """The choice for a GEMM site seen at compile time with static sizes (``a``, ``b``, ``bias`` may be fake):
     made on real random tensors of the same sizes, strides and dtypes on the same GPU, so the compiled graph
     can keep the vendor's call where it is faster. The support checks must have passed."""
@@ -291,14 +306,17 @@ def site_decision(a, b, bias=None, out_dtype=None, residual=None) -> choice.Deci
         return _decide("bmm", a, b, None, out_dtype, B * M, b.shape[2], K, B)
     M, K = a.shape
     N = b.shape[1]
-    return _decide("mm", a, b, bias, out_dtype, M, N, K, (_tma_view(a, M, K)[0], _tma_view(b, K, N)[0]), residual)
+    return _decide("mm", a, b, bias, out_dtype, M, N, K, (_tma_view(a, M, K)[0], _tma_view(b, K, N)[0]), residual,
+                   activation)
 
 
-def _decide(op, a, b, bias, out_dtype, m, n, k, layout, residual=None) -> choice.Decision:
+def _decide(op, a, b, bias, out_dtype, m, n, k, layout, residual=None, activation="none") -> choice.Decision:
     """The measured / cached / prior choice (runtime.choice) between our kernel and cuBLAS for this call."""
     key = (op, str(a.dtype), str(out_dtype), layout, bias is not None, choice.bucket(m), n, k)
     if residual is not None:  # (the key of a call without one stays as it was: the choice cache holds those)
         key += ("residual",)
+    if activation != "none":
+        key += (activation,)
     scratch: dict[str, torch.Tensor] = {}  # outputs for the measurement, allocated only if it runs
 
     def out(side: str) -> torch.Tensor:
@@ -306,7 +324,7 @@ def _decide(op, a, b, bias, out_dtype, m, n, k, layout, residual=None) -> choice
             scratch[side] = torch.empty(_out_shape(a, b), device=a.device, dtype=out_dtype)
         return scratch[side]
 
-    fn = bmm if op == "bmm" else functools.partial(gemm, bias=bias, residual=residual)
+    fn = bmm if op == "bmm" else functools.partial(gemm, bias=bias, residual=residual, activation=activation)
 
     def ours():
         return fn(a, b, out_dtype=out_dtype, config="auto", out=out("ours"))
@@ -317,7 +335,7 @@ def _decide(op, a, b, bias, out_dtype, m, n, k, layout, residual=None) -> choice
         # also doing the add, and a site it does not serve faster keeps exactly the default's graph (H200,
         # 8192x768x768: cuBLAS 21.8 us, ours with the add 29.9; cuBLAS adding C with beta=1 is 46.6 us,
         # which made a losing fusion look like a win).
-        return vendor_gemm(a, b, bias, out("vendor"))
+        return vendor_gemm(a, b, bias, out("vendor"), activation)
 
     return choice.decide(key, ours, vendor if out_dtype == a.dtype else None, choice.gemm_prior(m, n, k), a.device)
 
@@ -326,15 +344,18 @@ def _out_shape(a, b) -> tuple:
     return (*a.shape[:-1], b.shape[-1])
 
 
-def gemm(a, b, bias, out_dtype, config: str | None = None, out: torch.Tensor | None = None, residual=None):
-    """``a @ b (+ bias) (+ residual)`` by the generated kernel, into ``out`` if given. ``config`` None: the vendor's
-    path where runtime.choice decides it is faster, and then None is returned (the caller runs torch); a config
+def gemm(a, b, bias, out_dtype, config: str | None = None, out: torch.Tensor | None = None, residual=None,
+         activation: str = "none"):
+    """``act(a @ b (+ bias)) (+ residual)`` by the generated kernel, into ``out`` if given. ``config`` None: the
+    vendor's path where runtime.choice decides it is faster, and then None is returned (the caller runs torch); a config
     name (or "auto": the heuristic's) always runs our kernel."""
     key = ("mm", a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, out_dtype, config,
            bias is not None and (bias.shape, bias.stride(), bias.dtype),
            out is not None and (out.shape, out.stride(), out.dtype), config is None and choice.mode())
     if residual is not None:
         key += ((residual.shape, residual.stride(), residual.dtype),)
+    if activation != "none":
+        key += (activation,)
     hit = _BOUND.get(key)
     if hit is VENDOR:
         return None
@@ -345,6 +366,10 @@ def gemm(a, b, bias, out_dtype, config: str | None = None, out: torch.Tensor | N
     if residual is not None and config not in (None, "auto") and not serves_residual(config):
         raise Unsupported(f"config {config} ({CONFIGS[config].block_n}-wide tiles) does not serve a residual: R's "
                           f"registers would spill; name a config at most {RESIDUAL_BLOCK_N} wide, or config='auto'")
+    if config not in (None, "auto") and not serves_activation(config, activation):
+        raise Unsupported(f"config {config} ({CONFIGS[config].block_n}-wide tiles) does not serve activation "
+                          f"{activation!r}: its registers would spill; name a config at most {RESIDUAL_BLOCK_N} wide, "
+                          f"use 'gelu_tanh', or config='auto'")
     why = support_reason(a, b, bias, out_dtype, residual) or _out_reason(out)
     if why:
         raise Unsupported(why)
@@ -352,17 +377,18 @@ def gemm(a, b, bias, out_dtype, config: str | None = None, out: torch.Tensor | N
     N = b.shape[1]
     ta, _ = _tma_view(a, M, K)
     tb, _ = _tma_view(b, K, N)
-    if config is None and not _decide("mm", a, b, bias, out_dtype, M, N, K, (ta, tb), residual).use_ours:
+    if config is None and not _decide("mm", a, b, bias, out_dtype, M, N, K, (ta, tb), residual,
+                                            activation).use_ours:
         _BOUND.put(key, VENDOR)
         return None
     config = None if config == "auto" else config
     a2 = a.t() if ta else a
     b2 = b.t() if tb else b
     c = out if out is not None else torch.empty((M, N), device=a.device, dtype=out_dtype)
-    config = config or choose_config(M, N, K, residual=residual is not None)
+    config = config or choose_config(M, N, K, residual=residual is not None, activation=activation)
     # Kernels take M, N, K at run time: the request that keys the compiled kernel leaves them at 1.
     req = GemmRequest(1, 1, 1, DTYPES[a.dtype], DTYPES[out_dtype], ta, tb, bias is not None,
-                      residual=residual is not None)
+                      residual=residual is not None, activation=activation)
     _launch(req, config, a2, b2, c, bias, M, N, K, a.device, key, (M, N), residual)
     return c
 
