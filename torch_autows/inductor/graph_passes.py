@@ -104,6 +104,7 @@ class AutoWSPostGradPass(_Chained):
 
     def ours(self, graph: torch.fx.Graph) -> None:
         from . import choices, lowering  # choices: the one import upward (see test/test_structure.py)
+        from .rewrite_activation import rewrite_activation
         from .rewrite_gemm import rewrite_gemms
         from .rewrite_residual import rewrite_residual
         from .rewrite_swiglu import rewrite_swiglu
@@ -111,6 +112,7 @@ class AutoWSPostGradPass(_Chained):
         lowering.register()  # also for the attention op the pre-grad rewrite inserted
         choices.ensure_installed()
         rewrite_swiglu(graph)  # first: it takes two GEMMs and their product as one site
+        rewrite_activation(graph)  # then a GEMM and its GELU as one site
         rewrite_residual(graph)  # then a GEMM and its residual add as one site
         rewrite_gemms(graph)
 

@@ -155,9 +155,10 @@ def _gemm_gate(device: torch.device) -> str | None:
 
 
 def gemm_reason(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
-                out_dtype: torch.dtype | None = None, residual: torch.Tensor | None = None) -> str | None:
-    """Why autows cannot serve ``a @ b (+ bias) (+ residual [M, N])`` (2-D) or ``bmm(a, b)`` (3-D); None when it
-    can."""
+                out_dtype: torch.dtype | None = None, residual: torch.Tensor | None = None,
+                activation: str = "none") -> str | None:
+    """Why autows cannot serve ``act(a @ b (+ bias)) (+ residual [M, N])`` (2-D) or ``bmm(a, b)`` (3-D); None when
+    it can."""
     r = _gemm_gate(a.device)
     if r:
         return r
@@ -166,10 +167,13 @@ def gemm_reason(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = No
             return f"{name} has dtype {t.dtype}; autows GEMM serves float16, bfloat16 and float32"
     if bias is not None and (bias.dim() != 1 or bias.dtype != a.dtype):
         return f"bias of shape {tuple(bias.shape)} / {bias.dtype}: only a 1-D [N] bias of the inputs' dtype is fused"
-    if residual is None:
+    if residual is None and activation == "none":
         return _runtime_reason("gemm", concrete(a), concrete(b), concrete(bias), out_dtype)
     if a.dtype == torch.float32:
-        return "float32 operands: the residual epilogue is the generated kernel's, which takes 16-bit operands"
+        what = "residual" if residual is not None else "activation"
+        return f"float32 operands: the {what} epilogue is the generated kernel's, which takes 16-bit operands"
+    if residual is None:
+        return _runtime_reason("gemm", concrete(a), concrete(b), concrete(bias), out_dtype)
     return _runtime_reason("gemm", concrete(a), concrete(b), concrete(bias), out_dtype, concrete(residual))
 
 
@@ -246,21 +250,24 @@ def _site_choice(decide: Callable, prior: Callable[[], bool], *ts) -> SiteChoice
 
 
 def gemm_choice(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
-                residual: torch.Tensor | None = None) -> SiteChoice:
+                residual: torch.Tensor | None = None, activation: str = "none") -> SiteChoice:
     """The side of a servable GEMM site (2-D, or 3-D bmm); the vendor is cuBLAS through aten. A site with a
     residual is fused only where measured faster than cuBLAS's GEMM alone (the default adds the residual in
-    its next pointwise kernel): with symbolic sizes, or in prior mode, it stays with Inductor."""
+    its next pointwise kernel): with symbolic sizes, or in prior mode, it stays with Inductor. A site with an
+    activation likewise, measured against cuBLAS then torch's gelu (the default's GEMM and pointwise kernel)."""
     from ..runtime import choice
     from ..runtime import gemm as rt
 
     if a.dtype == torch.float32:  # runs torch inside the op anyway (the kernel takes 16-bit operands)
         return SiteChoice(residual is None)
-    if residual is not None and choice.mode() != "autows" and not _static(a, b, bias, residual):
-        return SiteChoice(False, "a residual fusion is kept only where measured faster, which needs static sizes")
+    fused = "a residual" if residual is not None else f"an activation ({activation})" if activation != "none" else None
+    if fused and choice.mode() != "autows" and not _static(a, b, bias, residual):
+        return SiteChoice(False, f"{fused} fusion is kept only where measured faster, which needs static sizes")
     m = _hint(a.shape[0]) * (_hint(a.shape[1]) if a.dim() == 3 else 1)
     n, k = _hint(b.shape[-1]), _hint(a.shape[-1])
-    prior = (lambda: False) if residual is not None else (lambda: choice.gemm_prior(m, n, k))
-    return _site_choice(lambda: rt.site_decision(a, b, bias, residual=residual), prior, a, b, bias, residual)
+    prior = (lambda: False) if fused else (lambda: choice.gemm_prior(m, n, k))
+    return _site_choice(lambda: rt.site_decision(a, b, bias, residual=residual, activation=activation), prior,
+                        a, b, bias, residual)
 
 
 def swiglu_choice(a: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> SiteChoice:
