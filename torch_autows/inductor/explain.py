@@ -6,7 +6,8 @@ and support checks the compile uses (rewrite_attention.py, support.py) on the sa
 in the report means the compile will rewrite that site. GEMM sites are the torch-level linear / matmul /
 mm / bmm / addmm calls, described as the 2-D (or batched) GEMM they lower to; a GEMM whose only user adds a
 tensor of its shape and dtype (``x + self.wo(o)``) is listed with ``+residual`` where rewrite_residual.py fuses
-the add into its epilogue. With max-autotune a served
+the add into its epilogue; one whose only user is a GELU (F.gelu / nn.GELU, tanh or exact) is listed with
+``+gelu_tanh`` / ``+gelu`` where rewrite_activation.py fuses it (inference graphs). With max-autotune a served
 GEMM is a candidate that must still win Inductor's benchmark.
 """
 from __future__ import annotations
@@ -133,6 +134,19 @@ def _residual_of(n: fx.Node, a):
         return rv.reshape(-1, rv.shape[-1]), None
 
 
+_GELU = (F.gelu, torch._C._nn.gelu)
+
+
+def _activation_of(n: fx.Node) -> str | None:
+    """"gelu_tanh" / "gelu" where the GEMM ``n``'s only user is a GELU of it (what rewrite_activation.py fuses in
+    inference graphs), else None."""
+    users = list(n.users)
+    if len(users) != 1 or users[0].op != "call_function" or users[0].target not in _GELU or users[0].args[0] is not n:
+        return None
+    approx = users[0].kwargs.get("approximate", users[0].args[1] if len(users[0].args) > 1 else "none")
+    return {"tanh": "gelu_tanh", "none": "gelu"}.get(approx)
+
+
 _SILU = (F.silu,)
 _MUL = (operator.mul, torch.mul)
 
@@ -221,19 +235,25 @@ def _sites_of(gm: fx.GraphModule, index: int, max_autotune: bool) -> list[Site]:
         if res is not None:
             res_why = support.gemm_reason(a, b, bias, residual=res)
             res = res if res_why is None else None
+        act = _activation_of(n) if a.dim() == 2 and not max_autotune and res is None and res_why is None else None
+        act_why = support.gemm_reason(a, b, bias, activation=act) if act else None
+        act = act if act_why is None else None
         reason = support.gemm_reason(a, b, bias)
-        shape = f"[{_shape(a)}]@[{_shape(b)}]" + ("+bias" if bias is not None else "") + ("+residual" if res is not None
-                                                                                          else "")
+        shape = (f"[{_shape(a)}]@[{_shape(b)}]" + ("+bias" if bias is not None else "")
+                 + ("+residual" if res is not None else "") + (f"+{act}" if act else ""))
         kernel = "autows" if reason is None else "fallback"
         if reason is None and max_autotune:
             why = "ExternKernelChoice in Inductor's autotuning (used where it wins the benchmark)"
         elif reason is None:
-            chosen = support.gemm_choice(a, b, bias, residual=res)
+            chosen = support.gemm_choice(a, b, bias, residual=res, activation=act or "none")
             kernel = "autows" if chosen.use_ours else "vendor"
             what = ("post-grad rewrite to autows::gemm_residual (bias and the residual add fused)" if res is not None
+                    else f"post-grad rewrite to autows::gemm_act (bias and {act} fused; inference graphs: a graph that "
+                         f"saves the GEMM's output for a backward keeps it)" if act
                     else "post-grad rewrite to autows::gemm/bmm (bias fused; other epilogues stay with Inductor)")
             why = chosen.vendor_reason or (what + _chosen(chosen)
-                                           + (f"; residual add not fused: {res_why}" if res_why else ""))
+                                           + (f"; residual add not fused: {res_why}" if res_why else "")
+                                           + (f"; GELU not fused: {act_why}" if act_why else ""))
         out.append(Site(index, "gemm", form, n.name, shape, kernel, why if reason is None else reason, _where(n)))
     return out
 
