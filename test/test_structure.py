@@ -31,7 +31,7 @@ INDUCTOR_LAYERS = [
     ["masks", "support", "externs"],            # mask analysis; "can autows serve this?"; the extern kernels
     ["lowering", "rewrite_attention"],          # the ops' lowerings; the attention rewrite (Dynamo graph)
     ["rewrite_gemm"],                           # the post-grad GEMM rewrite (uses the lowerings, val())
-    ["rewrite_swiglu", "rewrite_residual"],     # the post-grad SwiGLU and residual-add fusions (one op each)
+    ["rewrite_swiglu", "rewrite_residual", "rewrite_activation"],  # post-grad SwiGLU, residual, GELU fusions
     ["graph_passes"],                           # the CustomGraphPass objects and their cache key
     ["choices"],                                # the GEMM choices handler (acts while graph_passes are installed)
     ["backend", "explain"],                     # the torch.compile backend; the per-site report

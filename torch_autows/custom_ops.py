@@ -115,7 +115,8 @@ def gemm_into(out: Tensor, a: Tensor, b: Tensor, bias: Tensor | None = None, res
         if op == "bmm":
             served = rt.bmm(a, b, out.dtype, out=out)
         else:
-            served = rt.gemm(a, b, bias, out.dtype, out=out, residual=residual, activation=activation)
+            act = {"activation": activation} if activation != "none" else {}  # (calls without one: as before)
+            served = rt.gemm(a, b, bias, out.dtype, out=out, residual=residual, **act)
     except Unsupported as e:
         note_fallback(op, str(e))
         out.copy_(_kernels.torch_gemm(a, b, bias, out.dtype, residual, activation))
@@ -124,7 +125,7 @@ def gemm_into(out: Tensor, a: Tensor, b: Tensor, bias: Tensor | None = None, res
             note_served(op)
         else:  # runtime.choice: cuBLAS is faster for this shape
             note_vendor(op)
-            rt.vendor_gemm(a, b, bias, out, activation)
+            rt.vendor_gemm(a, b, bias, out, *((activation,) if activation != "none" else ()))
             if residual is not None:
                 out.add_(residual)
 

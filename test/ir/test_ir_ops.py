@@ -53,9 +53,18 @@ def _residual_cases():
             for c, o in CONFIGS.items() if serves_residual(c)]
 
 
+def _activation_cases():
+    from torch_autows.runtime.gemm import CONFIGS
+    from torch_autows.templates.gemm import GemmRequest
+    from torch_autows.templates.gemm import build as build_gemm
+
+    return [(f"activation/{c}", build_gemm, GemmRequest(1, 1, 1, bias=True, activation="gelu_tanh"), CONFIGS[c])
+            for c in ("ws_p_128x128", "dec_64x128_s2")]
+
+
 def test_every_kind_the_templates_and_passes_make_is_in_the_table():
     used: dict[str, set[str]] = {}
-    for _, build, req, opts in cases() + _swiglu_cases() + _residual_cases():
+    for _, build, req, opts in cases() + _swiglu_cases() + _residual_cases() + _activation_cases():
         trace: list = []
         pipeline.run(build(req, opts), verify=False, dump_dir="", trace=trace)
         for stage, p in trace:
