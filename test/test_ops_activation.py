@@ -118,3 +118,15 @@ def test_runtime_configs_and_refusals():
     a, b = torch.randn(4, 8), torch.randn(8, 16)
     with pytest.raises(Unsupported, match="does not serve activation 'gelu': its registers would spill"):
         rt.gemm(a, b, None, torch.float32, config="ws_p_128x256", activation="gelu")
+
+
+@pytest.mark.parametrize("activation,approx", [("gelu_tanh", "tanh"), ("gelu", "none")])
+def test_vendor_side_is_the_gemm_then_torchs_gelu(activation, approx):
+    """What the measured choice compares against (the default's GEMM and pointwise kernel), into ``out``."""
+    torch.manual_seed(0)
+    a, b, bias = torch.randn(8, 16), torch.randn(16, 4), torch.randn(4)
+    out = torch.full((8, 4), float("nan"))
+    got = rt.vendor_gemm(a, b, bias, out, activation)
+    assert got.data_ptr() == out.data_ptr()
+    torch.testing.assert_close(out, F.gelu(torch.addmm(bias, a, b), approximate=approx))
+    torch.testing.assert_close(rt.vendor_gemm(a, b, None, torch.empty(8, 4)), a @ b)

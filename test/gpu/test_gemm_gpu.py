@@ -158,3 +158,77 @@ def test_residual_fallbacks():
     assert _rel(out, a.float() @ b.float() + r.float()) < 1e-2
     with pytest.raises(fallback.Unsupported, match="does not serve a residual"):
         rt.gemm(a, b, None, torch.bfloat16, config="ws_p_128x256", residual=r.contiguous())
+
+
+# --- the activation epilogue: gelu(a @ b (+ bias)) in fp32 before the one rounding ---
+
+def _activation_cases(n=60, seed=2):
+    rng = random.Random(seed)
+    ms = [1, 2, 7, 16, 64, 100, 128, 129, 255, 256, 500, 1024, 4096]  # decode rows (split-K configs) and large ones
+    acts = [(c, act) for act in ("gelu_tanh", "gelu") for c in rt.CONFIGS if rt.serves_activation(c, act)]
+    out = []
+    for i in range(n):
+        config, act = acts[i % len(acts)]
+        out.append(dict(m=rng.choice(ms), n=rng.choice([8, 64, 136, 256, 768, 1024, 3072]),
+                        k=rng.choice([16, 100, 256, 768, 1000, 3072]),
+                        dtype=rng.choice([torch.bfloat16, torch.float16]),
+                        ta=rng.random() < 0.2, tb=rng.random() < 0.6, bias=rng.random() < 0.7,
+                        out32=rng.random() < 0.15, config=config, act=act))
+    return out
+
+
+@pytest.mark.parametrize("case", _activation_cases(), ids=lambda c: f"{c['m']}x{c['n']}x{c['k']}-{c['config']}-"
+                         f"{c['act']}" + ("-bias" if c["bias"] else ""))
+def test_gemm_activation_random(case):
+    torch.manual_seed(hash(str(case)) % 2**31)
+    m, n = case["m"], case["n"]
+    a = _operand(m, case["k"], case["dtype"], case["ta"])
+    b = _operand(case["k"], n, case["dtype"], case["tb"])
+    bias = 4 * torch.randn(n, device="cuda", dtype=case["dtype"]) if case["bias"] else None
+    out_dtype = torch.float32 if case["out32"] else case["dtype"]
+    approx = "tanh" if case["act"] == "gelu_tanh" else "none"
+    ref = torch.nn.functional.gelu(a.float() @ b.float() + (bias.float() if bias is not None else 0),
+                                   approximate=approx)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
+    rt.gemm(a, b, bias, out_dtype, config=case["config"], out=out, activation=case["act"])
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all(), "unwritten (NaN) or overflowed elements"
+    assert _rel(out, ref) < 1e-2
+    assert (out.float() >= -0.2).all()  # GELU's minimum is about -0.17: a missing activation shows
+
+
+@pytest.mark.parametrize("config", [c for c in rt.CONFIGS if rt.CONFIGS[c].split_k > 1])
+def test_split_k_activation_is_applied_once(config, repeated_split_launches):
+    a = torch.randn(13, 3000, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(3000, 1000, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(1000, device="cuda", dtype=torch.bfloat16)
+    repeated_split_launches(lambda out: rt.gemm(a, b, bias, torch.bfloat16, config=config, out=out,
+                                                activation="gelu_tanh"),
+                            (13, 1000), torch.nn.functional.gelu(a.float() @ b.float() + bias.float(),
+                                                                 approximate="tanh"), 1e-2)
+
+
+@pytest.mark.parametrize("m", [1, 8, 128, 2048, 8192])
+@pytest.mark.parametrize("act", ["gelu_tanh", "gelu"])
+def test_ops_gemm_activation_served_and_counted(m, act):
+    """GPT-2's c_fc (768 -> 3072, bias, GELU): the kernel with config='auto', and ops.gemm's measured choice."""
+    fallback.reset()
+    x = torch.randn(m, 768, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(3072, 768, device="cuda", dtype=torch.bfloat16) / 28  # nn.Linear weight [N, K]
+    bias = torch.randn(3072, device="cuda", dtype=torch.bfloat16)
+    ref = torch.nn.functional.gelu(x.float() @ w.float().t() + bias.float(),
+                                   approximate="tanh" if act == "gelu_tanh" else "none")
+    out = rt.gemm(x, w.t(), bias, torch.bfloat16, config="auto", activation=act)
+    assert _rel(out, ref) < 1e-2
+    via_ops = torch_autows.ops.gemm(x, w.t(), bias=bias, activation=act)  # ours, or cuBLAS then torch's gelu
+    assert fallback.counters["gemm.autows"] + fallback.counters["gemm.vendor"] == 1
+    assert _rel(via_ops, ref) < 1e-2
+
+
+def test_activation_refusals():
+    a = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(512, 384, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(fallback.Unsupported, match="does not serve activation 'gelu'"):
+        rt.gemm(a, b, None, torch.bfloat16, config="ws_p_128x256", activation="gelu")
+    out = rt.gemm(a, b, None, torch.bfloat16, config="ws_p_128x256", activation="gelu_tanh")
+    assert _rel(out, torch.nn.functional.gelu(a.float() @ b.float(), approximate="tanh")) < 1e-2
