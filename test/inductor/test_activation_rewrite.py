@@ -75,6 +75,29 @@ def test_bias_add_after_views_is_fused(pretend, monkeypatch):
     torch.testing.assert_close(got, f(x), atol=3e-2, rtol=3e-2)
 
 
+def test_gelu_written_out_in_16_bit_is_fused(pretend, monkeypatch):
+    """HF GPT-2's ``gelu_new`` (tanh form written out, no upcast) and a GELU spelled with sigmoid: the probe
+    recognises the math; a GELU followed by more math fuses the GELU only."""
+    import math
+
+    w, bias = torch.randn(32, 64, dtype=torch.bfloat16) / 6, torch.randn(64, dtype=torch.bfloat16)
+
+    def gelu_new(x):
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+    def f(x):
+        y = torch.addmm(bias, x, w)
+        return gelu_new(y), F.gelu(x @ w) * 2 + 1
+
+    x = torch.randn(10, 32, dtype=torch.bfloat16)
+    with torch.no_grad():
+        got, graph = _run(f, x, monkeypatch=monkeypatch)
+    assert support.site_counters["gemm_act.rewritten"] == 2, graph
+    assert ", gelu_tanh, " in graph and ", gelu, " in graph and "aten.tanh" not in graph and "erf" not in graph
+    for g, r in zip(got, f(x)):
+        torch.testing.assert_close(g, r, atol=5e-2, rtol=5e-2)
+
+
 def test_lowered_to_a_direct_extern_call(pretend):
     from torch._inductor.utils import run_and_get_code
 

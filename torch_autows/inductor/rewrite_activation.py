@@ -14,13 +14,18 @@ a pointwise kernel reading y back and writing out. The rewrite replaces the GEMM
 kernel that applies the GELU in fp32 in its epilogue before the one rounding (templates/gemm.py's activation),
 then the same views on its output.
 
-How a region is recognised: from each ``tanh`` / ``erf`` / ``gelu`` node, forward through single-user pointwise
-ops to the cast back to the GEMM's dtype (``out``); ``out``'s ancestors up to the fp32 cast of the GEMM's output
-are the region. Every region node must be one of a few pointwise aten ops, depend only on that cast (and scalar
-constants), and have its users inside the region: a value used elsewhere (saved for a backward in a training
-graph) leaves the site alone, so the rewrite runs on inference graphs only (the op has no backward), as the SwiGLU
-rewrite. Which GELU it is, is decided by evaluating the region on probe values against ``F.gelu`` with
-``approximate="tanh"`` and ``"none"``: any algebraically equal form matches, anything else is left alone.
+(or ``aten.gelu(y3, approximate=...)`` where it was not decomposed; or, for a GELU written out in the model as
+HF GPT-2's ``gelu_new`` is, the same math on the 16-bit values without the casts).
+
+How a region is recognised: from each ``tanh`` / ``erf`` / ``gelu`` node, along its single-user chain of pointwise
+ops and casts, the first node whose ancestors (pointwise ops and casts, back to the first other node) read exactly
+one tensor and compute a GELU of it, decided by evaluating them on probe values (fp32, casts as the identity) against
+``F.gelu`` with ``approximate="tanh"`` and ``"none"``: any algebraically equal form matches, anything else is left
+alone; the cast right after it belongs to the region. The tensor read must be the GEMM's output (through views, or
+a separate bias add of mm). Every region node but the last must have its users inside the region: a value used
+elsewhere (saved for a backward in a training graph) leaves the site alone, so the rewrite runs on inference graphs
+only (the op has no backward), as the SwiGLU rewrite. The kernel applies the GELU in fp32 as Inductor's pointwise
+kernel does (it computes 16-bit math in fp32 too).
 
 Matched sites go through ``support.gemm_reason`` and ``support.gemm_choice`` with the activation (symbolic sizes or
 prior mode: left to Inductor); a site left alone logs why. Runs after the SwiGLU rewrite and before the residual and
@@ -53,7 +58,7 @@ class ActivationSite:
     out: fx.Node                     # the region's last node (its value: gelu of the GEMM's output)
     gemm: fx.Node                    # mm or addmm
     activation: str | None           # "gelu_tanh" | "gelu" (None: not a GELU)
-    region: tuple[fx.Node, ...]      # the activation's nodes (cast in, pointwise, cast out, or one aten.gelu)
+    region: tuple[fx.Node, ...]      # the activation's nodes (pointwise ops and casts, or one aten.gelu)
     views: tuple[fx.Node, ...] = ()  # every view between the GEMM and the region (and a separate bias add)
     bias_add: fx.Node | None = None  # add(mm [views], bias) where the bias add is a separate node
     bias: fx.Node | None = None      # that add's bias
@@ -86,50 +91,45 @@ def _strip_views(n) -> tuple[object, list[fx.Node]]:
     return n, views
 
 
-def _region(seed: fx.Node):
-    """(the GEMM-side input, the region's probe input, its output, its nodes, why it cannot be fused) around
-    ``seed``; None where ``seed`` is not inside a pointwise region between two casts."""
-    if seed.target is aten.gelu.default:
-        return seed.args[0], seed.args[0], seed, [seed], None
-    end = seed
-    while len(end.users) == 1 and _is(next(iter(end.users)), _POINTWISE):
-        end = next(iter(end.users))
-    cast = next(iter(end.users)) if len(end.users) == 1 else None
-    if not _is(cast, _CASTS):
+def _bias_add(n) -> tuple[fx.Node, fx.Node, list[fx.Node]] | None:
+    """(mm, bias, views between them) where ``n`` is ``add(mm [single-user views], bias [N])``, else None."""
+    if not (_is(n, (aten.add.Tensor,)) and len(n.args) == 2 and not n.kwargs):
         return None
-    nodes, inputs, todo = {cast}, set(), [end]
+    for y, b in (n.args, n.args[::-1]):
+        g, views = _strip_views(y)
+        if _is(g, (aten.mm.default,)) and len(g.users) == 1 and isinstance(b, fx.Node) and val(b) is not None \
+                and val(b).dim() == 1:
+            return g, b, views
+    return None
+
+
+def _ancestors(end: fx.Node) -> tuple[set[fx.Node], fx.Node] | None:
+    """(the pointwise and cast nodes ``end`` is computed by, the one tensor they read); None where they read more
+    than one (a bias add of a GEMM is that tensor, not part of the region)."""
+    nodes, inputs, todo = set(), set(), [end]
     while todo:
         n = todo.pop()
         if n in nodes or n in inputs:
             continue
-        if _is(n, _CASTS):
+        if _is(n, _POINTWISE + _CASTS) and _bias_add(n) is None:
+            nodes.add(n)
+            todo += [x for x in (*n.args, *n.kwargs.values()) if isinstance(x, fx.Node)]
+        else:
             inputs.add(n)
-            continue
-        if not _is(n, _POINTWISE):
-            return None
-        nodes.add(n)
-        todo += [x for x in (*n.args, *n.kwargs.values()) if isinstance(x, fx.Node)]
-    if len(inputs) != 1:
-        return None
-    (inp,) = inputs
-    nodes.add(inp)
-    why = next((f"%{n.name} is used outside the GELU (e.g. saved for a backward); fusing would drop it"
-                for n in nodes - {cast} if any(u not in nodes for u in n.users)), None)
-    order = {n: i for i, n in enumerate(seed.graph.nodes)}
-    return inp.args[0], inp, cast, sorted(nodes, key=order.__getitem__), why
+    return (nodes, next(iter(inputs))) if len(inputs) == 1 else None
 
 
-def _which(region: list[fx.Node], inp: fx.Node) -> str | None:
-    """"gelu_tanh" / "gelu" where the region's math (fp32, between its casts) is F.gelu of ``inp`` on the probe
-    values (tanh approximation / exact), else None."""
-    body = region if region[0].target is aten.gelu.default else region[1:-1]
+def _which(nodes: set[fx.Node], inp: fx.Node, end: fx.Node) -> str | None:
+    """"gelu_tanh" / "gelu" where ``nodes`` compute F.gelu of ``inp`` at ``end`` on the probe values (tanh
+    approximation / exact; evaluated in fp32, casts as the identity), else None."""
     env = {inp: _PROBE}
+    order = {n: i for i, n in enumerate(end.graph.nodes)}
     try:
-        for n in body:
+        for n in sorted(nodes, key=order.__getitem__):
             args = [env[x] if isinstance(x, fx.Node) else x for x in n.args]
             kwargs = {k: env[x] if isinstance(x, fx.Node) else x for k, x in n.kwargs.items()}
-            env[n] = n.target(*args, **kwargs)
-        got = env[body[-1]]
+            env[n] = args[0] if n.target in _CASTS else n.target(*args, **kwargs)
+        got = env[end]
         for name, approx in (("gelu_tanh", "tanh"), ("gelu", "none")):
             if torch.allclose(got, torch.nn.functional.gelu(_PROBE, approximate=approx), rtol=1e-5, atol=1e-6):
                 return name
@@ -138,31 +138,59 @@ def _which(region: list[fx.Node], inp: fx.Node) -> str | None:
     return None
 
 
+def _region(seed: fx.Node):
+    """(the region's input, its output, its nodes, the activation or None, why it cannot be fused) for the
+    pointwise region through ``seed``: the first node on the single-user chain from ``seed`` whose ancestors compute
+    a GELU of one tensor (then the cast right after it, if any), else the whole chain; None where nothing on it
+    reads one tensor only."""
+    chain = [seed]
+    while len(chain[-1].users) == 1 and _is(next(iter(chain[-1].users)), _POINTWISE + _CASTS):
+        chain.append(next(iter(chain[-1].users)))
+    last = None
+    for cand in chain:
+        found = _ancestors(cand)
+        if found is None:
+            continue
+        nodes, inp = found
+        act = _which(nodes, inp, cand)
+        last = (inp, cand, nodes, act)
+        if act is not None:
+            user = next(iter(cand.users)) if len(cand.users) == 1 else None
+            if _is(user, _CASTS):  # the cast back to the GEMM's dtype
+                nodes, cand = nodes | {user}, user
+                last = (inp, cand, nodes, act)
+            break
+    if last is None:
+        return None
+    inp, out, nodes, act = last
+    why = next((f"%{n.name} is used outside the GELU (e.g. saved for a backward); fusing would drop it"
+                for n in nodes - {out} if any(u not in nodes for u in n.users)), None)
+    return inp, out, nodes, act, why
+
+
 def _match(seed: fx.Node) -> ActivationSite | None:
     """The site of a GELU region fed by a GEMM (through views, maybe a separate bias add); None where the region is
-    not fed by a GEMM with no other user (nothing for this rewrite, nothing to log)."""
+    not fed by a GEMM (nothing for this rewrite, nothing to log)."""
     found = _region(seed)
     if found is None:
         return None
-    src, inp, out, region, why = found
-    n, views = _strip_views(src)
+    src, out, region, act, why = found
+    n, views, ok = src, [], all(u in region for u in src.users)  # the region may read it more than once
+    while _is(n, _VIEWS):
+        views.append(n)
+        n = n.args[0]
+        ok = ok and len(n.users) == 1
     bias_add = bias = None
-    if _is(n, (aten.add.Tensor,)) and len(n.users) == 1 and len(n.args) == 2 and not n.kwargs:
-        for y, b in (n.args, n.args[::-1]):
-            g, pre = _strip_views(y)
-            if _is(g, (aten.mm.default,)) and len(g.users) == 1 and isinstance(b, fx.Node) \
-                    and val(b) is not None and val(b).dim() == 1:
-                bias_add, bias, n, views = n, b, g, views + pre
-                break
-    if not (_is(n, (aten.mm.default, aten.addmm.default)) and len(n.users) == 1):
-        g = src
-        while _is(g, _VIEWS):
-            g = g.args[0]
-        if _is(g, (aten.mm.default, aten.addmm.default)):  # a GEMM whose output (or a view) has other users
-            return ActivationSite(out, g, None, tuple(region), reason=f"%{g.name}'s output is used outside the GELU "
+    got = _bias_add(n)
+    if got is not None:
+        bias_add, (n, bias, pre) = n, got
+        views += pre
+    if not (_is(n, (aten.mm.default, aten.addmm.default)) and ok):
+        if _is(n, (aten.mm.default, aten.addmm.default)):  # a GEMM whose output (or a view) has other users
+            return ActivationSite(out, n, None, tuple(region), reason=f"%{n.name}'s output is used outside the GELU "
                                   f"(e.g. saved for a backward); fusing would drop it")
         return None
-    site = ActivationSite(out, n, _which(region, inp), tuple(region), tuple(views), bias_add, bias, why)
+    site = ActivationSite(out, n, act, tuple(region), tuple(views), bias_add, bias, why)
     if site.reason is None and site.activation is None:
         site.reason = "the pointwise ops after this GEMM are not F.gelu (tanh or exact)"
     return site
@@ -185,13 +213,14 @@ def _why_not(site: ActivationSite) -> str | None:
 
 def find_activation_sites(graph: fx.Graph) -> list[ActivationSite]:
     """Every GELU of a GEMM's output in a post-grad graph, with why it is not fused (``reason``/``vendor``)."""
-    sites = []
+    sites, taken = [], set()
     for n in graph.nodes:
-        if not _is(n, _SEEDS):
+        if not _is(n, _SEEDS) or n in taken:
             continue
         site = _match(n)
         if site is None:
             continue
+        taken.update(site.region)  # (a region with two seeds is one site)
         site.reason = site.reason or _why_not(site)
         if site.reason is None:
             a, b, bias = (val(x) if x is not None else None for x in site.operands())
