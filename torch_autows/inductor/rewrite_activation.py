@@ -200,8 +200,10 @@ def _why_not(site: ActivationSite) -> str | None:
     g, out = val(site.bias_add if site.bias_add is not None else site.gemm), val(site.out)
     if g is None or out is None:
         return "no fake values on the GEMM or the GELU"
-    if out.dtype != g.dtype or g.dtype not in (torch.float16, torch.bfloat16):
-        return f"the GELU takes {g.dtype} to {out.dtype}; the epilogue serves a 16-bit GEMM cast back to its dtype"
+    if g.dtype not in (torch.float16, torch.bfloat16):
+        return f"a {g.dtype} GEMM: the activation epilogue is the generated kernel's, which takes 16-bit operands"
+    if out.dtype != g.dtype:
+        return f"the GELU's result is {out.dtype}, not the GEMM's {g.dtype}; the epilogue writes the GEMM's dtype"
     if site.gemm.target is aten.addmm.default:
         if site.gemm.kwargs.get("beta", 1) != 1 or site.gemm.kwargs.get("alpha", 1) != 1:
             return "addmm with alpha/beta != 1"

@@ -103,7 +103,7 @@ def choose_config(m: int, n: int, k: int, sms: int = 132, split: bool = True, re
     only tiles whose K step divides K (a batch's rows are flattened, so no tile may straddle two).
     ``residual``, ``activation``: only the configs that serve that epilogue (``serves_residual``,
     ``serves_activation``)."""
-    residual = residual or not serves_activation("ws_p_128x256", activation)  # the 128-wide tiles only
+    residual = residual or activation == "gelu"  # both take the 128-wide tiles only (serves_activation)
     if m <= 128:
         tiles = tuple(t for t in DECODE_TILES if t[0] <= RESIDUAL_BLOCK_N) if residual else DECODE_TILES
         best = decode_pick(tiles, m, n, k, sms, split=split)
