@@ -157,3 +157,20 @@ def test_explain_lists_the_fusion(pretend):
     assert len(gemms) == 2
     fused = [s for s in gemms if "+gelu_tanh" in s.shape]
     assert len(fused) == 1 and "autows::gemm_act" in fused[0].why and fused[0].kernel == "autows", gemms
+
+
+def test_symbolic_rows_fused_when_forced(pretend, monkeypatch, recwarn):
+    """config.choice = "autows": a site with symbolic rows is fused; the GEMM's views are replayed on the fused
+    output with their symbolic size nodes (not raw SymInt values in the graph)."""
+    import torch_autows
+
+    model = MLP().to(torch.bfloat16)
+    seen = []
+    with torch.no_grad(), torch_autows.config.patch(choice="autows"):
+        for rows in (3, 7):
+            x = _x(rows=rows)
+            got, graph = _run(model, x, monkeypatch=monkeypatch, dynamic=True)
+            seen.append(graph)
+            torch.testing.assert_close(got, model(x), atol=3e-2, rtol=3e-2)
+    assert "autows.gemm_act" in "\n".join(seen)
+    assert not [w for w in recwarn if "Raw SymInt" in str(w.message)]

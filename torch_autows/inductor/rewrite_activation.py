@@ -250,9 +250,10 @@ def rewrite_activation(graph: fx.Graph) -> list[ActivationSite]:
             if fake is not None:
                 new.meta["val"] = fake
             res = new
-            shape = list(val(s.out).shape)
-            if fake is None or list(fake.shape) != shape:  # the views the GEMM's output went through
-                res = graph.call_function(aten.reshape.default, (new, shape))
+            for v in s.views[::-1]:  # the views the GEMM's output went through, from the GEMM up (symbolic sizes too)
+                res = graph.call_function(v.target, (res, *v.args[1:]), dict(v.kwargs))
+                res.meta["val"] = v.meta.get("val")
+            if res is not new:
                 res.meta["val"] = val(s.out)
         new.meta.update({k: s.gemm.meta[k] for k in ("stack_trace", "seq_nr") if k in s.gemm.meta})
         s.out.replace_all_uses_with(res)
