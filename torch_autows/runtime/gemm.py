@@ -13,10 +13,12 @@ clamped columns 0 or 2182 depending only on the order of equivalent statements. 
 and addresses of one full-tile load, and rewriting that load is not a reliable fix: serving 256-wide tiles needs
 the epilogue applied in column slices of the accumulator (or R brought in by TMA), an IR change.
 
-An activation (``gemm(..., activation="gelu_tanh" | "gelu")``: ``gelu(a @ b (+ bias))`` in the epilogue) runs
-on every config for "gelu_tanh" (offline sm_90a, nt + bias: 0 spills on all 14); the exact "gelu" (an erf per
-element) spills on the 256-wide tiles (ws_p_128x256 504 bytes, ws_np_128x256 360, dec_256x64_s1 32), so it takes
-the 128-wide ones (``serves_activation``). Its measured choice compares against cuBLAS then torch's gelu.
+An activation (``gemm(..., activation="gelu_tanh" | "gelu")``: ``gelu(a @ b (+ bias))`` in the epilogue) is
+served where it compiles without spills (``serves_activation``; offline sm_90a, nn/nt/tn/tt, with and without bias,
+bf16/fp16/fp32 out): "gelu_tanh" on every config but ws_np_128x256 (never the heuristic's pick: 16 bytes with a
+bias and fp32 output); the exact "gelu" (an erf per element) spills on the 256-wide tiles (ws_p_128x256 504 bytes,
+ws_np_128x256 360, dec_256x64_s1 32, nt + bias), so it takes the 128-wide ones. Its measured choice compares
+against cuBLAS then torch's gelu.
 """
 from __future__ import annotations
 
@@ -122,8 +124,11 @@ def serves_residual(config: str) -> bool:
 
 
 def serves_activation(config: str, activation: str) -> bool:
-    """Whether ``config`` applies ``activation`` in its epilogue without spills (the exact gelu: 128-wide tiles)."""
-    return activation != "gelu" or CONFIGS[config].block_n <= RESIDUAL_BLOCK_N
+    """Whether ``config`` applies ``activation`` in its epilogue without spills (offline sm_90a): the exact gelu on
+    128-wide tiles; the tanh form on every config but ws_np_128x256 (16 bytes with a bias and fp32 output)."""
+    if activation == "gelu":
+        return CONFIGS[config].block_n <= RESIDUAL_BLOCK_N
+    return activation == "none" or config != "ws_np_128x256"
 
 
 def decode_pick(tiles, m: int, n: int, k: int, sms: int = 132, *, weights: int = 1,
@@ -367,9 +372,8 @@ def gemm(a, b, bias, out_dtype, config: str | None = None, out: torch.Tensor | N
         raise Unsupported(f"config {config} ({CONFIGS[config].block_n}-wide tiles) does not serve a residual: R's "
                           f"registers would spill; name a config at most {RESIDUAL_BLOCK_N} wide, or config='auto'")
     if config not in (None, "auto") and not serves_activation(config, activation):
-        raise Unsupported(f"config {config} ({CONFIGS[config].block_n}-wide tiles) does not serve activation "
-                          f"{activation!r}: its registers would spill; name a config at most {RESIDUAL_BLOCK_N} wide, "
-                          f"use 'gelu_tanh', or config='auto'")
+        raise Unsupported(f"config {config} does not serve activation {activation!r}: its registers would spill "
+                          f"(runtime.gemm.serves_activation); name a config that serves it, or config='auto'")
     why = support_reason(a, b, bias, out_dtype, residual) or _out_reason(out)
     if why:
         raise Unsupported(why)
