@@ -20,6 +20,12 @@ _WIDE = [(c, d, causal, "bf16") for c, d, causal in itertools.product(CONFIGS, (
          if serves(c, d) and (d != 96 or c == choose_config(d, causal, 4096))]
 
 
+# Known spills (bytes, ptxas -v at sm_90a) a case may not exceed. ws_p_128x128_q2_rm_g16_xt at d=128, not causal: two
+# scalars (cdiv(Sq, 128)'s Sq+127 and Skv-128) that llc hoists above the warp dispatch, so they live through every
+# partition (the 24-register producer's included); ptxas stores them once and reloads them in the consumers' loops.
+_SPILLS = {("ws_p_128x128_q2_rm_g16_xt", 128, False): 28}
+
+
 @pytest.mark.parametrize("config,d,causal,dtype", [c for c in itertools.product(
     CONFIGS, (64, 128), (False, True), ("bf16", "fp16")) if serves(c[0], c[1])] + _WIDE)
 def test_compiles_with_three_partitions(config, d, causal, dtype):
@@ -31,9 +37,10 @@ def test_compiles_with_three_partitions(config, d, causal, dtype):
     n = CONFIGS[config].data_partition  # data-partitioned: a consumer per chain, then the producer
     assert [p["name"] for p in s["partitions"]] == [f"consumer{i}" for i in range(n)] + ["producer"]
     assert s["setmaxnreg"] > 0 and s["wgmma"] > 0
-    if CONFIGS[config].cross_tile and s["spills"]:  # known (issue 15): the boundary step spills; timed on the H200
-        pytest.xfail(f"cross_tile spills {s['spills']} bytes at sm_90a")
-    assert s["spills"] == 0
+    known = _SPILLS.get((config, d, causal), 0)
+    assert s["spills"] <= known, f"{s['spills']} bytes of spills (known: {known})"
+    if s["spills"]:
+        pytest.xfail(f"{config} spills {s['spills']} bytes at sm_90a (known; see _SPILLS)")
     assert s["smem_bytes"] <= 232448
     ptx = kernel.asm["ptx"]
     assert "ex2.approx" in ptx  # the softmax runs in base 2
