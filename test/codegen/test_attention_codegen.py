@@ -1,5 +1,5 @@
 """Every attention config the runtime can pick compiles offline to sm_90a with the WS structure asserted, for
-every head dim it serves (64, 96, 128, 192, 256), without register spills."""
+every head dim it serves (64, 96, 128, 192, 256), without register spills (one known case, bounded: ``_SPILLS``)."""
 from __future__ import annotations
 
 import itertools
