@@ -1,5 +1,5 @@
 """Every attention config the runtime can pick compiles offline to sm_90a with the WS structure asserted, for
-every head dim it serves (64, 96, 128, 192, 256), without register spills."""
+every head dim it serves (64, 96, 128, 192, 256), without register spills (one known case, bounded: ``_SPILLS``)."""
 from __future__ import annotations
 
 import itertools
@@ -20,6 +20,12 @@ _WIDE = [(c, d, causal, "bf16") for c, d, causal in itertools.product(CONFIGS, (
          if serves(c, d) and (d != 96 or c == choose_config(d, causal, 4096))]
 
 
+# Known spills (bytes, ptxas -v at sm_90a) a case may not exceed. ws_p_128x128_q2_rm_g16_xt at d=128, not causal: two
+# scalars (cdiv(Sq, 128)'s Sq+127 and Skv-128) that llc hoists above the warp dispatch, so they live through every
+# partition (the 24-register producer's included); ptxas stores them once and reloads them in the consumers' loops.
+_SPILLS = {("ws_p_128x128_q2_rm_g16_xt", 128, False): 28}
+
+
 @pytest.mark.parametrize("config,d,causal,dtype", [c for c in itertools.product(
     CONFIGS, (64, 128), (False, True), ("bf16", "fp16")) if serves(c[0], c[1])] + _WIDE)
 def test_compiles_with_three_partitions(config, d, causal, dtype):
@@ -31,15 +37,35 @@ def test_compiles_with_three_partitions(config, d, causal, dtype):
     n = CONFIGS[config].data_partition  # data-partitioned: a consumer per chain, then the producer
     assert [p["name"] for p in s["partitions"]] == [f"consumer{i}" for i in range(n)] + ["producer"]
     assert s["setmaxnreg"] > 0 and s["wgmma"] > 0
-    if CONFIGS[config].cross_tile and s["spills"]:  # known (issue 15): the boundary step spills; timed on the H200
-        pytest.xfail(f"cross_tile spills {s['spills']} bytes at sm_90a")
-    assert s["spills"] == 0
+    known = _SPILLS.get((config, d, causal), 0)
+    assert s["spills"] <= known, f"{s['spills']} bytes of spills (known: {known})"
+    if s["spills"]:
+        pytest.xfail(f"{config} spills {s['spills']} bytes at sm_90a (known; see _SPILLS)")
     assert s["smem_bytes"] <= 232448
     ptx = kernel.asm["ptx"]
     assert "ex2.approx" in ptx  # the softmax runs in base 2
     assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.(bf16|f16)\.(bf16|f16)", ptx)
     assert "ttg.warp_specialize" in kernel.asm["ttgir"]
 
+
+@pytest.mark.parametrize("config,d,causal", sorted(_SPILLS))
+def test_known_spills_are_gone_as_the_runtime_compiles(config, d, causal):
+    """A case in ``_SPILLS`` compiled as the runtime's launch compiles a typical call (Triton specialises integer
+    arguments divisible by 16 and 16-byte aligned pointers; the group size G left open): no spills."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from torch_autows.codegen.compile import load_module, num_warps, ptxas_info, signature
+
+    program = pipeline.run(build(AttentionRequest(d, "bf16", causal), CONFIGS[config]))
+    sig = signature(program)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (name, ty) in enumerate(sig.items())
+             if name != "G" and (ty == "i32" or ty.startswith("*"))}
+    src = GluonASTSource(load_module(gluon.generate(program), program.arch).kernel, sig, {}, attrs)
+    target = GPUTarget("cuda", program.arch.sm, 32)
+    kernel = triton.compile(src, target=target, options={"num_warps": num_warps(program)})
+    assert ptxas_info(kernel.asm["ptx"], program.arch)["spills"] == 0
 
 def test_generated_attention_source_in_order():
     program = pipeline.run(build(AttentionRequest(128, "bf16", True), CONFIGS["ws_p_128x128_q2"]))

@@ -36,16 +36,25 @@ class TestCrossTile(expecttest.TestCase):
 %acc_f_c0_loop_lt:f32[64,128], %a_col_c0_last_lt:f32[64,1], %p16_c0_last_lt:bf16[64,128], %l_f_c0_lt:f32[64], %m_f_c0_lt:f32[64] = tile_next(%acc_f_c0_loop, %a_col_c0_last, %p16_c0_last, %l_f_c0, %m_f_c0) {iter_args=('acc_f_c0_loop_pt', 'a_col_c0_last_pt', 'p16_c0_last_pt', 'l_f_c0_pt', 'm_f_c0_pt')} {
 release() {group='g1', lag=0}
 advance() {group='g1'}
+%v_epi_pt:bf16[128,128]@smem = get() {buffer='v_smem', group='g2', lag=1}
+%acc_s_c0_epi_pt:f32[64,128] = mul(%acc_f_c0_loop_pt, %a_col_c0_last_pt)
+%acc_f_c0_pt:f32[64,128] = mma(%p16_c0_last_pt, %v_epi_pt, %acc_s_c0_epi_pt) {pending=0, wait=False}
 wait_ready() {group='g1'}
 %q_c0_nx:bf16[64,128]@smem = get() {buffer='q_c0_smem', group='g1'}
 wait_ready() {group='g0'}
 %k_pro_nx:bf16[128,128]@smem = get() {buffer='k_smem', group='g0'}
 %kt_c0_pro_nx:bf16[128,128]@smem = trans(%k_pro_nx)
 %s_c0_pro_nx:f32[64,128] = mma(%q_c0_nx, %kt_c0_pro_nx) {pending=0, wait=False}
-%v_epi_pt:bf16[128,128]@smem = get() {buffer='v_smem', group='g2', lag=1}
-%acc_s_c0_epi_pt:f32[64,128] = mul(%acc_f_c0_loop_pt, %a_col_c0_last_pt)
-%acc_f_c0_pt:f32[64,128] = mma(%p16_c0_last_pt, %v_epi_pt, %acc_s_c0_epi_pt) {pending=0, wait=False}
-%s_c0_pro_nx_r:f32[64,128] = mma_wait(%s_c0_pro_nx) {pending=1}
+%acc_f_c0_pt_done:f32[64,128] = mma_wait(%acc_f_c0_pt, %p16_c0_last_pt) {pending=1}
+release() {group='g2', guard=False, lag=1}
+%l_col_c0_pt:f32[64,1] = expand(%l_f_c0_pt) {axis=1}
+%out_f_c0_pt:f32[64,128] = div0(%acc_f_c0_pt_done, %l_col_c0_pt)
+%out_c0_pt:bf16[64,128] = cast(%out_f_c0_pt)
+store_ptr(%out_c0_pt) {arg='o', col='(pid_bh_prev%Hq)*o_ch', ld='128+(Hq-1)*o_ch', row='(pid_bh_prev//Hq)*o_rb+(pid_bh_prev%Hq)*o_rh+(cdiv(Sq,128)-1-pid_m_prev)*128', rows_valid='Sq-(cdiv(Sq,128)-1-pid_m_prev)*128'}
+%m_fs_c0_pt:f32[64] = mulc(%m_f_c0_pt) {c='qk_scale'}
+%lse_v_c0_pt:f32[64] = lse(%m_fs_c0_pt, %l_f_c0_pt)
+store_vec(%lse_v_c0_pt) {arg='lse', offset='pid_bh_prev*Sq+(cdiv(Sq,128)-1-pid_m_prev)*128', valid='Sq-(cdiv(Sq,128)-1-pid_m_prev)*128'}
+%s_c0_pro_nx_r:f32[64,128] = mma_wait(%s_c0_pro_nx) {pending=0}
 release() {group='g0', lag=0}
 advance() {group='g0'}
 %s_m_c0_pro_nx:f32[64,128] = mask(%s_c0_pro_nx_r) {causal=True, col='(0)*128', kv_len='Skv', row='(cdiv(Sq,128)-1-pid_m)*128'}
@@ -67,15 +76,6 @@ advance() {group='g0'}
 %l_new_c0_pro_nx:f32[64] = add(%la_c0_pro_nx, %ps_c0_pro_nx)
 %a_col_c0_pro_nx:f32[64,1] = expand(%alpha_c0_pro_nx) {axis=1}
 %p16_c0_pro_nx:bf16[64,128] = cast(%p_c0_pro_nx)
-%acc_f_c0_pt_done:f32[64,128] = mma_wait(%acc_f_c0_pt, %p16_c0_last_pt) {pending=0}
-release() {group='g2', guard=False, lag=1}
-%l_col_c0_pt:f32[64,1] = expand(%l_f_c0_pt) {axis=1}
-%out_f_c0_pt:f32[64,128] = div0(%acc_f_c0_pt_done, %l_col_c0_pt)
-%out_c0_pt:bf16[64,128] = cast(%out_f_c0_pt)
-store_ptr(%out_c0_pt) {arg='o', col='(pid_bh_prev%Hq)*o_ch', ld='128+(Hq-1)*o_ch', row='(pid_bh_prev//Hq)*o_rb+(pid_bh_prev%Hq)*o_rh+(cdiv(Sq,128)-1-pid_m_prev)*128', rows_valid='Sq-(cdiv(Sq,128)-1-pid_m_prev)*128'}
-%m_fs_c0_pt:f32[64] = mulc(%m_f_c0_pt) {c='qk_scale'}
-%lse_v_c0_pt:f32[64] = lse(%m_fs_c0_pt, %l_f_c0_pt)
-store_vec(%lse_v_c0_pt) {arg='lse', offset='pid_bh_prev*Sq+(cdiv(Sq,128)-1-pid_m_prev)*128', valid='Sq-(cdiv(Sq,128)-1-pid_m_prev)*128'}
 wait_ready() {group='g2'}
 advance() {group='g2'}
 %acc0_c0_nx:f32[64,128] = zeros()
@@ -85,7 +85,7 @@ yield(%acc_f_c0_loop_nx, %a_col_c0_last_nx, %p16_c0_last_nx, %l_f_c0_nx, %m_f_c0
 
 
 def test_off_leaves_every_stage_as_it_was():
-    t = _trace("ws_p_128x128_q2_rm_g16")
+    t = _trace("ws_p_128x128_q2_rm_g16", producer_regs=CONFIGS[XT].producer_regs)  # the _xt config's registers
     assert t["cross_tile"] is t["tile_loop"]
     on = _trace()
     assert format_program(on["tile_loop"]).replace(" cross_tile=True", "") == format_program(t["tile_loop"])
@@ -143,14 +143,15 @@ def test_verify_wants_carried_values_defined_on_both_paths():
 def test_codegen_peels_the_first_tile():
     src = generate(_trace()["cross_tile"])
     c0 = src[src.index("def consumer0("):src.index("def consumer1(")]
-    order = ["tile = gl.program_id(0)", "if tile < num_tiles:", "pid_m = first",
+    order = ["for tile in range(gl.program_id(0), gl.minimum(gl.program_id(0) + 1, num_tiles)):", "pid_m = first",
              "for tile in range(gl.program_id(0) + gl.num_programs(0), num_tiles, gl.num_programs(0)):",
              "pid_m_prev = pid_m", "pid_m = first",
-             "v_s_c0_pro_nx = warpgroup_mma(", "v_acc_f_c0_pt = warpgroup_mma(",
-             "v_s_c0_pro_nx_r = warpgroup_mma_wait(num_outstanding=1",
-             "v_acc_f_c0_pt_done, _ = warpgroup_mma_wait(num_outstanding=0, deps=(v_acc_f_c0_pt, v_p16_c0_last_pt))",
-             "(gl.cdiv(Sq, 128) - 1 - pid_m_prev) * 128", "for j in range(",
-             "v_acc_f_c0 = warpgroup_mma("]
+             # P V(t) issued first, then QK^T(t+1, 0); the first wait retires P V(t) (wgmma groups retire in order)
+             "v_acc_f_c0_pt = warpgroup_mma(", "v_s_c0_pro_nx = warpgroup_mma(",
+             "v_acc_f_c0_pt_done, _ = warpgroup_mma_wait(num_outstanding=1, deps=(v_acc_f_c0_pt, v_p16_c0_last_pt))",
+             "(gl.cdiv(Sq, 128) - 1 - pid_m_prev) * 128",  # tile t's stores, under QK^T(t+1, 0)
+             "v_s_c0_pro_nx_r = warpgroup_mma_wait(num_outstanding=0, deps=(v_s_c0_pro_nx,))",
+             "gl.exp2(", "for j in range(", "v_acc_f_c0 = warpgroup_mma("]
     pos = 0
     for s in order:
         pos = c0.index(s, pos)

@@ -362,8 +362,10 @@ def _tile_loop(ctx, o, indent):
     pre, per_tile = tile_lines(grid)
     out = list(pre)
     if o.attr("cross_tile"):
-        out.append("tile = gl.program_id(0)")
-        out.append("if tile < num_tiles:  # the first tile is peeled: its head runs before the walk")
+        # the first tile, peeled: its head runs before the walk. A loop of at most one trip, not an ``if``: with the
+        # ``if``, llc hoists more scalars the partitions share (ctaid, cdiv(Sq, 128), ...) above the warp dispatch,
+        # they live through every partition and ptxas spills them (12-124 bytes, sm_90a; a heuristic, measured)
+        out.append("for tile in range(gl.program_id(0), gl.minimum(gl.program_id(0) + 1, num_tiles)):")
         out += ["    " + ln for ln in per_tile] + emit_ops(ctx, o.body, 1)
     elif grid.persistent:
         out.append("for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):")

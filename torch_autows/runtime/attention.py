@@ -50,9 +50,10 @@ CONFIGS: dict[str, Options] = {
     # raw_max, and a head's causal query tiles back to back in groups of 16 (group_m): the CTAs of a wave
     # share K/V in L2. Non-causal grids ignore group_m. Picked, except d=64 from 8192 keys.
     "ws_p_128x128_q2_rm_g16": replace(_Q2, raw_max=True, group_m=16),
-    # ... with each tile's last P V, normalise and stores under the next tile's first QK^T and softmax
-    # (passes/cross_tile). Not picked yet: for the H200 sweep against ws_p_128x128_q2_rm_g16.
-    "ws_p_128x128_q2_rm_g16_xt": replace(_Q2, raw_max=True, group_m=16, cross_tile=True),
+    # ... with each tile's last P V issued back to back with the next tile's first QK^T, its normalise and stores
+    # under that QK^T (passes/cross_tile). Consumers at 240 registers (producer 24): at 232 the step spills at d=128.
+    # Not picked yet: for the H200 sweep against ws_p_128x128_q2_rm_g16.
+    "ws_p_128x128_q2_rm_g16_xt": replace(_Q2, raw_max=True, group_m=16, cross_tile=True, producer_regs=24),
     # The two consumers take turns issuing wgmma (ping-pong): one's softmax runs under the other's mma.
     "ws_p_128x128_q2_pp": replace(_Q2, pingpong=True),
     "ws_p3_192x128_q2": _P3,
