@@ -52,7 +52,8 @@ CONFIGS: dict[str, Options] = {
     "ws_p_128x128_q2_rm_g16": replace(_Q2, raw_max=True, group_m=16),
     # ... with each tile's last P V issued back to back with the next tile's first QK^T, its normalise and stores
     # under that QK^T (passes/cross_tile). Consumers at 240 registers (producer 24): at 232 the step spills at d=128.
-    # Not picked yet: for the H200 sweep against ws_p_128x128_q2_rm_g16.
+    # Not picked: 2-10% behind ws_p_128x128_q2_rm_g16 on the short shapes it targets (H200,
+    # bench/results/sweeps/2026-12-01-h200-attention-cross-tile.json).
     "ws_p_128x128_q2_rm_g16_xt": replace(_Q2, raw_max=True, group_m=16, cross_tile=True, producer_regs=24),
     # The two consumers take turns issuing wgmma (ping-pong): one's softmax runs under the other's mma.
     "ws_p_128x128_q2_pp": replace(_Q2, pingpong=True),
