@@ -121,3 +121,21 @@ def test_symbolic_rows_are_fused(swiglu_pretend, monkeypatch):
             x = torch.randn(n, 32, dtype=torch.bfloat16)
             torch.testing.assert_close(cm(x), model(x), atol=2e-2, rtol=2e-2)
     assert support.site_counters["swiglu.rewritten"] == 1 and "autows.gemm_swiglu" in "\n".join(seen)
+
+
+def test_symbolic_3d_rows_reshape_with_graph_sizes(swiglu_pretend, monkeypatch):
+    """[B, S, hidden] with dynamic B and S: the fused [B*S, ffn] output is reshaped back with the pattern's own
+    size nodes, never raw SymInts in a node's arguments (Graph.create_node warns about those)."""
+    import warnings
+
+    model = MLP().to(torch.bfloat16)
+    seen = _post_grad_graphs(monkeypatch)
+    with torch.no_grad(), ic.patch(api.inductor_options()), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cm = torch.compile(model, dynamic=True)
+        for n in (3, 7):
+            x = torch.randn(2, n, 32, dtype=torch.bfloat16)
+            torch.testing.assert_close(cm(x), model(x), atol=2e-2, rtol=2e-2)
+    assert "autows.gemm_swiglu" in "\n".join(seen)
+    assert not [w for w in caught if "Raw SymInt" in str(w.message)]
+

@@ -147,6 +147,20 @@ def find_swiglu_sites(graph: fx.Graph) -> list[SwigluSite]:
     return sites
 
 
+def _sizes(site: SwigluSite, shape: list) -> list:
+    """The sizes to reshape the fused [M, N] output to ``shape`` (the product's): where a size is symbolic, the
+    size list of a view in the pattern with that shape, whose symbolic sizes are graph nodes (a raw SymInt in a
+    node's arguments is not a graph value); the plain list where every size is an int or no view matches."""
+    if all(isinstance(d, int) for d in shape):
+        return shape
+    want = [str(d) for d in shape]  # compared as text: == on SymInts would add a guard
+    for n in site.nodes:
+        v = val(n)
+        if n.target in _RESHAPES and v is not None and [str(d) for d in v.shape] == want:
+            return n.args[1]
+    return shape
+
+
 def rewrite_swiglu(graph: fx.Graph) -> list[SwigluSite]:
     """Replace every servable SwiGLU pattern by ``autows::gemm_swiglu``; log why the others stay."""
     if support.max_autotune_on():  # Inductor's own GEMM templates and fusions are in play: leave it the graph
@@ -167,7 +181,7 @@ def rewrite_swiglu(graph: fx.Graph) -> list[SwigluSite]:
             res = new
             shape = list(val(s.out).shape)
             if fake is None or list(fake.shape) != shape:
-                res = graph.call_function(aten.reshape.default, (new, shape))
+                res = graph.call_function(aten.reshape.default, (new, _sizes(s, shape)))
                 res.meta["val"] = val(s.out)
         for k in ("stack_trace", "seq_nr"):
             if k in s.out.meta:
