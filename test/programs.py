@@ -25,3 +25,20 @@ def violation_kinds(program, seeds=4, policies=POLICIES, shape=None) -> list[str
             except Violation as v:
                 out.append(v.kind)
     return out
+
+
+def compile_ws_cubin(program):
+    """(kernel, summary) of a partitioned Program compiled offline for sm_90a, after the checks every
+    warp-specialized GEMM config must pass: sm_90a PTX, no register spills, SMEM within 227 KB, setmaxnreg and
+    wgmma present, one ttg.warp_specialize region."""
+    from torch_autows.codegen.compile import compile_offline, summary
+
+    kernel = compile_offline(program)
+    s = summary(program, kernel)
+    assert ".target sm_90a" in kernel.asm["ptx"]
+    assert s["spills"] == 0, f"{program.name}: {s['spills']} bytes spilled"
+    assert s["smem_bytes"] <= 232448
+    assert s["setmaxnreg"] > 0 and s["wgmma"] > 0
+    assert "ttg.warp_specialize" in kernel.asm["ttgir"]
+    return kernel, s
+

@@ -9,6 +9,7 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
+from programs import compile_ws_cubin
 
 from torch_autows.codegen import gluon
 from torch_autows.codegen.compile import compile_offline, summary
@@ -63,11 +64,7 @@ def test_compiles_without_spills(config, act, variant):
                              "tn_fp16_f32out": (True, False, False, "fp16", "f32")}[variant]
     program = pipeline.run(build(GemmRequest(4096, 4096, 4096, dt, odt, ta, tb, bias, activation=act),
                                  CONFIGS[config]))
-    kernel = compile_offline(program)
-    s = summary(program, kernel)
-    assert ".target sm_90a" in kernel.asm["ptx"]
-    assert s["spills"] == 0, f"{config}: {s['spills']} bytes spilled"
-    assert s["smem_bytes"] <= 232448 and s["wgmma"] > 0
+    compile_ws_cubin(program)
 
 
 @pytest.mark.parametrize("config,act,out_dtype", [("ws_p_128x256", "gelu", None),

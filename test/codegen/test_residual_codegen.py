@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from programs import compile_ws_cubin
 
 from torch_autows.codegen import gluon
 from torch_autows.codegen.compile import compile_offline, summary
@@ -25,13 +26,7 @@ def test_compiles_without_spills(config, variant):
     ta, tb, bias, dt, odt = VARIANTS[variant]
     program = pipeline.run(build(GemmRequest(4096, 4096, 4096, dt, odt, ta, tb, bias, residual=True),
                                  CONFIGS[config]))
-    kernel = compile_offline(program)
-    s = summary(program, kernel)
-    assert ".target sm_90a" in kernel.asm["ptx"]
-    assert s["spills"] == 0, f"{config}: {s['spills']} bytes spilled"
-    assert s["smem_bytes"] <= 232448
-    assert s["setmaxnreg"] > 0 and s["wgmma"] > 0
-    assert "ttg.warp_specialize" in kernel.asm["ttgir"]
+    compile_ws_cubin(program)
 
 
 def test_a_256_wide_tile_would_spill():

@@ -76,3 +76,30 @@ def _capture(fn, *inputs, **kwargs):
 def capture():
     """``capture(fn, *inputs)``: the Dynamo graphs of ``fn(*inputs)``, no Inductor."""
     return _capture
+
+
+def post_grad_graphs(monkeypatch) -> list[str]:
+    """A list that receives, per compiled graph, its text after autows's post-grad pass ran."""
+    from torch_autows.inductor import graph_passes
+
+    seen: list[str] = []
+    real = graph_passes.AutoWSPostGradPass.ours
+
+    def ours(self, graph):
+        real(self, graph)
+        seen.append(str(graph))
+
+    monkeypatch.setattr(graph_passes.AutoWSPostGradPass, "ours", ours)
+    return seen
+
+
+def compile_post_grad(model, *xs, monkeypatch, dynamic=False):
+    """``torch.compile(model, dynamic=dynamic)(*xs)`` with the backend's Inductor options: (the output, the
+    post-grad graphs' text)."""
+    from torch_autows.inductor import api
+
+    seen = post_grad_graphs(monkeypatch)
+    with ic.patch(api.inductor_options()):
+        got = torch.compile(model, dynamic=dynamic)(*xs)
+    return got, "\n".join(seen)
+

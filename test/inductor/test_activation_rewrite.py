@@ -12,6 +12,8 @@ import torch.nn.functional as F
 
 from torch_autows.inductor import api, support
 
+from .conftest import compile_post_grad as _run
+
 
 class MLP(nn.Module):
     """GPT-2's MLP: c_fc, GELU, c_proj."""
@@ -25,20 +27,6 @@ class MLP(nn.Module):
         return self.c_proj(self.act(self.c_fc(x)))
 
 
-def _run(model, *xs, monkeypatch, dynamic=False):
-    seen = []
-    from torch_autows.inductor import graph_passes
-
-    real = graph_passes.AutoWSPostGradPass.ours
-
-    def ours(self, graph):
-        real(self, graph)
-        seen.append(str(graph))
-
-    monkeypatch.setattr(graph_passes.AutoWSPostGradPass, "ours", ours)
-    with ic.patch(api.inductor_options()):
-        got = torch.compile(model, dynamic=dynamic)(*xs)
-    return got, "\n".join(seen)
 
 
 def _x(dtype=torch.bfloat16, requires_grad=False, rows=5):

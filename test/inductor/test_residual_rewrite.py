@@ -11,6 +11,8 @@ import torch.nn.functional as F
 
 from torch_autows.inductor import api, support
 
+from .conftest import compile_post_grad as _run
+
 
 class Block(nn.Module):
     """A Llama block's two residual adds: attention's output projection and the MLP's down projection."""
@@ -24,20 +26,6 @@ class Block(nn.Module):
         return self.w2(F.relu(self.w1(h))) + h  # the residual on the left and on the right
 
 
-def _run(model, *xs, monkeypatch, dynamic=False):
-    seen = []
-    from torch_autows.inductor import graph_passes
-
-    real = graph_passes.AutoWSPostGradPass.ours
-
-    def ours(self, graph):
-        real(self, graph)
-        seen.append(str(graph))
-
-    monkeypatch.setattr(graph_passes.AutoWSPostGradPass, "ours", ours)
-    with ic.patch(api.inductor_options()):
-        got = torch.compile(model, dynamic=dynamic)(*xs)
-    return got, "\n".join(seen)
 
 
 def _inputs(dtype=torch.bfloat16, requires_grad=False):

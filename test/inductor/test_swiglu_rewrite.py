@@ -13,6 +13,7 @@ from torch_autows.inductor import api, support
 from torch_autows.runtime import swiglu as rt_swiglu
 
 from .conftest import compile_time_yes
+from .conftest import post_grad_graphs as _post_grad_graphs
 
 aten = torch.ops.aten
 
@@ -33,19 +34,6 @@ def swiglu_pretend(pretend, monkeypatch):
     monkeypatch.setattr(rt_swiglu, "support_reason", compile_time_yes(rt_swiglu.support_reason))
 
 
-def _post_grad_graphs(monkeypatch):
-    """Record the graph after our post-grad pass ran."""
-    seen = []
-    from torch_autows.inductor import graph_passes
-
-    real = graph_passes.AutoWSPostGradPass.ours
-
-    def ours(self, graph):
-        real(self, graph)
-        seen.append(str(graph))
-
-    monkeypatch.setattr(graph_passes.AutoWSPostGradPass, "ours", ours)
-    return seen
 
 
 def _run(model, x, monkeypatch):
