@@ -34,26 +34,10 @@ def check(program: Program, stage: str = STAGES[-1]) -> None:
         raise ValueError(f"unknown stage {stage!r}; the stages are {', '.join(STAGES)}")
     level = STAGES.index(stage)
     _check_ssa(program, stage)
-    if level >= STAGES.index("data_partition"):
-        _check_chains(program, stage)
-        _check_split(program, stage)
-    if level >= STAGES.index("loop_schedule"):
-        _check_schedule(program, stage)
-    if level >= STAGES.index("partition_schedule"):
-        _check_partitions(program, stage)
-    if level >= STAGES.index("buffers"):
-        _check_channels(program, stage)
-    if level >= STAGES.index("memory_plan"):
-        _check_memory(program, stage)
-    if level >= STAGES.index("code_partition"):
-        _check_code(program, stage)
-        _check_turns(program, stage)
-    if level >= STAGES.index("software_pipeline"):
-        _check_pipelined(program, stage)
-    if level >= STAGES.index("tile_loop"):
-        _check_tile_loops(program, stage)
-    if level >= STAGES.index("cross_tile"):
-        _check_cross_tile(program, stage)
+    for first, checks in _FROM_STAGE:
+        if level >= STAGES.index(first):
+            for c in checks:
+                c(program, stage)
 
 
 #: Attributes that hold index expressions (load/store coordinates, pointer rows and bounds, loop bounds).
@@ -398,3 +382,12 @@ def _check_cross_tile(p: Program, stage: str):
                 for e in (val if isinstance(val, tuple) else (val,)):
                     if isinstance(e, str) and any(n in e for n in prev):
                         _fail(stage, f"{pt.name}: the previous tile's indices are read outside tile_next", o)
+
+
+#: The checks that hold from a stage on (after ``_check_ssa``, which holds at every stage), in pipeline order.
+_FROM_STAGE = (("data_partition", (_check_chains, _check_split)), ("loop_schedule", (_check_schedule,)),
+               ("partition_schedule", (_check_partitions,)), ("buffers", (_check_channels,)),
+               ("memory_plan", (_check_memory,)), ("code_partition", (_check_code, _check_turns)),
+               ("software_pipeline", (_check_pipelined,)), ("tile_loop", (_check_tile_loops,)),
+               ("cross_tile", (_check_cross_tile,)))
+

@@ -40,7 +40,7 @@ import torch.fx as fx
 
 from . import support
 from .rewrite_attention import val
-from .rewrite_gemm import fake_call
+from .rewrite_gemm import call_op, replay_views
 
 aten, prims = torch.ops.aten, torch.ops.prims
 _VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
@@ -245,17 +245,10 @@ def rewrite_activation(graph: fx.Graph) -> list[ActivationSite]:
             continue
         a, b, bias = s.operands()
         with graph.inserting_before(s.out):
-            new = graph.call_function(fn, (a, b, s.activation, bias, None))
-            fake = fake_call(fn, (a, b, s.activation, bias, None))
-            if fake is not None:
-                new.meta["val"] = fake
-            res = new
-            for v in s.views[::-1]:  # the views the GEMM's output went through, from the GEMM up (symbolic sizes too)
-                res = graph.call_function(v.target, (res, *v.args[1:]), dict(v.kwargs))
-                res.meta["val"] = v.meta.get("val")
+            new = call_op(graph, fn, (a, b, s.activation, bias, None), s.gemm)
+            res = replay_views(graph, new, s.views[::-1])  # the GEMM's views, from the GEMM up
             if res is not new:
                 res.meta["val"] = val(s.out)
-        new.meta.update({k: s.gemm.meta[k] for k in ("stack_trace", "seq_nr") if k in s.gemm.meta})
         s.out.replace_all_uses_with(res)
         for dead in s.dead():
             graph.erase_node(dead)

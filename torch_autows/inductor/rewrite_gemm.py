@@ -111,11 +111,7 @@ def rewrite_gemms(graph: fx.Graph) -> list[GemmSite]:
         a, b, bias = _operands(s)
         args = (a, b, None) if is_bmm else (a, b, bias, None)
         with graph.inserting_before(s.node):
-            new = graph.call_function(fn, args)
-        new.meta.update({k: s.node.meta[k] for k in ("stack_trace", "seq_nr") if k in s.node.meta})
-        fake = fake_call(fn, args)
-        if fake is not None:
-            new.meta["val"] = fake
+            new = call_op(graph, fn, args, s.node)
         s.node.replace_all_uses_with(new)
         graph.erase_node(s.node)
         for dead in s.fused:
@@ -135,6 +131,26 @@ def _operands(s: GemmSite):
     if s.fused:
         return src.args[0], src.args[1], next(x for x in s.node.args if x is not src)
     return src.args[0], src.args[1], None
+
+
+def call_op(graph: fx.Graph, fn, args: tuple, source: fx.Node) -> fx.Node:
+    """``fn(*args)`` inserted at ``graph``'s insert point, with ``source``'s stack trace and sequence number (what
+    the profiler and explain() name it by) and its fake value (``meta["val"]``) where the args have one."""
+    new = graph.call_function(fn, args)
+    new.meta.update({k: source.meta[k] for k in ("stack_trace", "seq_nr") if k in source.meta})
+    fake = fake_call(fn, args)
+    if fake is not None:
+        new.meta["val"] = fake
+    return new
+
+
+def replay_views(graph: fx.Graph, node: fx.Node, views) -> fx.Node:
+    """``views`` (view/reshape nodes, in the order they were applied) applied again to ``node``, each with its own
+    size arguments (graph nodes where sizes are symbolic) and value; ``node`` itself where there are none."""
+    for v in views:
+        node = graph.call_function(v.target, (node, *v.args[1:]), dict(v.kwargs))
+        node.meta.update({k: v.meta[k] for k in ("val",) if k in v.meta})
+    return node
 
 
 def fake_call(fn, args):

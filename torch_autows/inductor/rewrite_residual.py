@@ -30,7 +30,7 @@ import torch.fx as fx
 
 from . import support
 from .rewrite_attention import val
-from .rewrite_gemm import fake_call
+from .rewrite_gemm import call_op, replay_views
 
 aten = torch.ops.aten
 _VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
@@ -153,15 +153,7 @@ def rewrite_residual(graph: fx.Graph) -> list[ResidualSite]:
             r = res if val(s.residual).dim() == 2 else graph.call_function(aten.view.default, (res, [-1, n]))
             if r is not res:
                 r.meta["val"] = _residual_2d(s)
-            new = graph.call_function(fn, (a, b, r, bias, None))
-            fake = fake_call(fn, (a, b, r, bias, None))
-            if fake is not None:
-                new.meta["val"] = fake
-            out = new
-            for v in s.views:  # the same views on the fused output
-                out = graph.call_function(v.target, (out, *v.args[1:]), dict(v.kwargs))
-                out.meta.update({k: v.meta[k] for k in ("val",) if k in v.meta})
-        new.meta.update({k: s.gemm.meta[k] for k in ("stack_trace", "seq_nr") if k in s.gemm.meta})
+            out = replay_views(graph, call_op(graph, fn, (a, b, r, bias, None), s.gemm), s.views)
         s.add.replace_all_uses_with(out)
         for dead in (s.add, *s.views[::-1], *(() if s.folded else (s.gemm,))):
             graph.erase_node(dead)

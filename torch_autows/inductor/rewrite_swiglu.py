@@ -28,7 +28,7 @@ import torch.fx as fx
 
 from . import support
 from .rewrite_attention import val
-from .rewrite_gemm import fake_call
+from .rewrite_gemm import call_op
 
 aten, prims = torch.ops.aten, torch.ops.prims
 _RESHAPES = (aten.reshape.default, aten.view.default, aten._unsafe_view.default)
@@ -174,18 +174,11 @@ def rewrite_swiglu(graph: fx.Graph) -> list[SwigluSite]:
         a, wg, wu = s.gate.args[0], s.gate.args[1], s.up.args[1]
         fn = torch.ops.autows.gemm_swiglu.default
         with graph.inserting_before(s.out):
-            new = graph.call_function(fn, (a, wg, wu))
-            fake = fake_call(fn, (a, wg, wu))
-            if fake is not None:
-                new.meta["val"] = fake
-            res = new
-            shape = list(val(s.out).shape)
+            new = res = call_op(graph, fn, (a, wg, wu), s.out)
+            fake, shape = val(new), list(val(s.out).shape)
             if fake is None or list(fake.shape) != shape:
                 res = graph.call_function(aten.reshape.default, (new, _sizes(s, shape)))
                 res.meta["val"] = val(s.out)
-        for k in ("stack_trace", "seq_nr"):
-            if k in s.out.meta:
-                new.meta[k] = s.out.meta[k]
         s.out.replace_all_uses_with(res)
         graph.erase_node(s.out)
         for n in sorted(s.nodes, key=order.__getitem__, reverse=True):  # users before their inputs
