@@ -1,7 +1,9 @@
 """Small Programs shared by the IR, pass and interpreter tests."""
 from __future__ import annotations
 
-from torch_autows.interp import POLICIES, Violation, make_instance, run_partitioned
+import torch
+
+from torch_autows.interp import POLICIES, Violation, make_instance, run_partitioned, run_sequential
 from torch_autows.ir import Options
 from torch_autows.templates.gemm import GemmRequest, build
 
@@ -41,4 +43,28 @@ def compile_ws_cubin(program):
     assert s["setmaxnreg"] > 0 and s["wgmma"] > 0
     assert "ttg.warp_specialize" in kernel.asm["ttgir"]
     return kernel, s
+
+
+def assert_in_order(src: str, parts) -> None:
+    """Every string of ``parts`` occurs in ``src``, each at or after the previous one's position."""
+    pos = 0
+    for s in parts:
+        i = src.find(s, pos)
+        assert i >= 0, f"missing (in order): {s!r}"
+        pos = i
+
+
+def assert_matches_reference(before, after, seed: int, nprog: int) -> list[dict]:
+    """Instance ``seed`` of the partitioned Program ``after``: its reference output ``c`` comes out of the
+    sequential Program ``before`` and of ``after`` under every policy (``nprog`` CTAs); the inputs of each
+    partitioned run, for checks on what it left there (split-K counters)."""
+    inst = make_instance(after, seed)
+    assert torch.equal(run_sequential(before, inst.inputs())["c"], inst.reference["c"]), inst.desc
+    runs = []
+    for policy in POLICIES:
+        ins = inst.inputs()
+        out = run_partitioned(after, ins, policy=policy, seed=seed, nprog=nprog)
+        assert torch.equal(out["c"], inst.reference["c"]), (policy, seed, inst.desc)
+        runs.append(ins)
+    return runs
 

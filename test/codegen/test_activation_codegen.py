@@ -9,7 +9,7 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
-from programs import compile_ws_cubin
+from programs import assert_in_order, compile_ws_cubin
 
 from torch_autows.codegen import gluon
 from torch_autows.codegen.compile import compile_offline, summary
@@ -43,11 +43,7 @@ def test_generated_epilogue():
     ordered = ["def consumer0(", "v_acc_bias_c0 = v_acc_out_c0_done + v_bias_row_c0",
                "v_acc_act_c0 = v_acc_bias_c0 / (1.0 + gl.exp2((v_acc_bias_c0 + 0.044715 * v_acc_bias_c0",
                "v_out_c0 = v_acc_act_c0.to(gl.bfloat16)", "def consumer1(", "v_acc_act_c1 = ", "def producer("]
-    pos = 0
-    for s in ordered:
-        i = src.find(s, pos)
-        assert i >= 0, f"missing (in order): {s!r}"
-        pos = i
+    assert_in_order(src, ordered)
     exact = gluon.generate(pipeline.run(build(GemmRequest(1, 1, 1, activation="gelu"), CONFIGS["dec_64x128_s2"])))
     assert "v_acc_act = 0.5 * v_acc_out_sum * (1.0 + gl.erf(v_acc_out_sum * 0.7071067811865476))" in exact
 

@@ -6,6 +6,7 @@ import itertools
 import re
 
 import pytest
+from programs import assert_in_order
 
 from torch_autows.codegen import gluon
 from torch_autows.codegen.compile import compile_offline, summary
@@ -99,11 +100,7 @@ def test_generated_attention_source_in_order():
                "def producer(", "tma.async_copy_global_to_shared(q_desc", "for j in range(",
                "tma.async_copy_global_to_shared(k_desc", "tma.async_copy_global_to_shared(v_desc",
                "gl.warp_specialize("]
-    pos = 0
-    for s in ordered:
-        i = src.find(s, pos)
-        assert i >= 0, f"missing (in order): {s!r}"
-        pos = i
+    assert_in_order(src, ordered)
 
 
 @pytest.mark.parametrize("causal", (False, True))

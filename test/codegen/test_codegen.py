@@ -5,6 +5,7 @@ import itertools
 import re
 
 import pytest
+from programs import assert_in_order
 
 from torch_autows.codegen import gluon
 from torch_autows.codegen.compile import compile_offline, summary
@@ -78,11 +79,7 @@ def test_generated_source_names_ir_ops_and_partitions():
                "tma.async_copy_global_to_shared(a_desc, [pid_m * 128 + 64, k * 64]",
                f"def {program.name}(", "mbarrier.init(g0_empty.index(i), count=2)",
                "gl.warp_specialize([(consumer0,", "[4, 1], [232, 40])", f"kernel = {program.name}"]
-    pos = 0
-    for s in ordered:
-        i = src.find(s, pos)
-        assert i >= 0, f"missing (in order): {s!r}"
-        pos = i
+    assert_in_order(src, ordered)
 
 
 def test_non_persistent_reuse_becomes_reinterpret():

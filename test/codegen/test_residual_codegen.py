@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from programs import compile_ws_cubin
+from programs import assert_in_order, compile_ws_cubin
 
 from torch_autows.codegen import gluon
 from torch_autows.codegen.compile import compile_offline, summary
@@ -49,10 +49,6 @@ def test_generated_epilogue():
                "def consumer1(", "(pid_m * 128 + 64 + v_res_c1_r)", "v_res_c1_r < M - pid_m * 128 - 64",
                "def producer(",
                f"def {program.name}(a_desc, b_desc, c_desc, bias_ptr, r_ptr, M, N, K):"]
-    pos = 0
-    for s in ordered:
-        i = src.find(s, pos)
-        assert i >= 0, f"missing (in order): {s!r}"
-        pos = i
+    assert_in_order(src, ordered)
     producer = src[src.index("def producer("):src.index(f"def {program.name}(")]
     assert "r_ptr + " not in producer  # R is the consumers' load, not the producer's

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from programs import compile_ws_cubin
+from programs import assert_in_order, compile_ws_cubin
 
 from torch_autows.codegen import gluon
 from torch_autows.passes import pipeline
@@ -45,8 +45,4 @@ def test_generated_source_has_two_mmas_and_the_fused_epilogue():
                "def producer(", "mbarrier.expect(g0_ready.index(g0_s), 49152)",
                "tma.async_copy_global_to_shared(bu_desc, [k * 64, pid_n * 128]",
                f"def {program.name}(a_desc, b_desc, bu_desc, c_desc, M, N, K):"]
-    pos = 0
-    for s in ordered:
-        i = src.find(s, pos)
-        assert i >= 0, f"missing (in order): {s!r}"
-        pos = i
+    assert_in_order(src, ordered)

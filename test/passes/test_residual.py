@@ -10,8 +10,9 @@ from dataclasses import replace
 
 import pytest
 import torch
+from programs import assert_matches_reference
 
-from torch_autows.interp import POLICIES, make_instance, run_partitioned, run_sequential
+from torch_autows.interp import make_instance, run_partitioned
 from torch_autows.ir import Options, format_program, parse_program, walk
 from torch_autows.passes import pipeline
 from torch_autows.runtime import gemm as rt
@@ -87,13 +88,7 @@ def test_config_matches_torch_under_every_policy(config):
     variants = [{}, {"bias": True, "trans_b": True}, {"trans_a": True, "dtype": "fp16", "out_dtype": "f32"}]
     for seed in range(3):  # ragged M, N and K (masked rows and columns of R); the ring wraps
         before = build(GemmRequest(1, 1, 1, residual=True, **variants[seed]), rt.CONFIGS[config])
-        after = pipeline.run(before, verify=True)
-        inst = make_instance(after, seed)
-        assert torch.equal(run_sequential(before, inst.inputs())["c"], inst.reference["c"]), inst.desc
-        for policy in POLICIES:
-            ins = inst.inputs()
-            out = run_partitioned(after, ins, policy=policy, seed=seed, nprog=2 + seed % 2)
-            assert torch.equal(out["c"], inst.reference["c"]), (policy, seed, inst.desc)
+        assert_matches_reference(before, pipeline.run(before, verify=True), seed, nprog=2 + seed % 2)
 
 
 def test_batched_matches_torch():
