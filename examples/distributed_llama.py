@@ -249,9 +249,9 @@ def record(out_dir: str, rows: list[dict], argv: list[str] | None) -> str:
 
     from torch_autows.bench.results import collect_meta, result_path, write_json
 
-    meta = collect_meta("distributed", argv if argv is not None else sys.argv[1:], world_size=dist.get_world_size())
-    meta["command"] = "torchrun --nproc-per-node %d examples/distributed_llama.py %s" % (
-        dist.get_world_size(), " ".join(argv if argv is not None else sys.argv[1:]))
+    argv, world = (sys.argv[1:] if argv is None else argv), dist.get_world_size()
+    meta = collect_meta("distributed", argv, world_size=world)
+    meta["command"] = "torchrun --nproc-per-node %d examples/distributed_llama.py %s" % (world, " ".join(argv))
     return str(write_json(result_path(Path(out_dir), meta["date"], meta["gpu"], "distributed"), meta, rows))
 
 
