@@ -114,3 +114,26 @@ def test_llama_sdpa_hook_with_fp32_reference_attention():
     for layer in model.layers:
         layer.attn.sdpa = _fp32_sdpa
     torch.testing.assert_close(model(x), y, rtol=1e-5, atol=1e-5)
+
+
+def test_train_step_repeats_its_gradients_and_keeps_weights():
+    """The train work's step: AdamW at lr 0 runs but moves no weight, so the warm, checked and timed calls all
+    return the same gradients (the first block's and the final norm's), which reach the end of the backward."""
+    from torch_autows.bench import train
+
+    model = llama.build_model(TINY, device="cpu", dtype=torch.float32, seed=3).train()
+    x, dy = torch.randn(2, 12, TINY.hidden), torch.randn(2, 12, TINY.hidden)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    step = train._step(model, model, x, dy)
+    g1, g2 = step(), step()
+    assert g1.numel() == sum(p.numel() for p in train._probes(model)) and bool(g1.abs().sum() > 0)
+    torch.testing.assert_close(g1, g2)
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, before[k], rtol=0, atol=0)
+
+
+def test_train_flops_and_case():
+    cfg = llama.LlamaConfig()
+    gemm, attn = 2 * 16384 * llama.layer_params(cfg), 4 * 8 * 32 * 2048**2 * 128 / 2
+    assert cases.TrainCase(8, 2048).flops == pytest.approx(4 * (3 * gemm + 3.5 * attn))
+    assert [c.name for c in cases.select("train")] == ["8x2048"]

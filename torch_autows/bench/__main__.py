@@ -22,12 +22,12 @@ from pathlib import Path
 from . import cases as _cases
 from .results import DEFAULT_OUT, default_markdown
 
-WORKS = ("gemm", "attention", "model", "decode", "fallback")
+WORKS = ("gemm", "attention", "model", "decode", "fallback", "train")
 #: Timing defaults per work: a model forward takes ~50 ms, so do_bench's default 100 ms would time it
 #: twice; measured on the H200, 1 round of that put max-autotune 8% ahead of Inductor default, 3 rounds of
 #: 1 s put them within 1% (model-6 against model-7).
 TIMING = {"gemm": (1, 25, 100), "attention": (1, 25, 100), "model": (3, 200, 1000), "decode": (3, 10, 50),
-          "fallback": (3, 25, 100)}
+          "fallback": (3, 25, 100), "train": (3, 200, 1000)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         _output_args(s)
         s.add_argument("--no-report", action="store_true", help="do not regenerate BENCHMARKS.md")
         s.add_argument("--dry-run", action="store_true", help="list cases and peers; measure nothing")
-        if work == "model":
+        if work in ("model", "train"):
             s.add_argument("--layers", type=int, default=4, help="decoder layers (default 4)")
     r = sub.add_parser("report", help="regenerate BENCHMARKS.md and the PNG plots from every JSON file in --out")
     _output_args(r)
@@ -76,6 +76,8 @@ def peers_of(work: str):
         from . import peers_decode as mod
     elif work == "fallback":
         from . import peers_fallback as mod
+    elif work == "train":
+        from . import train as mod
     else:
         from . import model as mod
     peers, notes = mod.all_peers()
@@ -183,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         selected = _cases.select(args.cmd, _split(args.cases), args.quick)
-        if args.cmd == "model" and args.layers != 4:
+        if args.cmd in ("model", "train") and args.layers != 4:
             import dataclasses
 
             selected = [dataclasses.replace(c, layers=args.layers) for c in selected]

@@ -84,6 +84,21 @@ class ModelCase:
 
 
 @dataclass(frozen=True)
+class TrainCase(ModelCase):
+    """One training step (forward, backward, AdamW) of the model work's decoder."""
+
+    @property
+    def flops(self) -> float:
+        from .llama import LlamaConfig, train_flops
+
+        return train_flops(LlamaConfig(n_layers=self.layers), self.batch, self.seqlen)
+
+    def describe(self) -> str:
+        return (f"Llama-3-8B-style decoder, {self.layers} layers, bf16 training step (fwd + bwd + AdamW), "
+                f"batch {self.batch} x seqlen {self.seqlen}")
+
+
+@dataclass(frozen=True)
 class DecodeCase:
     """A decode GEMM: ``M`` rows of activations times a [K, N] weight (bf16). Memory-bound: ``bytes`` is the
     traffic of A, B and C, which the bench turns into an effective bandwidth."""
@@ -190,16 +205,21 @@ def model_cases() -> list[ModelCase]:
     return [ModelCase(8, 2048), ModelCase(1, 16384)]
 
 
+def train_cases() -> list[TrainCase]:
+    return [TrainCase(8, 2048)]
+
+
 QUICK = {
     "gemm": ["4096x4096x4096", "8192x14336x4096", "bmm:32x2048x2048x128", "addmm:8192x4096x4096"],
     "attention": ["s2048-d128", "s2048-d128-causal", "s4096-d64", "gqa32x8-s4096-d128-causal"],
     "model": ["8x2048"],
     "decode": ["m1-4096x4096", "m16-4096x28672", "m64-14336x4096", "mlp4096x14336-r8"],
     "fallback": ["s1024-d80", "s4096-d80-causal"],
+    "train": ["8x2048"],
 }
 
 ALL = {"gemm": gemm_cases, "attention": attention_cases, "model": model_cases, "decode": decode_cases,
-       "fallback": fallback_cases}
+       "fallback": fallback_cases, "train": train_cases}
 
 
 def select(work: str, names: list[str] | None = None, quick: bool = False) -> list:

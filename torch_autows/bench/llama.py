@@ -158,3 +158,11 @@ def forward_flops(cfg: LlamaConfig, batch: int, seqlen: int) -> float:
     gemm = 2.0 * batch * seqlen * layer_params(cfg)
     attn = 4.0 * batch * cfg.n_heads * seqlen * seqlen * cfg.head_dim / 2
     return cfg.n_layers * (gemm + attn)
+
+
+def train_flops(cfg: LlamaConfig, batch: int, seqlen: int) -> float:
+    """A training step's FLOPs: the GEMMs three times (forward, then dX and dW), causal attention 3.5 times
+    (forward, then the backward's five matmuls against the forward's two), over all layers."""
+    gemm = 2.0 * batch * seqlen * layer_params(cfg)
+    attn = 4.0 * batch * cfg.n_heads * seqlen * seqlen * cfg.head_dim / 2
+    return cfg.n_layers * (3 * gemm + 3.5 * attn)

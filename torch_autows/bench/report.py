@@ -14,7 +14,7 @@ from pathlib import Path
 from .results import load_json
 
 OURS = "autows"
-WORK_ORDER = ("gemm", "decode", "attention", "fallback", "model")
+WORK_ORDER = ("gemm", "decode", "attention", "fallback", "model", "train")
 
 
 def _ordered(seq):
