@@ -1,5 +1,5 @@
 """The attention backward's main kernel (templates/attention_bwd.py) between the torch pre/postprocess
-(runtime/attention_bwd.py), run by the sequential interpreter in fp32 against ``attention_grad``'s math backward."""
+(its host side), run by the sequential interpreter in fp32 against ``attention_grad``'s math backward."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -10,7 +10,7 @@ import torch
 from torch_autows.attention_grad import attention_backward, reference_attention
 from torch_autows.interp import Violation, run_sequential
 from torch_autows.ir import Options
-from torch_autows.runtime import attention_bwd as rt
+from torch_autows.templates import attention_bwd as rt
 from torch_autows.templates.attention_bwd import AttentionBwdRequest, build
 
 
