@@ -1,7 +1,8 @@
 """IR invariants per pipeline stage. ``check(program, stage)`` raises ``VerifyError`` naming the op.
 
 Stages are ``passes.pipeline.STAGES`` ("template" and the name of each pass in PIPELINE); each stage's
-checks include those of the stages before it. From code_partition on: rings balance (``_check_code``) and
+checks include those of the stages before it. From the template on: accumulating outputs add f32 into an f32
+out arg nothing else touches (``_check_accumulate``). From code_partition on: rings balance (``_check_code``) and
 ping-pong turns are consistent (``_check_turns``: none before ping_pong makes Program.turns); from
 software_pipeline on: a partition loop whose ops span two stages runs its late ops one step behind
 (``_check_pipelined``); from tile_loop on: every partition body is one ``tile_loop`` walking ``Program.grid``
@@ -13,7 +14,7 @@ read pass analyses (``passes.buffers.value_partition``), a layer above the IR.
 """
 from __future__ import annotations
 
-from .ir import Grid, Program, check_expr, defs, format_op, walk
+from .ir import Grid, Program, check_expr, defs, format_op, value_types, walk
 from .ir.kinds import LATENCY, OPS, STRUCTURAL
 from .passes.buffers import value_partition
 from .passes.pipeline import STAGES
@@ -385,7 +386,27 @@ def _check_cross_tile(p: Program, stage: str):
 
 
 #: The checks that hold from a stage on (after ``_check_ssa``, which holds at every stage), in pipeline order.
-_FROM_STAGE = (("data_partition", (_check_chains, _check_split)), ("loop_schedule", (_check_schedule,)),
+def _check_accumulate(p: Program, stage: str):
+    """An accumulating output (``atomic_add_ptr``) adds an f32 tile into an f32 ``ptr`` out arg that no other op
+    of the program reads or writes: a read would see a sum other CTAs are still adding to, a plain store would race
+    the adds."""
+    types = value_types(p.body)
+    args = {a.name: a for a in p.args}
+    targets = {o.attr("arg"): o for o in walk(p.body) if OPS[o.kind].accumulates}
+    for name, o in targets.items():
+        a = args.get(name)
+        if a is None or a.kind != "ptr" or a.dtype != "f32" or not a.out:
+            _fail(stage, f"{o.kind} adds into {name!r}, which must be an f32 ptr out arg", o)
+        if types[o.operands[0]].dtype != "f32":
+            _fail(stage, f"{o.kind} adds a {types[o.operands[0]].dtype} tile; cast it to f32 first", o)
+    for o in walk(p.body):
+        if o.attr("arg") in targets and not OPS[o.kind].accumulates:
+            _fail(stage, f"{o.kind} touches {o.attr('arg')!r}, which atomic adds accumulate into: only adds may "
+                  f"touch it in the kernel (read the sum after it ends)", o)
+
+
+_FROM_STAGE = (("template", (_check_accumulate,)), ("data_partition", (_check_chains, _check_split)),
+               ("loop_schedule", (_check_schedule,)),
                ("partition_schedule", (_check_partitions,)), ("buffers", (_check_channels,)),
                ("memory_plan", (_check_memory,)), ("code_partition", (_check_code, _check_turns)),
                ("software_pipeline", (_check_pipelined,)), ("tile_loop", (_check_tile_loops,)),

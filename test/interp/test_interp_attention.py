@@ -65,6 +65,8 @@ def test_output_columns_past_the_head_dim_are_not_stored():
             ok = inst.matches(run_sequential(unbounded, inst.inputs()))
         except InterpError:  # the last row's padding columns run past the output
             ok = False
+        except Violation as v:  # or land on the next row, which another tile stores
+            ok = v.kind != "global-race"
         assert not ok, seed
 
 

@@ -62,9 +62,20 @@ def _activation_cases():
             for c in ("ws_p_128x128", "dec_64x128_s2")]
 
 
+def _attention_bwd_cases():
+    """The attention backward's main kernel (templates.attention_bwd; no runtime config yet), one and two chains."""
+    from torch_autows.ir import Options
+    from torch_autows.templates.attention_bwd import AttentionBwdRequest
+    from torch_autows.templates.attention_bwd import build as build_bwd
+
+    return [(f"attention_bwd/dp{dp}", build_bwd, AttentionBwdRequest(64, "bf16", True),
+             Options(block_m=64, block_n=64 * dp, stages=2, data_partition=dp)) for dp in (1, 2)]
+
+
 def test_every_kind_the_templates_and_passes_make_is_in_the_table():
     used: dict[str, set[str]] = {}
-    for _, build, req, opts in cases() + _swiglu_cases() + _residual_cases() + _activation_cases():
+    for _, build, req, opts in (cases() + _swiglu_cases() + _residual_cases() + _activation_cases()
+                                + _attention_bwd_cases()):
         trace: list = []
         pipeline.run(build(req, opts), verify=False, dump_dir="", trace=trace)
         for stage, p in trace:

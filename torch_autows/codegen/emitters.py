@@ -64,13 +64,33 @@ def _as(ctx, x: str, layout: str) -> str:
 
 def mask_guard(o, bm: int, bn: int) -> str:
     """A uniform condition, true for every block the mask can change: the block crosses the key
-    length (``col + bn > kv_len``) or, causal, the diagonal (its last column is right of its first
-    row). Every other block keeps all of its scores, so the mask is skipped there."""
-    col, kv = expr(o.attr("col")), expr(o.attr("kv_len"))
-    cond = f"({col} + {bn} > {kv})"
+    length (``col + bn > kv_len``), the query length if given, or, causal, the diagonal (its last key is
+    past its first query). Every other block keeps all of its scores, so the mask is skipped there.
+    ``keys_on_rows`` (the transposed frame): keys are rows from ``row``, queries columns from ``col``."""
+    row, col, kv = expr(o.attr("row")), expr(o.attr("col")), expr(o.attr("kv_len"))
+    (k0, nk), (q0, nq) = ((row, bm), (col, bn)) if o.attr("keys_on_rows") else ((col, bn), (row, bm))
+    cond = f"({k0} + {nk} > {kv})"
+    if o.attr("q_len") is not None:
+        cond += f" | ({q0} + {nq} > {expr(o.attr('q_len'))})"
     if o.attr("causal"):
-        cond += f" | ({col} + {bn - 1} > {expr(o.attr('row'))})"
+        cond += f" | ({k0} + {nk - 1} > {q0})"
     return cond
+
+
+def _mask_keep(ctx, o, L: str, bm: int, bn: int) -> tuple[list[str], str]:
+    """(lines, keep condition) of the general mask: key < kv_len, query < q_len (if given), causal key <= query,
+    in either frame (``keys_on_rows``)."""
+    n = v(o.results[0].name)
+    lines = [f"{n}_r = {expr(o.attr('row'))} + gl.arange(0, {bm}, layout={ctx._slice(1, L)})",
+             f"{n}_c = {expr(o.attr('col'))} + gl.arange(0, {bn}, layout={ctx._slice(0, L)})"]
+    keys, queries = (f"{n}_r[:, None]", f"{n}_c[None, :]") if o.attr("keys_on_rows") else \
+        (f"{n}_c[None, :]", f"{n}_r[:, None]")
+    keep = [f"({keys} < {expr(o.attr('kv_len'))})"]
+    if o.attr("q_len") is not None:
+        keep.append(f"({queries} < {expr(o.attr('q_len'))})")
+    if o.attr("causal"):
+        keep.append(f"({keys} <= {queries})")
+    return lines, " & ".join(keep)
 
 
 @emitter("mask")
@@ -79,6 +99,12 @@ def _mask(ctx, o, indent):
     L = ctx.layouts[r.name]
     bm, bn = r.type.shape
     x, lim = v(r.name), f"{v(r.name)}_lim"
+    if o.attr("keys_on_rows") or o.attr("q_len") is not None:
+        body, keep = _mask_keep(ctx, o, L, bm, bn)
+        body.append(f"{x} = gl.where({keep}, {v(o.operands[0])}, float(\"-inf\"))")
+        if not ctx.program.options.skip_mask:
+            return body
+        return [f"{x} = {v(o.operands[0])}", f"if {mask_guard(o, bm, bn)}:"] + ["    " + ln for ln in body]
     # one compare per score: column c of the block is kept iff c < limit of its row
     kv = expr(o.attr("kv_len"))
     body = []
@@ -139,6 +165,21 @@ def _store_ptr(ctx, o, indent):
             f"{n}_p = {o.attr('arg')}_ptr + (({expr(o.attr('row'))} + {n}_r).to(gl.int64) * ({expr(o.attr('ld'))}))"
             f"[:, None] + ({expr(o.attr('col', 0))} + {n}_c)[None, :]",
             f"gl.store({n}_p, {n}, mask={_store_mask(n, o)})"]
+
+
+@emitter("atomic_add_ptr")
+def _atomic_add_ptr(ctx, o, indent):
+    # store_ptr's addresses; a relaxed fp32 red.global.add per element (the adds of other CTAs commute with it)
+    x = o.operands[0]
+    L = ctx.layouts[x]
+    t = next(r.type for op_ in walk(ctx.part.body) for r in op_.results if r.name == x)
+    bm, bn = t.shape
+    n = v(x)
+    return [f"{n}_r = gl.arange(0, {bm}, layout={ctx._slice(1, L)})",
+            f"{n}_c = gl.arange(0, {bn}, layout={ctx._slice(0, L)})",
+            f"{n}_p = {o.attr('arg')}_ptr + (({expr(o.attr('row'))} + {n}_r).to(gl.int64) * ({expr(o.attr('ld'))}))"
+            f"[:, None] + ({expr(o.attr('col', 0))} + {n}_c)[None, :]",
+            f"gl.atomic_add({n}_p, {n}, mask={_store_mask(n, o)}, sem=\"relaxed\", scope=\"gpu\")"]
 
 
 def _store_mask(n: str, o) -> str:

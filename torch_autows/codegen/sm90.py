@@ -130,6 +130,20 @@ def _mma_wait(ctx, o, indent):
     return [f"{lhs} = warpgroup_mma_wait(num_outstanding={o.attr('pending', 0)}, deps=({deps}))"]
 
 
+@_sm90("smem_store")
+def _smem_store(ctx, o, indent):
+    # registers -> the partition's own SMEM tile (slot ``n % count`` of its counter), fenced for the async proxy
+    # (the wgmma that reads it); the result names the slot
+    r = o.results[0].name
+    b = ctx.buffers.get(next((n for n, x in ctx.buffers.items() if x.value == r), ""))
+    if b is None:
+        raise ValueError(f"codegen: smem_store %{r} has no buffer; run passes.buffers/memory_plan first")
+    if b.count != 1:
+        raise ValueError(f"codegen: smem_store %{r} into {b.count} copies of {b.name}: only one copy is lowered (the "
+                         f"step must retire every wgmma reading it before the next store); plan count=1")
+    return [f"{v(r)} = {b.name}", f"{v(r)}.store({v(o.operands[0])})", "fence_async_shared()"]
+
+
 @_sm90("store")
 def _store(ctx, o, indent):
     b = ctx.stage_buf[o.operands[0]]

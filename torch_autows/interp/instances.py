@@ -209,5 +209,55 @@ def _attention(program: Program, seed: int, shape) -> Instance:
     return Instance(desc, tensors, scalars, ref, {"o": 2 * TOL[program.arg("q").dtype], "lse": 1e-4})
 
 
+def _attention_bwd(program: Program, seed: int, shape) -> Instance:
+    """The backward's main kernel between its host-side pre/postprocess (templates.attention_bwd): outputs dq_acc
+    (the unscaled dS K, fp32), dk and dv against an fp32 math backward of the same rounded inputs. dk/dv start
+    as NaN except the rows of KV blocks the kernel is not launched for (the host zeroes those); dq_acc starts zero,
+    as the host's preprocess leaves it."""
+    from ..templates import attention_bwd as bwd
+
+    o = program.options
+    rng = random.Random(seed)
+    D = next(x.results[0].type.shape[-1] for x in walk(program.body) if x.kind == "load" and x.attr("arg") == "q")
+    causal = any(x.attr("causal") for x in walk(program.body) if x.kind == "mask")
+    if shape is not None:
+        B, Hq, Hkv, Sq, Skv = shape
+    else:
+        B, Hkv, G = rng.choice((1, 2)), rng.choice((1, 2)), rng.choice((1, 2))
+        Hq = Hkv * G
+        Sq, Skv = rng.randrange(1, 2 * o.block_m + 1), rng.randrange(1, 3 * o.block_n + 1)
+    dt = TORCH_DTYPE[program.arg("q").dtype]
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn((B, h, s, D), generator=gen).to(dt) for h, s in ((Hq, Sq), (Hkv, Skv), (Hkv, Skv)))
+    go = torch.randn((B, Hq, Sq, D), generator=gen).to(dt)
+    glse = torch.randn((B, Hq, Sq), generator=gen) if rng.random() < 0.5 else None
+    if rng.random() < 0.5:  # q/dO and k/v in the [B, S, H, D] memory layout
+        q, go = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, go))
+    if rng.random() < 0.5:
+        k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (k, v))
+    scale = D ** -0.5
+    G = Hq // Hkv
+    kf, vf = (t.float().repeat_interleave(G, 1) for t in (k, v))
+    s = q.float() @ kf.transpose(2, 3) * scale
+    if causal:
+        s = s.masked_fill(torch.ones(Sq, Skv, dtype=torch.bool).tril().logical_not(), float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
+    out = (p @ vf).to(dt)
+    ds = p * (go.float() @ vf.transpose(2, 3) - (go.float() * out.float()).sum(-1, keepdim=True)
+              + (glse[..., None] if glse is not None else 0.0))
+    dk = (ds.transpose(2, 3) @ q.float() * scale).view(B, Hkv, G, Skv, D).sum(2)
+    dv = (p.transpose(2, 3) @ go.float()).view(B, Hkv, G, Skv, D).sum(2)
+    delta, lse2 = bwd.preprocess(out, go, lse, glse)
+    vals = bwd.kernel_values(q, k, v, go, delta, lse2, causal, scale, o.block_n, fill=float("nan"))
+    tensors = {a.name: vals[a.name] for a in program.args if a.kind != "scalar"}
+    scalars = {a.name: vals[a.name] for a in program.args if a.kind == "scalar"}
+    ref = {"dq_acc": (ds @ kf).reshape(-1, D), "dk": dk.to(dt).reshape(-1, D), "dv": dv.to(dt).reshape(-1, D)}
+    tol = 1e-4 if dt == torch.float32 else 5e-2
+    desc = f"batch={B} Hq={Hq} Hkv={Hkv} Sq={Sq} Skv={Skv} D={D}" + (" causal" if causal else "") + \
+        (" grad_lse" if glse is not None else "")
+    return Instance(desc, tensors, scalars, ref, {n: tol for n in ref})
+
+
 #: An instance maker per template (``Program.template``, set by the template's build): a new template adds its own.
-MAKERS = {"gemm": _gemm_instance, "attention": _attention}
+MAKERS = {"gemm": _gemm_instance, "attention": _attention, "attention_bwd": _attention_bwd}

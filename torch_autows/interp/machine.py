@@ -169,3 +169,46 @@ class Smem:
                 if sa.lo < sb.hi and sb.lo < sa.hi:
                     self.overlaps[a].append(b)
                     self.overlaps[b].append(a)
+
+
+class GlobalWrites:
+    """Who wrote each element of the kernel's outputs in one launch, and how: a plain store (``store``,
+    ``store_ptr``, ``store_vec``) or an atomic add (``atomic_add_ptr``). Two writers (CTAs; tiles in the
+    sequential interpreter) may both add to an element, but an element one of them stores plainly must have no
+    other writer: its final value would depend on which ran last (a ``global-race``)."""
+
+    NONE, MANY = -1, -2
+
+    def __init__(self):
+        self.plain: dict[str, torch.Tensor] = {}  # arg -> writer of each element by plain store (-1: none)
+        self.atomic: dict[str, torch.Tensor] = {}  # arg -> writer of each element by atomic add (-2: several)
+
+    def _table(self, d: dict, name: str, numel: int) -> torch.Tensor:
+        t = d.get(name)
+        if t is None:
+            t = d[name] = torch.full((numel,), self.NONE, dtype=torch.int64)
+        return t
+
+    def record(self, name: str, numel: int, offs: torch.Tensor, writer: int, atomic: bool) -> str | None:
+        """Note that ``writer`` wrote elements ``offs`` (flat) of output ``name``; a message if that races."""
+        if offs.numel() == 0:
+            return None
+        plain, adds = self._table(self.plain, name, numel), self._table(self.atomic, name, numel)
+        p, a = plain[offs], adds[offs]
+        other_plain = (p != self.NONE) & (p != writer)
+        clash = other_plain if atomic else other_plain | ((a != self.NONE) & (a != writer))
+        if clash.any():
+            i = int(clash.nonzero()[0])
+            was = int(p[i]) if bool(other_plain[i]) else int(a[i])
+            how = "plain store" if bool(other_plain[i]) else "atomic add"
+            by = "several writers" if was == self.MANY else f"writer {was}"
+            return (f"element {int(offs[i])} of {name} is written by writer {writer} "
+                    f"({'atomic add' if atomic else 'plain store'}) and by {by} ({how}) in one launch: a plain "
+                    f"store must be the only write of its element (accumulate with atomic_add_ptr, or give each "
+                    f"CTA its own rows)")
+        if atomic:
+            adds[offs] = torch.where((a == self.NONE) | (a == writer), torch.full_like(a, writer),
+                                     torch.full_like(a, self.MANY))
+        else:
+            plain[offs] = writer
+        return None

@@ -118,18 +118,34 @@ def tma_load(t: torch.Tensor, coords: tuple[int, ...], shape: tuple[int, ...]) -
     return out
 
 
-def tma_store(t: torch.Tensor, coords: tuple[int, ...], tile: torch.Tensor) -> None:
-    """Write ``tile`` at ``coords`` of ``t``, clipped at the tensor's bounds (TMA store)."""
+def tma_store(t: torch.Tensor, coords: tuple[int, ...], tile: torch.Tensor) -> torch.Tensor:
+    """Write ``tile`` at ``coords`` of ``t``, clipped at the tensor's bounds (TMA store); returns the flat
+    offsets of the elements written (for ``note_write``)."""
     if t.dim() != tile.dim():
         raise InterpError(f"interp: a {tile.dim()}-D tile stored to a {t.dim()}-D tensor")
     src, dst = [], []
-    for c, n, size in zip(coords, tile.shape, t.shape):
+    offs = torch.zeros((), dtype=torch.int64)
+    for c, n, size, stride in zip(coords, tile.shape, t.shape, t.stride()):
         lo, hi = max(c, 0), min(c + n, size)
         if hi <= lo:
-            return
+            return torch.zeros(0, dtype=torch.int64)
         dst.append(slice(lo, hi))
         src.append(slice(lo - c, hi - c))
+        offs = offs.unsqueeze(-1) + torch.arange(lo, hi) * stride
     t[tuple(dst)] = tile[tuple(src)].to(t.dtype)
+    return offs.reshape(-1)
+
+
+def note_write(ctx, o: Op, name: str, offs: torch.Tensor, atomic: bool = False) -> None:
+    """Record that the running CTA (``ctx.writer``) wrote flat elements ``offs`` of output ``name``
+    (``machine.GlobalWrites``); a write that races another CTA's is reported through ``ctx.race``. A context
+    without ``writes`` records nothing."""
+    w = getattr(ctx, "writes", None)
+    if w is None:
+        return
+    msg = w.record(name, ctx.tensor(name).numel(), offs, ctx.writer, atomic)
+    if msg:
+        ctx.race(msg, o)
 
 
 def coords_of(ctx, o: Op) -> tuple[int, ...]:
@@ -156,7 +172,7 @@ def skipped(ctx, o: Op) -> bool:
 @semantics("store")
 def _store(ctx, o, args):
     if not skipped(ctx, o):
-        tma_store(ctx.tensor(o.attr("arg")), coords_of(ctx, o), args[0])
+        note_write(ctx, o, o.attr("arg"), tma_store(ctx.tensor(o.attr("arg")), coords_of(ctx, o), args[0]))
 
 
 def _split_order(ctx, msg: str, o: Op):

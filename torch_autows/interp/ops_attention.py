@@ -1,7 +1,8 @@
 """Semantics of the op kinds the attention template added, mirroring their Gluon emitters one for one.
 
     full       gl.full(shape, value)                       value may be the string "-inf"
-    mask       where(col < kv_len [and col <= row], x, -inf), cols = col + arange, rows = row + arange
+    mask       where(key < kv_len [and query < q_len] [and key <= query], x, -inf), keys the columns (col + arange)
+               and queries the rows (row + arange), or with ``keys_on_rows`` the other way round
     mulc       x * c                                       c an index expression (e.g. a scalar arg)
     fin0       where(x == -inf, 0, x)
     div0       where(b == 0, 0, a / where(b == 0, 1, b))
@@ -9,13 +10,17 @@
     store_ptr  rows row + r (r < rows_valid), columns col + c (c < cols_valid, if given), of a row-major pointer
                with leading dim ``ld``
     store_vec  ptr[offset + i] for i < valid
+    atomic_add_ptr  store_ptr's elements, added (f32) instead of stored, in one indivisible step
+    smem_store the register tile itself (the partitioned interpreter puts it in its SMEM slot)
+Every store and add is recorded per writer (``ops.note_write``): a plain store racing another CTA's write of the
+same element is a ``global-race``.
 """
 from __future__ import annotations
 
 import torch
 
 from ..ir import format_op
-from .ops import TORCH_DTYPE, InterpError, semantics
+from .ops import TORCH_DTYPE, InterpError, note_write, semantics
 
 NEG_INF = float("-inf")
 
@@ -30,12 +35,15 @@ def _full(ctx, o, args):
 def _mask(ctx, o, args):
     x = args[0]
     bm, bn = x.shape
+    rows = int(ctx.eval(o.attr("row"))) + torch.arange(bm)
     cols = int(ctx.eval(o.attr("col"))) + torch.arange(bn)
-    keep = (cols < int(ctx.eval(o.attr("kv_len"))))[None, :].expand(bm, bn)
+    keys, queries = (rows[:, None], cols[None, :]) if o.attr("keys_on_rows") else (cols[None, :], rows[:, None])
+    keep = keys < int(ctx.eval(o.attr("kv_len")))
+    if o.attr("q_len") is not None:
+        keep = keep & (queries < int(ctx.eval(o.attr("q_len"))))
     if o.attr("causal"):
-        rows = int(ctx.eval(o.attr("row"))) + torch.arange(bm)
-        keep = keep & (cols[None, :] <= rows[:, None])
-    return torch.where(keep, x, torch.full_like(x, NEG_INF))
+        keep = keep & (keys <= queries)
+    return torch.where(keep.expand(bm, bn), x, torch.full_like(x, NEG_INF))
 
 
 @semantics("mulc")
@@ -64,24 +72,45 @@ def _lse(ctx, o, args):
     return torch.where(zero, torch.full_like(val, NEG_INF), val)
 
 
-def _scatter(o, t: torch.Tensor, offs: torch.Tensor, vals: torch.Tensor) -> None:
+def _scatter(ctx, o, offs: torch.Tensor, vals: torch.Tensor, add: bool = False) -> None:
+    """Write (``add``: add, in one indivisible step) ``vals`` at flat ``offs`` of the op's ``arg``."""
+    t = ctx.tensor(o.attr("arg"))
     flat = t.view(-1)
     if offs.numel() and (offs.min() < 0 or offs.max() >= flat.numel()):
         raise InterpError(f"interp: `{format_op(o)[0].strip()}` writes outside {o.attr('arg')} ({flat.numel()} "
                           f"elements): offsets {int(offs.min())}..{int(offs.max())}")
-    flat[offs] = vals.to(t.dtype)
+    note_write(ctx, o, o.attr("arg"), offs, atomic=add)
+    if add:
+        flat.index_add_(0, offs, vals.to(t.dtype))
+    else:
+        flat[offs] = vals.to(t.dtype)
+
+
+def _tile_offsets(ctx, o, bm: int, bn: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(flat offsets, keep mask) of a [bm, bn] pointer tile: rows ``row + r`` (r < rows_valid), columns ``col + c``
+    (c < cols_valid, if given), leading dim ``ld`` (store_ptr, atomic_add_ptr)."""
+    r, c = torch.arange(bm), torch.arange(bn)
+    keep = (r < int(ctx.eval(o.attr("rows_valid"))))[:, None] & (c < int(ctx.eval(o.attr("cols_valid", bn))))[None, :]
+    col = int(ctx.eval(o.attr("col", 0)))
+    offs = (int(ctx.eval(o.attr("row"))) + r)[:, None] * int(ctx.eval(o.attr("ld"))) + col + c[None, :]
+    return offs, keep
 
 
 @semantics("store_ptr")
 def _store_ptr(ctx, o, args):
     x = args[0]
-    bm, bn = x.shape
-    r = torch.arange(bm)
-    c = torch.arange(bn)
-    keep = (r < int(ctx.eval(o.attr("rows_valid"))))[:, None] & (c < int(ctx.eval(o.attr("cols_valid", bn))))[None, :]
-    col = int(ctx.eval(o.attr("col", 0)))
-    offs = (int(ctx.eval(o.attr("row"))) + r)[:, None] * int(ctx.eval(o.attr("ld"))) + col + c[None, :]
-    _scatter(o, ctx.tensor(o.attr("arg")), offs[keep].reshape(-1), x[keep].reshape(-1))
+    offs, keep = _tile_offsets(ctx, o, *x.shape)
+    _scatter(ctx, o, offs[keep].reshape(-1), x[keep].reshape(-1))
+
+
+@semantics("atomic_add_ptr")
+def _atomic_add_ptr(ctx, o, args):
+    x = args[0]
+    if x.dtype != torch.float32 or ctx.tensor(o.attr("arg")).dtype != torch.float32:
+        raise InterpError(f"interp: `{format_op(o)[0].strip()}` adds {x.dtype} into "
+                          f"{ctx.tensor(o.attr('arg')).dtype}: atomic_add_ptr takes an f32 tile and an f32 target")
+    offs, keep = _tile_offsets(ctx, o, *x.shape)
+    _scatter(ctx, o, offs[keep].reshape(-1), x[keep].reshape(-1), add=True)
 
 
 @semantics("store_vec")
@@ -89,4 +118,10 @@ def _store_vec(ctx, o, args):
     x = args[0]
     i = torch.arange(x.shape[0])
     keep = i < int(ctx.eval(o.attr("valid")))
-    _scatter(o, ctx.tensor(o.attr("arg")), int(ctx.eval(o.attr("offset"))) + i[keep], x[keep])
+    _scatter(ctx, o, int(ctx.eval(o.attr("offset"))) + i[keep], x[keep])
+
+
+@semantics("smem_store")
+def _smem_store(ctx, o, args):
+    """The register tile as the SMEM value (the partitioned interpreter writes it into its buffer slot instead)."""
+    return args[0]

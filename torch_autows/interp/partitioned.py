@@ -17,6 +17,7 @@ every op and whenever an mbarrier wait cannot pass yet. Mirrored from the genera
     mma_wait     wait until ``pending`` remain; the accumulator is retired
     store        store_wait(copies - 1); registers -> staging slot n % copies; fence; async TMA store
                  (read at store_wait)
+    smem_store   registers -> the result's own buffer, slot n % copies (checked against unretired wgmma reads)
     turn_wait    wait turn[me] with parity (turn_n & 1), ^ 1 for partition 0 (ping-pong; the barriers are
                  Program.turns', one per turn-taking partition)
     turn_pass    arrive turn[to]; turn_n += 1
@@ -30,7 +31,7 @@ import torch
 
 from ..ir import Grid, Op, op, walk
 from .cta import CTA, SlotRef, TmaCopy
-from .ops import InterpError, apply, eval_index, skipped, tma_store
+from .ops import InterpError, apply, eval_index, note_write, skipped, tma_store
 from .sequential import tile_indices
 
 
@@ -70,6 +71,7 @@ class PartRun:
     def __init__(self, cta: CTA, part):
         self.cta, self.part, self.name = cta, part, part.name
         self.run = cta.run
+        self.writes, self.writer = self.run.writes, cta.index  # the launch's output writes (ops.note_write)
         self.env: dict = {}
         self.scalars = dict(self.run.scalars)
         self.counters: dict[str, int] = collections.defaultdict(int)
@@ -110,6 +112,9 @@ class PartRun:
 
     def fail(self, kind, msg, o=None, **kw):
         self.cta.fail(kind, msg, self.name, o if o is not None else self.op, **kw)
+
+    def race(self, msg: str, o: Op):
+        self.fail("global-race", msg, o)
 
     def log(self, o, detail=""):
         self.run.events.add(self.run.step, self.cta.index, self.name, o, detail)
@@ -224,7 +229,8 @@ class PartRun:
             st = self.cta.smem.slots[rec.key]
             if st.tag != rec.tag:
                 self.fail("overwrite", f"{rec.key[0]} was overwritten before {rec.describe()} finished reading it")
-            tma_store(self.tensor(rec.op.attr("arg")), rec.coords, st.view.clone())
+            name = rec.op.attr("arg")
+            note_write(self, rec.op, name, tma_store(self.tensor(name), rec.coords, st.view.clone()))
             st.reads.remove(rec)
 
 
@@ -411,6 +417,24 @@ def _store(pr: PartRun, o: Op):
     pr.stores.append(rec)
 
 
+def _smem_store(pr: PartRun, o: Op):
+    """A register tile into the partition's own SMEM buffer of the result (slot ``n % count`` of a per-partition
+    counter, as the codegen's ``<buf>_n``); overwriting bytes an unretired wgmma still reads is an ``overwrite``.
+    The result is a reference to the slot, read at each use."""
+    r = o.results[0].name
+    buf = next((b for b in pr.run.program.buffers if b.value == r), None)
+    if buf is None:
+        raise InterpError(f"interp: smem_store %{r} has no buffer; run buffers/memory_plan first")
+    count = buf.count or 1
+    key = (buf.name, pr.counters[buf.name] % count)
+    pr.counters[buf.name] += 1
+    data = pr.value(pr.raw(o.operands[0], o), o)
+    pr.cta.check_write(key, f"{pr.name}'s smem_store into {buf.name}[{key[1]}]", pr.name, o)
+    tag = ("smem_store", pr.name, pr.run.step)
+    pr.cta.store_slot(key, data, tag)
+    pr.env[r] = SlotRef(buf.name, key[1], tag, None)
+
+
 def _turn_wait(pr: PartRun, o: Op):
     me, k = o.attr("me"), pr.turn_n
     bar = pr.cta.turn(me, o)
@@ -461,4 +485,4 @@ def _tile_next(pr: PartRun, o: Op):
 HANDLERS = {"tile_loop": _tile_loop, "tile_next": _tile_next, "turn_wait": _turn_wait, "turn_pass": _turn_pass,
             "acquire": _acquire, "wait_ready": _wait_ready, "get": _get, "load": _load, "release": _release,
             "release_tail": _release_tail, "advance": _advance, "trans": _trans, "mma": _mma,
-            "mma_wait": _mma_wait, "store": _store}
+            "mma_wait": _mma_wait, "store": _store, "smem_store": _smem_store}

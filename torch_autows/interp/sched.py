@@ -17,7 +17,7 @@ import random
 
 from ..ir import Grid, Program, format_op
 from .cta import CTA
-from .machine import Events, Violation
+from .machine import Events, GlobalWrites, Violation
 from .ops import InterpError, one_thread
 from .partitioned import PartRun
 from .sequential import num_tiles, split_inputs
@@ -26,7 +26,7 @@ POLICIES = ("round_robin", "random", "adversarial")
 #: Violations after which the run can go on (the data is wrong, the control flow is intact): in recording
 #: mode they are collected and the run continues, so their effect on the outputs can be seen.
 RECOVERABLE = {"overwrite", "unfilled-read", "use-after-release", "wrong-phase", "over-arrive", "bad-release",
-               "release-before-retire", "unbalanced"}
+               "release-before-retire", "unbalanced", "global-race"}
 
 
 def walked_grid(program: Program) -> Grid:
@@ -181,6 +181,7 @@ class Run:
         self.step = 0
         self.max_steps = max_steps
         self.violations = violations
+        self.writes = GlobalWrites()  # which CTA wrote each output element, and how (a ``global-race`` check)
         grid = walked_grid(program)
         tiles = num_tiles(grid, self.scalars)
         ctas = min(nprog, tiles) if grid.persistent else tiles

@@ -4,22 +4,29 @@ Works on a Program before partitioning (template output) or after any pass (anal
 chains, stages, partitions, buffers are ignored; a partitioned Program keeps its ``body``). Each tile
 binds the grid's tile indices exactly as the generated kernel computes them from a linear tile id
 (``tile_indices``), then evaluates the ops in order: loops run ``range(lb, ub)`` with their carried
-values, ``yield`` hands the next values back.
+values, ``yield`` hands the next values back. Each tile counts as its own CTA for the output race check
+(``machine.GlobalWrites``): two tiles plainly storing one element is a ``global-race`` ``Violation``.
 """
 from __future__ import annotations
 
 import torch
 
 from ..ir import Grid, Op, Program
+from .machine import GlobalWrites, Violation
 from .ops import TORCH_DTYPE, InterpError, apply, eval_index, one_thread
 
 
 class Ctx:
     """What op semantics see: the kernel's tensors and the scalar environment for index expressions."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor], scalars: dict):
+    def __init__(self, tensors: dict[str, torch.Tensor], scalars: dict, writes: GlobalWrites | None = None,
+                 writer: int = 0):
         self.tensors = tensors
         self.scalars = scalars
+        self.writes, self.writer = writes, writer  # output writes of the launch, and this tile's id (ops.note_write)
+
+    def race(self, msg: str, o: Op):
+        raise Violation("global-race", msg, cta=self.writer, op=o)
 
     def eval(self, e):
         return eval_index(e, self.scalars)
@@ -124,8 +131,9 @@ def run_sequential(program: Program, inputs: dict) -> dict[str, torch.Tensor]:
     """Run ``program.body`` for every tile of the grid; out tensors in ``inputs`` are written in place
     and returned by name."""
     tensors, scalars = split_inputs(program, inputs)
+    writes = GlobalWrites()
     with one_thread():
         for tile in range(num_tiles(program, scalars)):
-            ctx = Ctx(tensors, {**scalars, **tile_indices(program, scalars, tile)})
+            ctx = Ctx(tensors, {**scalars, **tile_indices(program, scalars, tile)}, writes, tile)
             run_ops(ctx, program.body, {})
     return {a.name: tensors[a.name] for a in program.args if a.out}

@@ -13,6 +13,9 @@ Fields:
                  columns from B), "trans" (swapped), "expand" (a new size-1 dim at ``axis``), "reduce"
                  (``axis`` removed), "source" (no tile operands: read from memory), None (no tile result)
     output       writes a kernel output; data_partition splits its operand along rows (axis 0)
+    accumulates  an output that adds into memory (atomically) instead of overwriting it: several CTAs may target one
+                 element (the interpreter's ``global-race`` check allows it), and data_partition may feed it a
+                 per-chain partial sum instead of a row split
     row_attrs    attributes indexed by the tile's rows, which a chain of a data partition shifts by its first
                  row: (attribute, "offset") adds the row offset, (attribute, "bound") subtracts it
     blocking     may block the warp (a wait): ends a ping-pong issue group of mmas (ping_pong)
@@ -39,6 +42,7 @@ class OpKind:
     blocking: bool = False
     latency: int = 0
     structural: bool = False
+    accumulates: bool = False
 
     @property
     def elementwise(self) -> bool:
@@ -67,6 +71,12 @@ OPS: dict[str, OpKind] = _kinds(
     OpKind("split_reduce", (1, None), (1, None), axes="elementwise", row_attrs=(("rows_valid", "bound"),)),
     OpKind("store_ptr", _UNARY, _NONE, output=True, row_attrs=(("row", "offset"), ("rows_valid", "bound"))),
     OpKind("store_vec", _UNARY, _NONE, output=True, row_attrs=(("offset", "offset"), ("valid", "bound"))),
+    # store_ptr's addressing, but an atomic fp32 add into the target (attention backward's dQ workspace)
+    OpKind("atomic_add_ptr", _UNARY, _NONE, output=True, accumulates=True,
+           row_attrs=(("row", "offset"), ("rows_valid", "bound"))),
+    # a register tile into a partition-private SMEM slot (the result is that slot: an A operand an mma reads
+    # transposed, attention backward's dS)
+    OpKind("smem_store", _UNARY, _ONE, axes="elementwise"),
     # math
     OpKind("mma", (2, 3), _ONE, axes="mma"),
     OpKind("trans", _UNARY, _ONE, axes="trans"),
@@ -88,6 +98,8 @@ OPS: dict[str, OpKind] = _kinds(
     OpKind("gelu", _UNARY, _ONE, axes="elementwise"),
     OpKind("mulc", _UNARY, _ONE, axes="elementwise"),
     OpKind("fin0", _UNARY, _ONE, axes="elementwise"),
+    # scores past kv_len (and, with q_len, queries past q_len) to -inf, causal top-left; ``keys_on_rows``: the
+    # transposed frame (rows are keys from ``row``, columns queries from ``col``)
     OpKind("mask", _UNARY, _ONE, axes="elementwise", row_attrs=(("row", "offset"),)),
     # no template builds these yet (the interpreter's tests do)
     OpKind("neg", _UNARY, _ONE, axes="elementwise"),

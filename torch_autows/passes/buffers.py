@@ -2,8 +2,9 @@
 
 Assumes: partition_schedule ran (every non-container op has a partition).
 Guarantees: each TMA ``load`` result has a Buffer (its landing tile); each ``store`` operand has a
-staging Buffer (TMA stores read SMEM); every value used in a partition other than its producer's
-goes through a Channel (value, src, dsts, buffer). Counts and offsets are left to memory_plan.
+staging Buffer (TMA stores read SMEM); each ``smem_store`` result has a Buffer its partition alone uses;
+every value used in a partition other than its producer's goes through a Channel (value, src, dsts, buffer).
+Counts and offsets are left to memory_plan.
 Only SMEM tiles may cross partitions here: a register value used by another role is an error
 naming both roles (its SMEM hand-off is not lowered yet).
 """
@@ -92,6 +93,9 @@ def run(program: Program, options=None) -> Program:
     buffers, channels = [], []
     for o in walk(program.body):
         if o.kind == "load":
+            v = o.results[0]
+            buffers.append(Buffer(f"{v.name}_smem", v.type, v.name))
+        if o.kind == "smem_store":  # a partition's own SMEM tile (attention backward's dS): no channel
             v = o.results[0]
             buffers.append(Buffer(f"{v.name}_smem", v.type, v.name))
         if o.kind == "store":

@@ -12,6 +12,12 @@ Algorithm: propagate "split along axis a" backwards from each store's operand (a
 the ops (mma: rows come from A and the accumulator, not B; trans swaps axes; expand/reduce shift
 them; loops tie results, yields, inits and iter_args together) to a fixpoint, then rebuild the body,
 cloning every split or needed op once per chain.
+
+An output that accumulates (``atomic_add_ptr``: adds into memory) whose value is an mma with its contraction axis
+split on both operands (A along axis 1, B along axis 0; through unary ops and ``trans``: attention backward's
+dQ = dS K, with dS and K split by the dK/dV rows) takes a *partial*: the mma and the ops after it keep their full
+shape, are cloned per chain (each chain its share of the sum) and every chain adds its own partial, with no row
+shift. A partial read by anything but an accumulating output is an error (it would be stored unsummed).
 """
 from __future__ import annotations
 
@@ -53,11 +59,75 @@ def _operand_axes(o: Op, axis: int, types: dict[str, TileType]) -> dict[str, int
     raise PassError(f"data_partition: no split rule for op kind {o.kind!r} (give it ``axes`` in ir/kinds.py)")
 
 
-def _split_axes(body: tuple[Op, ...]) -> dict[str, int]:
-    types = value_types(body)
+def _accumulates(o: Op) -> bool:
+    """An output that adds into memory (``accumulates`` in the op table): it may take a per-chain partial sum."""
+    k = OPS.get(o.kind)
+    return k is not None and k.output and k.accumulates
+
+
+def _follows(x: str, dmap: dict, split: dict[str, int]) -> int | None:
+    """The axis along which ``x`` is split or derives from a split value through unary same-shape ops and
+    ``trans`` (None: neither)."""
+    swapped = False
+    while x not in split:
+        d = dmap.get(x)
+        if d is None or d.kind == "loop" or len(d.operands) != 1 or OPS[d.kind].axes not in ("elementwise", "trans"):
+            return None
+        swapped ^= OPS[d.kind].axes == "trans"
+        x = d.operands[0]
+    return 1 - split[x] if swapped else split[x]
+
+
+def _partial_chain(o: Op, dmap: dict, split: dict[str, int], users: dict) -> list[str] | None:
+    """The values from an accumulating output's operand back to the mma whose contraction axis the chains split
+    (A along axis 1, B along axis 0): each chain then adds its own full-shape partial sum (BACKWARD.md §3, Break 1).
+    None when there is no such mma: the output splits along rows as any other."""
+    chain = [o.operands[0]]
+    d = dmap.get(chain[0])
+    while d is not None and d.kind != "mma" and len(d.operands) == 1 and OPS[d.kind].axes == "elementwise":
+        chain.append(d.operands[0])
+        d = dmap.get(chain[-1])
+    if d is None or d.kind != "mma" or len(d.operands) != 2:
+        return None
+    if _follows(d.operands[0], dmap, split) != 1 or _follows(d.operands[1], dmap, split) != 0:
+        return None
+    for x in chain:  # a partial is summed only by the memory it is added into
+        for u in users.get(x, ()):
+            if not (_accumulates(u) or any(r.name in chain for r in u.results)):
+                raise PassError(f"data_partition: %{x} is a partial sum (each chain's share of a split contraction) "
+                                f"read by `{u.kind}`: a partial sum would be stored; only accumulating outputs "
+                                f"(atomic_add_ptr) may take it")
+    return chain
+
+
+def _split_axes(body: tuple[Op, ...]) -> tuple[dict[str, int], set[str]]:
+    """(value -> axis the chains split it along, partial values): from the outputs' rows, then for each
+    accumulating output either a partial (``_partial_chain``) or a row split as well."""
     dmap = defs(body)
     split: dict[str, int] = {}
-    work = [(o.operands[0], 0) for o in walk(body) if _output(o)]
+    _propagate(body, [(o.operands[0], 0) for o in walk(body) if _output(o) and not _accumulates(o)], split)
+    users: dict[str, list[Op]] = {}
+    for o in walk(body):
+        for x in o.operands:
+            users.setdefault(x, []).append(o)
+    partial: set[str] = set()
+    for o in walk(body):
+        if not _accumulates(o) or o.operands[0] in partial:
+            continue
+        chain = _partial_chain(o, dmap, split, users)
+        if chain is None:
+            _propagate(body, [(o.operands[0], 0)], split)
+            continue
+        partial.update(chain)
+        mma = dmap[chain[-1]]
+        _propagate(body, [(mma.operands[0], 1), (mma.operands[1], 0)], split)
+    return split, partial
+
+
+def _propagate(body: tuple[Op, ...], work: list[tuple[str, int]], split: dict[str, int]) -> None:
+    """Add ``work``'s (value, axis) splits to ``split`` and everything they imply, to a fixpoint."""
+    types = value_types(body)
+    dmap = defs(body)
     while work:
         v, axis = work.pop()
         if split.get(v) == axis:
@@ -76,7 +146,6 @@ def _split_axes(body: tuple[Op, ...]) -> dict[str, int]:
         for x, ax in _operand_axes(d, axis, types).items():
             if ax is not None:
                 work.append((x, ax))
-    return split
 
 
 def run(program: Program, options=None) -> Program:
@@ -88,7 +157,7 @@ def run(program: Program, options=None) -> Program:
         raise PassError(f"data_partition: split_k={opts.split_k} with {f} chains: the chains would share one "
                         f"reduction counter; use data_partition=1 with split_k")
     program = split_k.run(program, opts)  # the K axis across CTAs first; then the tile's rows across chains
-    split = _split_axes(program.body)
+    split, partial = _split_axes(program.body)
     types = value_types(program.body)
     for v, ax in split.items():
         if types[v].shape[ax] % f:
@@ -96,10 +165,10 @@ def run(program: Program, options=None) -> Program:
     dmap = defs(program.body)
     # Values the chains need that are not split: replicate them per chain, except shared TMA loads.
     needed: set[str] = set()
-    work = [x for v in split for x in (dmap[v].operands if dmap[v].kind != "loop" else ())]
+    work = [x for v in (*split, *partial) for x in (dmap[v].operands if dmap[v].kind != "loop" else ())]
     while work:
         x = work.pop()
-        if x in split or x in needed:
+        if x in split or x in needed or x in partial:
             continue
         d = dmap[x]
         if d.kind == "load":
@@ -108,7 +177,7 @@ def run(program: Program, options=None) -> Program:
         work += list(d.operands)
 
     def rename(x: str, i: int) -> str:
-        if f == 1 or (x not in split and x not in needed):
+        if f == 1 or (x not in split and x not in needed and x not in partial):
             return x
         return f"{x}_c{i}"
 
@@ -135,7 +204,7 @@ def run(program: Program, options=None) -> Program:
             new = new.with_attrs(coords=coords)
         rows = o.results[0].type.shape[0] if o.results else types[o.operands[0]].shape[0]
         step = i * (rows // f)
-        if step:  # row-indexed attrs follow the chain's rows
+        if step and not any(x in partial for x in o.operands):  # row-indexed attrs follow the chain's rows
             for a, how in OPS[o.kind].row_attrs if o.kind in OPS else ():
                 v = o.attr(a)
                 new = new.with_attrs(**{a: add_offset(v, step) if how == "offset" else f"{v}-{step}"})
@@ -164,7 +233,7 @@ def run(program: Program, options=None) -> Program:
                 for x in o.operands:
                     ops_ += [rename(x, i) for i in range(f)] if (x in split or x in needed) else [x]
                 out.append(replace(o, operands=tuple(ops_)))
-            elif _output(o) or any(r.name in split or r.name in needed for r in o.results):
+            elif _output(o) or any(r.name in split or r.name in needed or r.name in partial for r in o.results):
                 out += [clone(o, i) for i in range(f)]
             else:
                 out.append(o)

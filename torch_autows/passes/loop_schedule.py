@@ -17,8 +17,10 @@ deferred mma back to back, so the tensor core runs P V under step j's softmax.
 
 Algorithm: ASAP list scheduling over the body's def-use DAG (loop-carried edges excluded) with
 latencies in stages: a TMA load's data is consumed one stage later (its copy overlaps the step
-before), everything else in the same stage. The stage distance of a cross-partition edge becomes
-the minimum ring depth memory_plan must give its buffer.
+before), everything else in the same stage; then, users first, an op without latency other than an mma moves to
+its first user's stage (attention backward's lse2/delta pointer loads and their broadcasts: they read nothing of
+a TMA load, but running them a stage early would only make the consumer's loop span two stages). The stage
+distance of a cross-partition edge becomes the minimum ring depth memory_plan must give its buffer.
 """
 from __future__ import annotations
 
@@ -46,6 +48,12 @@ def _schedule(loop: Op, opts) -> Op:
     for o in body:
         for x in o.operands:
             users.setdefault(x, []).append(o)
+    for i in reversed(range(len(body))):  # register work without latency runs with its first user, not before
+        o = body[i]
+        if i in stage and not LATENCY.get(o.kind) and o.kind != "mma" and not o.body:
+            later = [stage[index[u.results[0].name]] if u.results else stage[body.index(u)]
+                     for r in o.results for u in users.get(r.name, ()) if u.kind != "yield"]
+            stage[i] = max(stage[i], min(later, default=stage[i]))
     if opts.defer_mma:
         for i in _deferred(body, index, users, loop):
             stage[i] += 1

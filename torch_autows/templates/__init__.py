@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import attention, gemm
+from . import attention, attention_bwd, gemm
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,7 @@ class Template:
 TEMPLATES: dict[str, Template] = {
     "gemm": Template("gemm", gemm.GemmRequest, gemm.build),
     "attention": Template("attention", attention.AttentionRequest, attention.build),
+    "attention_bwd": Template("attention_bwd", attention_bwd.AttentionBwdRequest, attention_bwd.build),
 }
 
 

@@ -1,0 +1,102 @@
+"""The attention backward's main kernel through the passes (passes/BACKWARD.md §3, step 3): verified after every
+stage, interpreted under every policy against torch, dQ's partial-sum rule in data_partition, the verifier's
+accumulate check, and a plain dQ store caught as a ``global-race``."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from programs import violation_kinds
+
+from torch_autows.interp import POLICIES, interpret_report
+from torch_autows.ir import Options, Value, op, walk
+from torch_autows.passes import PassError, data_partition, pipeline
+from torch_autows.templates.attention_bwd import AttentionBwdRequest, build
+from torch_autows.verify import VerifyError, check
+
+
+def _opts(dp=1, bn=64):
+    return Options(block_m=64, block_n=bn, stages=2, data_partition=dp)
+
+
+@pytest.mark.parametrize("d,dt,causal", [(64, "bf16", True), (128, "fp16", False), (64, "f32", False)])
+def test_pipeline_verifies_after_every_stage(d, dt, causal):
+    trace: list = []
+    pipeline.run(build(AttentionBwdRequest(d, dt, causal), _opts()), verify=True, dump_dir="", trace=trace)
+    assert [n for n, _ in trace] == list(pipeline.STAGES)
+    last = trace[-1][1]
+    assert [b.name for b in last.buffers if b.value == "dss"] == ["dss_smem"]  # dS's own SMEM tile, one copy
+    assert last.buffer("dss_smem").count == 1
+
+
+@pytest.mark.parametrize("d,dt,causal,dp", [(64, "f32", True, 1), (128, "f32", False, 1), (64, "bf16", True, 1),
+                                             (64, "f32", False, 2)])
+def test_every_policy_and_seed_matches_torch(d, dt, causal, dp):
+    before = build(AttentionBwdRequest(d, dt, causal), _opts(dp, 64 * dp))
+    after = pipeline.run(before, verify=True, dump_dir="")
+    ok, report = interpret_report(before, after, seeds=4)
+    assert ok, report
+
+
+def test_a_plain_dq_store_after_the_passes_is_a_global_race():
+    after = pipeline.run(build(AttentionBwdRequest(64, "f32", False), _opts()), dump_dir="")
+
+    def plain(ops):
+        return tuple(replace(o, kind="store_ptr", body=plain(o.body)) if o.kind == "atomic_add_ptr"
+                     else replace(o, body=plain(o.body)) for o in ops)
+    mutated = replace(after, partitions=tuple(replace(pt, body=plain(pt.body)) for pt in after.partitions))
+    assert any(o.kind == "store_ptr" and o.attr("arg") == "dq_acc" for pt in mutated.partitions for o in walk(pt.body))
+    # shapes with several KV blocks per Q block: their dQ stores land on the same rows
+    kinds = violation_kinds(mutated, seeds=2, shape=(1, 2, 1, 70, 200))
+    assert kinds == ["global-race"] * (2 * len(POLICIES)), kinds
+    assert set(violation_kinds(after, seeds=2, shape=(1, 2, 1, 70, 200))) == {"ok"}
+
+
+def test_two_chains_add_full_size_partials_of_dq():
+    """data_partition=2 splits the keys: each chain's dS K is a partial sum over its half of the keys, added at
+    the same dQ rows (no row shift), while dK/dV rows shift by the chain's first key."""
+    p = data_partition.run(build(AttentionBwdRequest(64, "bf16", True), _opts(2, 128)))
+    adds = [o for o in walk(p.body) if o.kind == "atomic_add_ptr"]
+    assert [o.chain for o in adds] == [0, 1] and adds[0].attr("row") == adds[1].attr("row")
+    dq = {r.name: r.type.shape for o in walk(p.body) if o.kind == "mma" for r in o.results if r.name.startswith("dq")}
+    assert dq == {"dq_c0": (64, 64), "dq_c1": (64, 64)}
+    stores = [o for o in walk(p.body) if o.kind == "store_ptr" and o.attr("arg") == "dk"]
+    assert stores[1].attr("row") == stores[0].attr("row") + "+64"
+
+
+def test_a_partial_sum_read_by_anything_but_an_add_is_refused():
+    p = build(AttentionBwdRequest(64, "bf16", False), _opts())
+    loop = next(o for o in p.body if o.kind == "loop")
+    extra = op("mulc", [Value("dq2", next(r.type for o in loop.body for r in o.results if r.name == "dq"))], ["dq"],
+               c="scale")
+    body = loop.body[:-1] + (extra, loop.body[-1])
+    bad = replace(p, body=tuple(replace(o, body=body) if o is loop else o for o in p.body))
+    with pytest.raises(PassError, match="a partial sum would be stored"):
+        data_partition.run(bad)
+
+
+def _retarget(p, **change):
+    def fix(ops):
+        return tuple(replace(o.with_attrs(**change) if o.kind == "load_vec" and o.attr("arg") == "delta" else o,
+                             body=fix(o.body)) for o in ops)
+    return replace(p, body=fix(p.body))
+
+
+def test_verifier_checks_what_atomic_adds_accumulate_into():
+    p = build(AttentionBwdRequest(64, "bf16", False), _opts())
+    check(p, "template")
+    with pytest.raises(VerifyError, match="only adds may touch it"):
+        check(_retarget(p, arg="dq_acc"), "template")  # a read of the workspace the CTAs are adding to
+    loop = next(o for o in p.body if o.kind == "loop")
+    body = tuple(o.with_attrs(arg="dk") if o.kind == "atomic_add_ptr" else o for o in loop.body)
+    with pytest.raises(VerifyError, match="must be an f32 ptr out arg"):
+        check(replace(p, body=tuple(replace(o, body=body) if o is loop else o for o in p.body)), "template")
+
+
+def test_every_stage_prints_and_parses_back():
+    from torch_autows.ir import format_program, parse_program
+
+    trace: list = []
+    pipeline.run(build(AttentionBwdRequest(64, "bf16", True), _opts(2, 128)), dump_dir="", trace=trace)
+    for name, p in trace:
+        assert parse_program(format_program(p)) == p, name

@@ -1,0 +1,214 @@
+"""Attention backward template, the main kernel (passes/BACKWARD.md §2): dK, dV and the fp32 dQ workspace of
+``(out, lse) = attention(q, k, v)`` from dO, in FlashAttention-3's transposed frame.
+
+One tile is BN keys (block ``pid_n``) of one (batch, kv-head) ``pid_bh`` of B*Hkv. K_n and V_n are loaded once and
+stay in SMEM; dK_n and dV_n accumulate in registers while the loop walks, for each of the G q-heads of the group,
+the Q blocks that see these keys (causal: from m_lo = n*BN // BM on). Per step (q-head h, Q block m), with c =
+scale * log2 e and lse2 = lse * log2 e, delta = rowsum(dO * O) (minus dlse with a gradient into lse) from the
+preprocess (``runtime/attention_bwd.py``):
+
+    S^T = K Q^T   dP^T = V dO^T   P^T = exp2(mask(S^T * c) - lse2)   dS^T = P^T (dP^T - delta)
+    dV += P^T dO   dK += dS^T Q   dQ_acc[h, m] += (dS^T)^T K   (dS^T through SMEM: smem_store, then a trans view)
+
+and at the end dK *= scale. dQ_acc [B*Hq*Sq, tile_d] f32 is added to atomically (several KV blocks add to one Q
+block); the postprocess turns scale * dQ_acc into dQ. Tensors are read through the forward's 2-D row views (rows
+``b*rb + h*rh + s``, columns ``h*ch + d``): q, k, v and do each with their own (rb, rh, ch), dk and dv written
+through pointers with (dk_rb, dk_rh, dk_ch) and rows of D + (Hkv-1)*dk_ch elements. Rows past a head's end are
+other heads' rows, so every padded score must give P = 0: the mask keeps key < Skv, query < Sq and (causal,
+top-left) key <= query, and lse2/delta are read with a bound (0 past the head), so no NaN enters. dK/dV rows
+are stored up to Skv, dQ rows added up to Sq.
+
+The host side, pure torch (templates of their own later; not wired into ``attention_grad`` yet):
+
+    delta, lse2 = preprocess(out, grad_out, lse, grad_lse)   rowsum(fp32(dO) * fp32(O)) [- dlse]; fin0(lse) * log2 e
+    values = kernel_values(q, k, v, grad_out, delta, lse2, causal, scale, block_n)
+                                                           a value per argument name: 2-D row views, the zeroed
+                                                           fp32 dQ workspace, dK/dV (rows of the KV blocks the
+                                                           kernel skips already zero), scalars
+    dq, dk, dv = gradients(values, scale, q, k)            dQ = scale * dQ_acc in q's dtype; [B, H, S, D] each
+
+Causal: a KV block whose first key is at or past Sq sees no query; the runtime launches only the blocks n <
+cdiv(min(Sq, Skv), BN) (the ``NB`` scalar: ``kv_blocks``) and zeroes the rest of dK/dV
+itself, so every loop runs at least once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..ir import Arg, Grid, Options, Program, TileType, Value, op
+
+#: Head dims the template takes (tile width = head dim).
+HEAD_DIMS = (64, 128)
+#: Operand dtypes: bf16/fp16 for the GPU; f32 for the CPU interpreter's exact checks (codegen takes 16-bit only).
+DTYPES = ("bf16", "fp16", "f32")
+
+
+@dataclass(frozen=True)
+class AttentionBwdRequest:
+    d: int
+    dtype: str = "bf16"
+    causal: bool = False
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"attention_bwd template: dtype {self.dtype!r} not served; use one of {DTYPES}")
+        if self.d not in HEAD_DIMS:
+            raise ValueError(f"attention_bwd template: head dim {self.d} not served; use one of {HEAD_DIMS}")
+
+
+def q_blocks(BM: int, BN: int, causal: bool) -> tuple[str, str]:
+    """(first Q block, Q blocks per q-head) that KV block ``pid_n`` sees, as index expressions."""
+    lo = "(pid_n*%d)//%d" % (BN, BM) if causal else "0"
+    return lo, "(cdiv(Sq,%d)-%s)" % (BM, lo)
+
+
+def build(req: AttentionBwdRequest, opts: Options) -> Program:
+    BM, BN, D, dt = opts.block_m, opts.block_n, req.d, req.dtype
+    T = TileType
+    args = (Arg("q", "tensor", dt, ("BHSq", "D")), Arg("k", "tensor", dt, ("BHSkv", "D")),
+            Arg("v", "tensor", dt, ("BHSkv", "D")), Arg("do", "tensor", dt, ("BHSq", "D")),
+            Arg("lse2", "ptr", "f32", ("BHSq",)), Arg("delta", "ptr", "f32", ("BHSq",)),
+            Arg("dq_acc", "ptr", "f32", ("BHSq", "D"), out=True),
+            Arg("dk", "ptr", dt, ("BHSkv", "D"), out=True), Arg("dv", "ptr", dt, ("BHSkv", "D"), out=True),
+            Arg("Sq", "scalar", "i32"), Arg("Skv", "scalar", "i32"), Arg("Hq", "scalar", "i32"),
+            Arg("Hkv", "scalar", "i32"), Arg("G", "scalar", "i32"), Arg("qk_scale", "scalar", "f32"),
+            Arg("scale", "scalar", "f32"),
+            Arg("q_rb", "scalar", "i32"), Arg("q_rh", "scalar", "i32"), Arg("q_ch", "scalar", "i32"),
+            Arg("kv_rb", "scalar", "i32"), Arg("kv_rh", "scalar", "i32"), Arg("kv_ch", "scalar", "i32"),
+            Arg("do_rb", "scalar", "i32"), Arg("do_rh", "scalar", "i32"), Arg("do_ch", "scalar", "i32"),
+            Arg("dk_rb", "scalar", "i32"), Arg("dk_rh", "scalar", "i32"), Arg("dk_ch", "scalar", "i32"),
+            Arg("BH", "scalar", "i32"), Arg("NB", "scalar", "i32"))
+    b, kvh = "(pid_bh//Hkv)", "(pid_bh%Hkv)"
+    lo, per_head = q_blocks(BM, BN, req.causal)
+    h = "(%s*G+j//%s)" % (kvh, per_head)  # the q-head of step j
+    m = "(%s+j%%%s)" % (lo, per_head)  # its Q block
+    row = "(%s*Hq+%s)*Sq+%s*%d" % (b, h, m, BM)  # first row of the step in [B*Hq*Sq] (lse2, delta, dq_acc)
+    kv_at = ("%s*kv_rb+%s*kv_rh+pid_n*%d" % (b, kvh, BN), "%s*kv_ch" % kvh)
+    q_at = ("%s*q_rb+%s*q_rh+%s*%d" % (b, h, m, BM), "%s*q_ch" % h)
+    do_at = ("%s*do_rb+%s*do_rh+%s*%d" % (b, h, m, BM), "%s*do_ch" % h)
+    vec = {"offset": row, "size": "(%s*Hq+%s)*Sq+Sq" % (b, h)}
+    st_t, kd_t, col_t = T("f32", (BN, BM)), T("f32", (BN, D)), T("f32", (1, BM))
+    loop_body = (
+        op("load", [Value("q", T(dt, (BM, D), "smem"))], arg="q", coords=q_at),
+        op("load", [Value("do", T(dt, (BM, D), "smem"))], arg="do", coords=do_at),
+        op("load_vec", [Value("lv", T("f32", (BM,)))], arg="lse2", **vec),
+        op("load_vec", [Value("dl", T("f32", (BM,)))], arg="delta", **vec),
+        op("trans", [Value("qt", T(dt, (D, BM), "smem"))], ["q"]),
+        op("mma", [Value("st", st_t)], ["k", "qt"]),
+        op("trans", [Value("dot", T(dt, (D, BM), "smem"))], ["do"]),
+        op("mma", [Value("dpt", st_t)], ["v", "dot"]),
+        op("mulc", [Value("s2", st_t)], ["st"], c="qk_scale"),
+        op("mask", [Value("sm", st_t)], ["s2"], row="pid_n*%d" % BN, col="%s*%d" % (m, BM), kv_len="Skv", q_len="Sq",
+           causal=req.causal, keys_on_rows=True),
+        op("expand", [Value("lr", col_t)], ["lv"], axis=0),
+        op("sub", [Value("sd", st_t)], ["sm", "lr"]),
+        op("exp2", [Value("pt", st_t)], ["sd"]),
+        op("cast", [Value("p16", T(dt, (BN, BM)))], ["pt"]),
+        op("mma", [Value("dv_new", kd_t)], ["p16", "do", "dv"]),
+        op("expand", [Value("dr", col_t)], ["dl"], axis=0),
+        op("sub", [Value("dd", st_t)], ["dpt", "dr"]),
+        op("mul", [Value("dst", st_t)], ["pt", "dd"]),
+        op("cast", [Value("ds16", T(dt, (BN, BM)))], ["dst"]),
+        op("mma", [Value("dk_new", kd_t)], ["ds16", "q", "dk"]),
+        op("smem_store", [Value("dss", T(dt, (BN, BM), "smem"))], ["ds16"]),
+        op("trans", [Value("ds", T(dt, (BM, BN), "smem"))], ["dss"]),
+        op("mma", [Value("dq", T("f32", (BM, D)))], ["ds", "k"]),
+        op("atomic_add_ptr", [], ["dq"], arg="dq_acc", row=row, col=0, ld=D, rows_valid="Sq-%s*%d" % (m, BM)),
+        op("yield", [], ["dk_new", "dv_new"]),
+    )
+    dk_row = "%s*dk_rb+%s*dk_rh+pid_n*%d" % (b, kvh, BN)
+    out = {"row": dk_row, "col": "%s*dk_ch" % kvh, "ld": "%d+(Hkv-1)*dk_ch" % D, "rows_valid": "Skv-pid_n*%d" % BN}
+    body = (
+        op("load", [Value("k", T(dt, (BN, D), "smem"))], arg="k", coords=kv_at),
+        op("load", [Value("v", T(dt, (BN, D), "smem"))], arg="v", coords=kv_at),
+        op("zeros", [Value("dk0", kd_t)]),
+        op("zeros", [Value("dv0", kd_t)]),
+        op("loop", [Value("dk_f", kd_t), Value("dv_f", kd_t)], ["dk0", "dv0"], loop_body, var="j", lb=0,
+           ub="G*%s" % per_head, iter_args=("dk", "dv"), min_trip=1),
+        op("mulc", [Value("dks", kd_t)], ["dk_f"], c="scale"),
+        op("cast", [Value("dk16", T(dt, (BN, D)))], ["dks"]),
+        op("store_ptr", [], ["dk16"], arg="dk", **out),
+        op("cast", [Value("dv16", T(dt, (BN, D)))], ["dv_f"]),
+        op("store_ptr", [], ["dv16"], arg="dv", **out),
+    )
+    name = f"attn_bwd_{dt}_d{req.d}_{BM}x{BN}" + ("_causal" if req.causal else "")
+    grid = Grid((("pid_bh", "BH"), ("pid_n", "NB")), persistent=False, group=1)
+    return Program(name, args, grid, opts, body, template="attention_bwd")
+
+
+# ------------------------------------------------------------------------------------------ host side
+
+LOG2E = 1.4426950408889634
+
+
+def kv_blocks(Sq: int, Skv: int, block_n: int, causal: bool) -> int:
+    """KV blocks to launch per (batch, kv-head), the kernel's ``NB`` scalar: causal,
+    only those whose first key is below Sq (the others see no query)."""
+    return -(-(min(Sq, Skv) if causal else Skv) // block_n)
+
+
+def preprocess(out: torch.Tensor, grad_out: torch.Tensor | None, lse: torch.Tensor,
+               grad_lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(delta, lse2), each [B*Hq*Sq] f32: delta = rowsum(fp32(dO) * fp32(O)) - dlse (a gradient into lse folds in
+    here: dS = P (dP - delta + dlse)); lse2 = lse * log2 e, 0 where lse is -inf (a row with every key masked)."""
+    delta = torch.zeros(lse.shape, dtype=torch.float32, device=lse.device)
+    if grad_out is not None:
+        delta = (grad_out.float() * out.float()).sum(-1)
+    if grad_lse is not None:
+        delta = delta - grad_lse.float()
+    lse = lse.float()
+    lse2 = torch.where(lse == float("-inf"), torch.zeros_like(lse), lse * LOG2E)
+    return delta.reshape(-1).contiguous(), lse2.reshape(-1).contiguous()
+
+
+def _rows(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
+    """``t`` [B, H, S, D] as the 2-D row view the kernel reads (element (b, h, s, d) at row b*rb + h*rh + s,
+    column h*ch + d) and (rb, rh, ch); a layout that is neither [B, H, S, D] nor [B, S, H, D] is copied."""
+    B, H, S, D = t.shape
+    if t.transpose(1, 2).is_contiguous() and not t.is_contiguous():
+        return t.transpose(1, 2).reshape(B * S, H * D), (S, 0, D)
+    t = t.contiguous()
+    return t.reshape(B * H * S, D), (H * S, S, 0)
+
+
+def kernel_values(q, k, v, grad_out, delta, lse2, causal: bool, scale: float, block_n: int,
+                  fill: float | None = None) -> dict:
+    """A value per argument name of the attention_bwd template. dK/dV are new [B, Hkv, Skv, D] tensors (their
+    2-D views under "dk"/"dv"), left uninitialised (``fill``: filled, as the interpreter's poison) except the rows
+    of the KV blocks the kernel is not launched for (causal, keys at or past Sq), which are zero; the dQ
+    workspace is zero. ``grad_out`` None: zeros (only a gradient into lse flows)."""
+    B, Hq, Sq, D = q.shape
+    Hkv, Skv = k.shape[1], k.shape[2]
+    if grad_out is None:
+        grad_out = torch.zeros_like(q)
+    (q2, qs), (k2, ks), (v2, vs), (do2, ds) = (_rows(t) for t in (q, k, v, grad_out))
+    if vs != ks:
+        k2, ks = _rows(k.contiguous())
+        v2, vs = _rows(v.contiguous())
+    make = torch.empty if fill is None else (lambda *s, **kw: torch.full(s, fill, **kw))
+    dk, dv = (make(B, Hkv, Skv, D, dtype=k.dtype, device=k.device) for _ in range(2))
+    NB = kv_blocks(Sq, Skv, block_n, causal)
+    dk[:, :, NB * block_n:] = 0
+    dv[:, :, NB * block_n:] = 0
+    vals = {"q": q2, "k": k2, "v": v2, "do": do2, "lse2": lse2, "delta": delta,
+            "dq_acc": torch.zeros(B * Hq * Sq, D, dtype=torch.float32, device=q.device),
+            "dk": dk.view(B * Hkv * Skv, D), "dv": dv.view(B * Hkv * Skv, D),
+            "Sq": Sq, "Skv": Skv, "Hq": Hq, "Hkv": Hkv, "G": Hq // Hkv, "qk_scale": scale * LOG2E, "scale": scale,
+            "BH": B * Hkv, "NB": NB}
+    for pre, s in (("q", qs), ("kv", ks), ("do", ds), ("dk", (Hkv * Skv, Skv, 0))):
+        vals.update(zip((f"{pre}_rb", f"{pre}_rh", f"{pre}_ch"), s))
+    return vals
+
+
+def postprocess(dq_acc: torch.Tensor, scale: float, q: torch.Tensor) -> torch.Tensor:
+    """dQ [B, Hq, Sq, D] in q's dtype: scale * the fp32 workspace [B*Hq*Sq, D]."""
+    return (dq_acc * scale).to(q.dtype).view(q.shape)
+
+
+def gradients(values: dict, scale: float, q: torch.Tensor, k: torch.Tensor):
+    """(dq, dk, dv) [B, H, S, D] from the values after the kernel ran."""
+    B, Hkv, Skv, D = k.shape
+    return (postprocess(values["dq_acc"], scale, q), values["dk"].view(B, Hkv, Skv, D),
+            values["dv"].view(B, Hkv, Skv, D))
