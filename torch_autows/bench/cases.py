@@ -128,16 +128,19 @@ class DecodeCase:
 
 @dataclass(frozen=True)
 class MlpCase:
-    """A SwiGLU MLP (hidden -> ffn -> hidden, bf16, no bias) on ``rows`` tokens, through torch.compile."""
+    """A SwiGLU MLP (hidden -> ffn -> hidden, bf16, no bias) on ``rows`` tokens, through torch.compile;
+    ``graphs``: both sides compiled with ``mode="reduce-overhead"`` (CUDA graphs, as decode loops run), so
+    the host's launch overhead is out of both."""
 
     rows: int
     hidden: int = 4096
     ffn: int = 14336
     dtype: str = "bf16"
+    graphs: bool = False
 
     @property
     def name(self) -> str:
-        return f"mlp{self.hidden}x{self.ffn}-r{self.rows}"
+        return f"mlp{self.hidden}x{self.ffn}-r{self.rows}" + ("-graphs" if self.graphs else "")
 
     @property
     def flops(self) -> float:
@@ -148,7 +151,8 @@ class MlpCase:
         return 2 * 3 * self.hidden * self.ffn
 
     def describe(self) -> str:
-        return f"MLP {self.hidden}->{self.ffn}->{self.hidden} bf16, {self.rows} rows, backend=autows vs default"
+        return (f"MLP {self.hidden}->{self.ffn}->{self.hidden} bf16, {self.rows} rows, backend=autows vs default"
+                + (', both mode="reduce-overhead"' if self.graphs else ""))
 
 
 TOKENS = 16384
@@ -192,7 +196,7 @@ DECODE_KN = [(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096), (8192, 10
 
 def decode_cases() -> list:
     cases: list = [DecodeCase(m, k, n) for k, n in DECODE_KN for m in DECODE_M]
-    return cases + [MlpCase(r) for r in (1, 8, 64, 256)]
+    return cases + [MlpCase(r, graphs=g) for g in (False, True) for r in (1, 8, 64, 256)]
 
 
 def fallback_cases() -> list[AttnCase]:

@@ -112,12 +112,13 @@ def _compiled(case, inp, backend: str | None) -> Bound:
     import torch
 
     mlp, x = inp["mlp"], inp["x"]
+    mode = "reduce-overhead" if case.graphs else None
     if backend == "autows":
         from .model import autows_backend
 
-        cm = torch.compile(mlp, backend=autows_backend(), dynamic=False)
+        cm = torch.compile(mlp, backend=autows_backend(), dynamic=False, mode=mode)
     else:
-        cm = torch.compile(mlp, dynamic=False)
+        cm = torch.compile(mlp, dynamic=False, mode=mode)
 
     def fn():
         with torch.no_grad():
