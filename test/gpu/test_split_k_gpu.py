@@ -69,3 +69,43 @@ def test_heuristic_decode_configs(m, k, n):
     torch.cuda.synchronize()
     assert rt.choose_config(m, n, k).startswith("dec_")
     assert _rel(out, a.float() @ b.float()) < 1e-2
+
+
+def test_capture_keeps_no_scratch():
+    """A launch captured in a CUDA graph gets scratch of its own that it does not keep: nothing of the capture's
+    pool stays alive in the per-stream cache."""
+    from torch_autows.runtime import scratch
+
+    a, b = _inputs(4, 4096, 2048)
+    out = torch.empty(4, 2048, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    before = dict(scratch._pairs)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        rt.gemm(a, b, None, torch.bfloat16, config="dec_64x128_s3", out=out)
+    assert scratch._pairs == before
+    for _ in range(2):
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert _rel(out, a.float() @ b.float()) < 1e-2
+
+
+def test_reduce_overhead_compile_with_a_split_k_site():
+    """torch.compile(backend="autows", mode="reduce-overhead") on a decode GEMM our split-K kernel serves: cudagraph
+    trees record and replay it (a split-K workspace kept from the capture made them refuse: "tensor(s) in the
+    cudagraph pool not tracked as outputs", the decode MLP at 64 rows on the H200)."""
+    import torch_autows
+    from torch_autows.runtime import fallback
+
+    assert rt.CONFIGS[rt.choose_config(8, 4096, 14336)].split_k > 1  # the site is a split-K launch
+    torch._dynamo.reset()
+    lin = torch.nn.Linear(14336, 4096, bias=False).cuda().to(torch.bfloat16)
+    before = fallback.counters["gemm.autows"]
+    with torch_autows.config.patch(choice="autows"), torch.no_grad():
+        f = torch.compile(lin, backend="autows", mode="reduce-overhead", dynamic=False)
+        for _ in range(4):  # cudagraph trees record on a later call, then replay
+            x = torch.randn(8, 14336, device="cuda", dtype=torch.bfloat16)
+            y = f(x).float()
+            assert _rel(y, x.float() @ lin.weight.float().t()) < 1e-2
+    assert fallback.counters["gemm.autows"] > before
