@@ -37,11 +37,12 @@ def test_gemm_dry_run_lists_the_gemm_set(capsys):
 
 def test_attention_dry_run_grid(capsys):
     rc, out, _ = _run(capsys, "attention", "--dry-run")
-    assert rc == 0 and "46 case(s)" in out  # 28 of head dims 64/128, 18 of 96/192/256
+    assert rc == 0 and "56 case(s)" in out  # 28 of head dims 64/128, 18 of 96/192/256, 10 Llama-3.1 GQA 64/8
     assert "s4096-d96-causal " in out and "B=4 Hq=16 Hkv=16 S=4096 D=96 causal=True" in out
     assert "s512-d64 " in out and "B=32 Hq=32 Hkv=32 S=512 D=64 causal=False" in out
     assert "s16384-d128-causal" in out and "B=1 Hq=16 Hkv=16 S=16384 D=128 causal=True" in out
     assert "gqa32x8-s8192-d128" in out and "B=2 Hq=32 Hkv=8" in out
+    assert "gqa64x8-s32768-d128-causal" in out and "B=1 Hq=64 Hkv=8 S=32768 D=128 causal=True" in out
     for peer in ["cudnn", "fa2", "flex", "triton-autows", "autows"]:
         assert f"  {peer} " in out
 

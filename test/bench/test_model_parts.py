@@ -49,8 +49,10 @@ def test_flops():
     assert cases.GemmCase("bmm", 2048, 2048, 128, batch=32).flops == 2 * 32 * 2048 * 2048 * 128
     a = cases.AttnCase(4, 16, 16, 4096, 128, causal=True)
     assert a.flops == 4 * 4 * 16 * 4096**2 * 128 / 2
-    assert all(c.batch * c.seqlen == cases.TOKENS for c in cases.attention_cases())
     grid = cases.attention_cases()
+    llama31 = [c for c in grid if c.heads == 64]  # NVIDIA's published cuDNN shapes: batch 1, 2k-32k
+    assert len(llama31) == 10 and all(c.batch == 1 and c.kv_heads == 8 and c.head_dim == 128 for c in llama31)
+    assert all(c.batch * c.seqlen == cases.TOKENS for c in grid if c not in llama31)
     assert all(c.heads * c.head_dim == cases.HIDDEN for c in grid if not c.gqa and c.head_dim in (64, 128))
     wide = [c for c in grid if c.head_dim not in (64, 128)]  # 16 heads: 96 and 192 divide no 2048
     assert {c.head_dim for c in wide} == {96, 192, 256} and all(c.heads == c.kv_heads == 16 for c in wide)

@@ -186,6 +186,10 @@ def attention_cases() -> list[AttnCase]:
         for causal in (False, True):
             for s in (1024, 4096, 16384):
                 cases.append(AttnCase(TOKENS // s, 16, 16, s, d, causal))
+    # the Llama-3.1 shapes NVIDIA publishes cuDNN 9.19's H200 figures for: GQA 64 q / 8 kv heads, d128, batch 1
+    for causal in (False, True):
+        for s in (2048, 4096, 8192, 16384, 32768):
+            cases.append(AttnCase(1, 64, 8, s, 128, causal))
     return cases
 
 

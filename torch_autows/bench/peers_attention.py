@@ -132,12 +132,14 @@ def _bind_triton(case, inp) -> Bound:
 
 def _bind_autows(case, inp, mode: str = "autows") -> Bound:
     from torch_autows import ops
+    from torch_autows.runtime.attention import choose_config
 
     from .peers_decode import _choice
 
     q, k, v, scale = inp["q"], inp["k"], inp["v"], inp["scale"]
+    note = f"config {choose_config(case.head_dim, case.causal, case.seqlen)}" if mode == "autows" else None
     return Bound(lambda: ops.attention(q, k, v, is_causal=case.causal, scale=scale, enable_gqa=case.gqa),
-                 counters=("attention",) if mode == "autows" else (), context=_choice(mode))
+                 counters=("attention",) if mode == "autows" else (), context=_choice(mode), note=note)
 
 
 def _bind_chosen(case, inp) -> Bound:
