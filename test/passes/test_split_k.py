@@ -14,6 +14,7 @@ from torch_autows.interp import POLICIES, Violation, make_instance, run_partitio
 from torch_autows.ir import Options, format_program, map_ops
 from torch_autows.passes import PassError, data_partition, pipeline, split_k
 from torch_autows.runtime import gemm as rt
+from torch_autows.runtime import gemm_configs
 from torch_autows.templates.attention import AttentionRequest
 from torch_autows.templates.attention import build as build_attention
 from torch_autows.templates.gemm import GemmRequest, build
@@ -133,7 +134,7 @@ def test_runtime_picks_decode_tiles_for_few_rows_and_never_splits_bmm():
     assert rt.CONFIGS[rt.choose_config(64, 4096, 192, split=False)].block_k == 64  # a batch's K in whole steps
     # the model: a wave of units is never faster than its bytes at HBM bandwidth
     t = rt.decode_time(1, 4096, 4096, 128, 128, 2)
-    assert t >= 4096 * 4096 * 2 / rt._HBM_BPS
+    assert t >= 4096 * 4096 * 2 / gemm_configs._HBM_BPS
 
 
 SWIGLU = GemmRequest(1, 1, 1, epilogue="swiglu")  # a loop carrying two accumulators (gate and up)

@@ -1,0 +1,144 @@
+"""GEMM configs and their choice: the generated kernel's tile configs (``CONFIGS``), the decode model that picks a
+split-K decode tile for a few rows (``decode_time`` / ``decode_pick``), the large-GEMM tile rule and which configs
+serve which epilogue. Pure arithmetic on shapes: no tensors, no GPU.
+
+A residual (``gemm(..., residual=r)``: ``a @ b (+ bias) + r`` in the epilogue, r [M, N] contiguous) runs on the
+128-wide tiles only (``serves_residual``): with a 256-wide tile R's registers beside the accumulator's spill
+(about 1 KB a thread offline for sm_90a), so those configs refuse it. Measured offline (ptxas, ws_p_128x256,
+nt + bias): the masked [64, 256] pointer load spills 970 bytes; the same load without a mask 0; a row mask with
+clamped columns 0 or 2182 depending only on the order of equivalent statements. So it is the per-element mask
+and addresses of one full-tile load, and rewriting that load is not a reliable fix: serving 256-wide tiles needs
+the epilogue applied in column slices of the accumulator (or R brought in by TMA), an IR change.
+
+An activation (``gemm(..., activation="gelu_tanh" | "gelu")``: ``gelu(a @ b (+ bias))`` in the epilogue) is
+served where it compiles without spills (``serves_activation``; offline sm_90a, nn/nt/tn/tt, with and without bias,
+bf16/fp16/fp32 out): "gelu_tanh" on every config but ws_np_128x256 (never the heuristic's pick: 16 bytes with a
+bias and fp32 output); the exact "gelu" (an erf per element) spills on the 256-wide tiles (ws_p_128x256 504 bytes,
+ws_np_128x256 360, dec_256x64_s1 32, nt + bias), so it takes the 128-wide ones. Its measured choice compares
+against cuBLAS then torch's gelu.
+"""
+from __future__ import annotations
+
+from ..ir import Options
+
+#: Every config the runtime can run: choose_config picks among them, config= names one (tests compile each
+#: one offline for sm_90a).
+CONFIGS: dict[str, Options] = {
+    # 128x256 output tile, two consumer warpgroups (64 rows each), persistent, epilogue staged per chain.
+    "ws_p_128x256": Options(block_m=128, block_n=256, block_k=64, stages=4, data_partition=2, persistent=True),
+    # Two epilogue staging copies (store_wait(1)): a tile's store drains under the next tile. Measured on
+    # the H200 it is within 2% of ws_p_128x128 on short-K shapes (K <= 256), so the heuristic does not
+    # pick it; it stays selectable (config=) for tuning.
+    "ws_p_128x128_e2": Options(block_m=128, block_n=128, block_k=64, stages=5, data_partition=2, persistent=True,
+                               store_buffers=2),
+    # 128x128 for narrow N: more tiles to fill 132 SMs, a deeper ring fits.
+    "ws_p_128x128": Options(block_m=128, block_n=128, block_k=64, stages=5, data_partition=2, persistent=True),
+    # One 8-warp consumer, one tile per CTA: the epilogue staging reuses the operand ring (4 stages).
+    "ws_np_128x256": Options(block_m=128, block_n=256, block_k=64, stages=4, data_partition=1, persistent=False),
+}
+#: Decode tiles (a few rows, memory-bound): one 64-row consumer warpgroup, persistent, as deep a ring as SMEM
+#: holds, the K loop split across ``s`` CTAs (passes/split_k) so that enough SMs stream the weight. A 256-wide
+#: tile splits at most 2 ways: the reduction's partial sum, load and offsets of 3+ parts spill registers.
+DECODE_TILES = ((64, 128, (1, 2, 3, 4)), (128, 128, (1, 2, 3, 4)), (256, 64, (1, 2)))  # (block_n, block_k, splits)
+
+
+def decode_configs(prefix: str, tiles) -> dict[str, Options]:
+    """The decode configs of ``tiles`` ((block_n, block_k, splits) entries), named ``<prefix>_<bn>x<bk>_s<s>``."""
+    return {decode_name(prefix, (bn, bk, s)): Options(block_m=64, block_n=bn, block_k=bk, stages=12, data_partition=1,
+                                                      persistent=True, split_k=s)
+            for bn, bk, splits in tiles for s in splits}
+
+
+def decode_name(prefix: str, pick: tuple[int, int, int]) -> str:
+    """The name of the decode config (block_n, block_k, splits) ``pick``."""
+    return "{}_{}x{}_s{}".format(prefix, *pick)
+
+
+CONFIGS.update(decode_configs("dec", DECODE_TILES))
+
+
+#: Throughput of a 128x128 tile relative to 128x256 when both fill every SM: 644 against 706 TFLOP/s at
+#: 4096^3 on the H200 (sweeps/2026-11-30-h200-gemm-configs.json, both at 3.9 waves).
+_EFF_128x128 = 0.91
+
+
+#: The decode model's constants (fit to sweeps/2026-11-30-h200-decode-configs.json, 42 shapes, M 1..128: the
+#: pick is on average 1.6% and at most 10% slower than the best of the 16 configs measured): HBM bandwidth,
+#: the most one SM streams alone, and the extra HBM traffic per byte of split-K partials.
+_HBM_BPS, _SM_BPS, _SPLIT_TRAFFIC = 4.1e12, 60e9, 8
+
+
+def decode_time(m: int, n: int, k: int, bn: int, bk: int, s: int, sms: int = 132, weights: int = 1) -> float:
+    """Estimated seconds of a decode config: each wave of persistent work units takes the longer of the
+    wave's bytes at HBM bandwidth and one unit's bytes at one SM's bandwidth; split-K adds its partials.
+    ``weights``: weight tiles streamed per K step (2 for swiglu's gate and up), each with its own partials."""
+    units = -(-m // 64) * -(-n // bn) * s
+    k_steps = -(-k // bk)
+    steps = -(-k_steps // s)  # K steps of one part
+    unit_bytes = steps * bk * (weights * bn + 64) * 2  # the weight tiles and the (zero-padded) activation tile
+    t = 0.0
+    while units > 0:
+        w = min(units, sms)
+        units -= w
+        t += max(w * steps * bk * weights * bn * 2 / _HBM_BPS, unit_bytes / _SM_BPS)
+    return t + (_SPLIT_TRAFFIC * weights * m * n * 4 * s / _HBM_BPS if s > 1 else 0.0)
+
+
+def choose_config(m: int, n: int, k: int, sms: int = 132, split: bool = True, residual: bool = False,
+                  activation: str = "none") -> str:
+    """The config for an M x N x K GEMM: decode tiles (``decode_time``'s least) up to 128 rows, else the
+    large-GEMM choice below. ``split=False`` is for batched GEMMs: no split-K (split_k takes 2-D grids), and
+    only tiles whose K step divides K (a batch's rows are flattened, so no tile may straddle two).
+    ``residual``, ``activation``: only the configs that serve that epilogue (``serves_residual``,
+    ``serves_activation``)."""
+    residual = residual or activation == "gelu"  # both take the 128-wide tiles only (serves_activation)
+    if m <= 128:
+        tiles = tuple(t for t in DECODE_TILES if t[0] <= RESIDUAL_BLOCK_N) if residual else DECODE_TILES
+        best = decode_pick(tiles, m, n, k, sms, split=split)
+        if best:
+            return decode_name("dec", best)
+    return "ws_p_128x128" if residual else _large_config(m, n, k, sms)
+
+
+#: The widest output tile that adds a residual in the epilogue without spilling registers.
+RESIDUAL_BLOCK_N = 128
+
+
+def serves_residual(config: str) -> bool:
+    """Whether ``config`` serves the residual epilogue (its tile is at most ``RESIDUAL_BLOCK_N`` wide)."""
+    return CONFIGS[config].block_n <= RESIDUAL_BLOCK_N
+
+
+def serves_activation(config: str, activation: str) -> bool:
+    """Whether ``config`` applies ``activation`` in its epilogue without spills (offline sm_90a): the exact gelu on
+    128-wide tiles; the tanh form on every config but ws_np_128x256 (16 bytes with a bias and fp32 output)."""
+    if activation == "gelu":
+        return CONFIGS[config].block_n <= RESIDUAL_BLOCK_N
+    return activation == "none" or config != "ws_np_128x256"
+
+
+def decode_pick(tiles, m: int, n: int, k: int, sms: int = 132, *, weights: int = 1,
+                split: bool = True) -> tuple[int, int, int] | None:
+    """(block_n, block_k, splits) of ``tiles`` ((block_n, block_k, splits) entries) with the least
+    ``decode_time``, wider tiles first on a tie; ``split=False``: no split-K, and only tiles whose K step divides
+    K. None where no tile qualifies."""
+    cands = [(decode_time(m, n, k, bn, bk, s, sms, weights), -bn, s, bn, bk) for bn, bk, splits in tiles
+             for s in (splits if split else (1,)) if split or k % bk == 0]
+    if not cands:
+        return None
+    best = min(cands)
+    return best[3], best[4], best[2]
+
+
+def _large_config(m: int, n: int, k: int, sms: int = 132) -> str:
+    """The tile with the least estimated time: a persistent CTA runs ceil(tiles / SMs) tiles, so the cost is
+    that many tiles of the tile's area at its throughput. 128x256 wins on big grids; 128x128 where the
+    last wave of 128x256 tiles would leave many SMs idle (e.g. N=768 at M=8192: 2 rounds of 256-wide tiles
+    against 3 of 128-wide ones, 4 against 3.3 units) and for narrow N."""
+    def cost(bn: int, eff: float) -> float:
+        tiles = -(-m // 128) * -(-n // bn)
+        return -(-tiles // sms) * bn / eff
+
+    if n <= 128 or cost(128, _EFF_128x128) < cost(256, 1.0):
+        return "ws_p_128x128"
+    return "ws_p_128x256"
