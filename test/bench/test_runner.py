@@ -261,3 +261,34 @@ def test_cli_run_without_matplotlib_keeps_the_results(fake_bench, monkeypatch, t
     assert len(notes) == 1 and "[bench]" in notes[0]
     assert cli.main(["report", "--out", str(out), "--md", str(md)]) == 0
     assert "plots skipped" in capsys.readouterr().err
+
+
+def test_result_and_poison_hooks(fake_bench):
+    """``Bound.result`` maps the call's return to the checked tensor and stays out of the timing; ``Bound.poison``
+    runs between the warm and the checked call, so a call that leaves part of memory it allocated itself unwritten
+    (here: a reused buffer holding the warm call's correct numbers) fails instead of passing on stale values."""
+    events: dict[str, list] = {}
+
+    def peer(name: str, half: bool, poison: bool):
+        def bind(case, inp):
+            pool, ev = torch.empty(64, 32), events.setdefault(name, [])
+
+            def fn():
+                ev.append("call")
+                rows = 32 if half and ev.count("call") > 1 else 64  # after the warm call: writes only half
+                pool[:rows] = (inp["a"].float() @ inp["b"].float())[:rows]
+                return (pool, "not an lse")
+
+            return Bound(fn, result=lambda res: ev.append("result") or res[0],
+                         poison=(lambda: ev.append("poison") or pool.fill_(float("nan"))) if poison else None)
+
+        return Peer(name, bind)
+
+    peers = [peer("whole", False, True), peer("half", True, True), peer("half-unpoisoned", True, False)]
+    rows = {r["impl"]: r for r in runner.run_case(Suite("gemm", [FakeCase()], peers, _inputs, _ref), FakeCase())}
+    assert rows["whole"]["error"] is None and rows["whole"]["tflops"] is not None
+    assert "NaN" in rows["half"]["error"] and rows["half"]["tflops"] is None
+    assert rows["half-unpoisoned"]["error"] is None  # what the poison is for: stale correct values pass
+    assert events["whole"][:4] == ["call", "poison", "call", "result"]
+    assert events["whole"].count("result") == 1  # the checked call only; none while timing
+    assert "poison" not in events["half-unpoisoned"]

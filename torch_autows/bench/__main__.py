@@ -1,7 +1,9 @@
-"""``python -m torch_autows.bench {gemm,attention,model,report}``: measure autows against its peers.
+"""``python -m torch_autows.bench {gemm,attention,attention-bwd,model,decode,fallback,train,report}``: measure autows
+against its peers.
 
     python -m torch_autows.bench gemm --quick                 # a few shapes, all peers
     python -m torch_autows.bench attention --cases 's4096-*' --repeat 3
+    python -m torch_autows.bench attention-bwd --quick        # dQ, dK, dV against cuDNN's and FA2's backward
     python -m torch_autows.bench model --cases 8x2048 --peers inductor,autows
     python -m torch_autows.bench gemm --dry-run               # list cases and peers; needs no GPU
     python -m torch_autows.bench report                       # only regenerate BENCHMARKS.md and the plots
@@ -22,12 +24,12 @@ from pathlib import Path
 from . import cases as _cases
 from .results import DEFAULT_OUT, default_markdown
 
-WORKS = ("gemm", "attention", "model", "decode", "fallback", "train")
+WORKS = ("gemm", "attention", "attention-bwd", "model", "decode", "fallback", "train")
 #: Timing defaults per work: a model forward takes ~50 ms, so do_bench's default 100 ms would time it
 #: twice; measured on the H200, 1 round of that put max-autotune 8% ahead of Inductor default, 3 rounds of
 #: 1 s put them within 1% (model-6 against model-7).
-TIMING = {"gemm": (1, 25, 100), "attention": (1, 25, 100), "model": (3, 200, 1000), "decode": (3, 10, 50),
-          "fallback": (3, 25, 100), "train": (3, 200, 1000)}
+TIMING = {"gemm": (1, 25, 100), "attention": (1, 25, 100), "attention-bwd": (1, 25, 100), "model": (3, 200, 1000),
+          "decode": (3, 10, 50), "fallback": (3, 25, 100), "train": (3, 200, 1000)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,6 +74,8 @@ def peers_of(work: str):
         from . import peers_gemm as mod
     elif work == "attention":
         from . import peers_attention as mod
+    elif work == "attention-bwd":
+        from . import peers_attention_bwd as mod
     elif work == "decode":
         from . import peers_decode as mod
     elif work == "fallback":

@@ -63,6 +63,19 @@ class AttnCase:
 
 
 @dataclass(frozen=True)
+class AttnBwdCase(AttnCase):
+    """The backward of an attention case: dQ, dK, dV from dO and the forward's out and lse."""
+
+    @property
+    def flops(self) -> float:
+        """2.5 x the forward's: five S x S x D GEMMs (S = QK^T again, dP = dO V^T, dV, dQ, dK) against two."""
+        return 2.5 * super().flops
+
+    def describe(self) -> str:
+        return "backward " + super().describe()
+
+
+@dataclass(frozen=True)
 class ModelCase:
     batch: int
     seqlen: int
@@ -193,6 +206,12 @@ def attention_cases() -> list[AttnCase]:
     return cases
 
 
+def attention_bwd_cases() -> list[AttnBwdCase]:
+    """The attention grid's head dims 64 and 128 (s512-s16384, causal or not, GQA 32/8), same names, as backwards."""
+    return [AttnBwdCase(c.batch, c.heads, c.kv_heads, c.seqlen, c.head_dim, c.causal, c.dtype)
+            for c in attention_cases() if c.head_dim in (64, 128)]
+
+
 DECODE_M = (1, 8, 16, 32, 64, 128, 256)
 #: Llama-3-8B / 70B weight shapes K x N: qkv, o, gate+up, down (8B); qkv, gate+up, down (70B).
 DECODE_KN = [(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096), (8192, 10240), (8192, 57344), (28672, 8192)]
@@ -220,14 +239,15 @@ def train_cases() -> list[TrainCase]:
 QUICK = {
     "gemm": ["4096x4096x4096", "8192x14336x4096", "bmm:32x2048x2048x128", "addmm:8192x4096x4096"],
     "attention": ["s2048-d128", "s2048-d128-causal", "s4096-d64", "gqa32x8-s4096-d128-causal"],
+    "attention-bwd": ["s2048-d128", "s2048-d128-causal", "s4096-d64", "gqa32x8-s4096-d128-causal"],
     "model": ["8x2048"],
     "decode": ["m1-4096x4096", "m16-4096x28672", "m64-14336x4096", "mlp4096x14336-r8"],
     "fallback": ["s1024-d80", "s4096-d80-causal"],
     "train": ["8x2048"],
 }
 
-ALL = {"gemm": gemm_cases, "attention": attention_cases, "model": model_cases, "decode": decode_cases,
-       "fallback": fallback_cases, "train": train_cases}
+ALL = {"gemm": gemm_cases, "attention": attention_cases, "attention-bwd": attention_bwd_cases, "model": model_cases,
+       "decode": decode_cases, "fallback": fallback_cases, "train": train_cases}
 
 
 def select(work: str, names: list[str] | None = None, quick: bool = False) -> list:

@@ -2,7 +2,7 @@
 
 The bars answer the question a run asks, "how does autows compare with the best alternative here?":
 per case, every peer's TFLOP/s divided by the best non-autows peer's, with a reference line at 1.0. Cases
-are split into panels (attention: one per head dim / causal / GQA, the seqlen along the x axis; other
+are split into panels (attention and its backward: one per head dim / causal / GQA, the seqlen along the x axis; other
 works: at most ``PANEL_CASES`` cases per panel), the legend sits below the panels, and each peer keeps
 its colour in every plot (autows always red with a black edge). A failed row (error or over tolerance:
 no time) is an ``x`` on the panel's floor. Needs matplotlib (``pip install 'torch_autows[bench]'``);
@@ -39,7 +39,7 @@ def color(impl: str) -> str:
 def panels(work: str, cases: list[str]) -> list[tuple[str, list[str], list[str]]]:
     """``[(title, cases, x tick labels)]``: attention by (GQA, head dim, causal) with the seqlen as the tick;
     any other work in chunks of ``PANEL_CASES`` with the case name as the tick."""
-    if work == "attention" and cases and all(_ATTN.match(c) for c in cases):
+    if work in ("attention", "attention-bwd") and cases and all(_ATTN.match(c) for c in cases):
         groups: dict[tuple, list[str]] = {}
         for c in cases:
             m = _ATTN.match(c)

@@ -14,7 +14,7 @@ from pathlib import Path
 from .results import load_json
 
 OURS = "autows"
-WORK_ORDER = ("gemm", "decode", "attention", "fallback", "model", "train")
+WORK_ORDER = ("gemm", "decode", "attention", "attention-bwd", "fallback", "model", "train")
 
 
 def _ordered(seq):
@@ -159,7 +159,10 @@ def _md_escape(text: str) -> str:
 
 # ---- BENCHMARKS.md ---------------------------------------------------------------------------------
 
-_NAME = re.compile(r"^(?P<date>\d{4}-\d{2}-\d{2})-(?P<gpu>.+)-(?P<work>[a-z]+?)(?:-(?P<n>\d+))?$")
+#: ``<date>-<gpu>-<work>[-<n>]``: a work whose name has a dash (attention-bwd) is matched whole; the GPU part is the
+#: shortest that lets the rest match, so a dashed GPU slug still works.
+_DASHED = "|".join(re.escape(w) for w in WORK_ORDER if "-" in w)
+_NAME = re.compile(rf"^(?P<date>\d{{4}}-\d{{2}}-\d{{2}})-(?P<gpu>.+?)-(?P<work>{_DASHED}|[a-z]+)(?:-(?P<n>\d+))?$")
 
 
 def _file_key(path: Path, meta: dict) -> tuple:

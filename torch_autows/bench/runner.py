@@ -41,6 +41,10 @@ class Bound:
     inspect: Callable[[], str | None] | None = None  # a note after the warm call (e.g. WS missing)
     note: str | None = None
     extra: Callable[[], dict] | None = None  # more row fields after timing (model: GPU time split)
+    #: maps ``fn``'s return to the checked output (e.g. several gradients -> one flat tensor), outside the timing
+    result: Callable[[Any], Any] | None = None
+    #: called between the warm and the checked call, for outputs ``fn`` allocates itself (no ``out`` to fill)
+    poison: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -107,8 +111,11 @@ def check(b: Bound, ref: Ref | None, tol: float) -> tuple[Any, float | None, str
     notes = [n for n in (b.note, b.inspect() if b.inspect else None) if n]
     if b.out is not None:
         b.out.fill_(float("nan"))
+    if b.poison is not None:
+        b.poison()
     with b.context():
-        out, lse = _split(b.fn())
+        res = b.fn()
+    out, lse = _split(b.result(res) if b.result else res)
     _sync()
     if not bool(torch.isfinite(out).all()):
         raise CheckFailed("output has NaN/Inf (poisoned output not fully written?)")
