@@ -207,7 +207,8 @@ def attention_cases() -> list[AttnCase]:
 
 
 def attention_bwd_cases() -> list[AttnBwdCase]:
-    """The attention grid's head dims 64 and 128 (s512-s16384, causal or not, GQA 32/8), same names, as backwards."""
+    """The attention grid's head dims 64 and 128 (s512-s16384, causal or not, GQA 32/8, the Llama-3.1 GQA 64/8 shapes),
+    same names, as backwards."""
     return [AttnBwdCase(c.batch, c.heads, c.kv_heads, c.seqlen, c.head_dim, c.causal, c.dtype)
             for c in attention_cases() if c.head_dim in (64, 128)]
 
