@@ -115,8 +115,9 @@ def test_unknown_names_warn_with_the_closest_known(monkeypatch):
 
 
 def test_known_and_unrelated_names_do_not_warn(monkeypatch):
-    env = {v: "0" for v in config.ENV_VARS if v != "TORCH_AUTOWS_CHOICE"}
-    env.update(TORCH_AUTOWS_CHOICE="prior", TORCH_AUTOWSX="1", TORCHINDUCTOR_FOO="1")
+    env = {v: "0" for v in config.ENV_VARS if v not in ("TORCH_AUTOWS_CHOICE", "TORCH_AUTOWS_ATTENTION_BACKWARD")}
+    env.update(TORCH_AUTOWS_CHOICE="prior", TORCH_AUTOWS_ATTENTION_BACKWARD="autows", TORCH_AUTOWSX="1",
+               TORCHINDUCTOR_FOO="1")
     env.update(TORCH_AUTOWS_DUMP="d", TORCH_AUTOWS_CACHE_DIR="c")
     with warnings.catch_warnings():
         warnings.simplefilter("error")

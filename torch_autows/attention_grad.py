@@ -1,7 +1,9 @@
 """Backward of ``autows::attention``: gradients of ``(out, lse) = attention(q, k, v)`` from the saved out and lse.
 
-Three implementations, chosen per call from static facts (device, dtype, shapes: nothing that needs a
-host sync, so all are CUDA-graph safe and trace with symbolic sizes):
+With ``torch_autows.config.attention_backward = "autows"`` the generated backward (``runtime/attention_bwd.py``)
+serves the eager calls it supports (the reason for any other is logged once). Otherwise three implementations,
+chosen per call from static facts (device, dtype, shapes: nothing that needs a host sync, so all are CUDA-graph
+safe and trace with symbolic sizes):
 
 * ``aten._scaled_dot_product_cudnn_attention_backward`` (what Inductor's default path runs for SDPA on
   Hopper) on sm_90 with cuDNN 9 when the flash contract below holds and head_dim <= 128. It takes grouped
@@ -115,8 +117,34 @@ def _math_backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
+def _autows_backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: float):
+    """The generated backward's (dq, dk, dv) (``runtime/attention_bwd.py``), or None with the reason logged once
+    (``runtime/fallback.py``) where it does not serve the call. Traced calls (fake tensors: torch.compile's
+    backward graph) take the vendor's path: the generated backward runs eagerly only."""
+    from .runtime import attention_bwd, fallback
+    from .runtime.device import is_real
+
+    if not all(is_real(t) for t in (q, k, v, out, lse)):
+        fallback.note_fallback("attention_backward", "traced (fake tensors): the generated backward runs eagerly only")
+        return None
+    try:
+        grads = attention_bwd.backward(grad_out, grad_lse, q, k, v, out, lse, is_causal, scale)
+    except fallback.Unsupported as e:
+        fallback.note_fallback("attention_backward", str(e))
+        return None
+    fallback.note_served("attention_backward")
+    return grads
+
+
 def attention_backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: float):
-    """(dq, dk, dv) for ``attention(q, k, v, is_causal, scale)``; k/v may have fewer heads than q (GQA)."""
+    """(dq, dk, dv) for ``attention(q, k, v, is_causal, scale)``; k/v may have fewer heads than q (GQA). With
+    ``config.attention_backward == "autows"`` the generated backward first, where it serves the call."""
+    from . import config
+
+    if config.attention_backward == "autows":
+        grads = _autows_backward(grad_out, grad_lse, q, k, v, out, lse, is_causal, scale)
+        if grads is not None:
+            return grads
     if grad_out is not None and cudnn_backward_ok(q, k, is_causal, grad_lse):
         dq, dk, dv = _cudnn_backward(grad_out, q, k, v, out, lse, is_causal, scale)
         return dq, dk, dv

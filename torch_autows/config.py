@@ -32,12 +32,13 @@ PREFIX = "TORCH_AUTOWS"
 TRUE_SPELLINGS = ("1", "true", "yes", "on")
 FALSE_SPELLINGS = ("0", "false", "no", "off")
 CHOICES = ("measure", "prior", "autows", "vendor")
+BACKWARD_CHOICES = ("vendor", "autows")
 
 #: Every environment variable the package reads; any other TORCH_AUTOWS_* name is warned about at import.
 #: TORCH_AUTOWS is the enable switch (``torch_autows/__init__.py``); REFERENCE is read by the benchmarks,
 #: TEST_SHARD by the GPU tests.
 ENV_VARS = frozenset({PREFIX} | {f"{PREFIX}_{n}" for n in (
-    "DUMP", "DEBUG", "GEMM", "ATTENTION", "CACHE_DIR", "CHOICE", "REFERENCE", "TEST_SHARD")})
+    "DUMP", "DEBUG", "GEMM", "ATTENTION", "ATTENTION_BACKWARD", "CACHE_DIR", "CHOICE", "REFERENCE", "TEST_SHARD")})
 
 
 def parse_bool(name: str, value: str) -> bool:
@@ -105,6 +106,10 @@ cache_dir: str | None = env_path(f"{PREFIX}_CACHE_DIR")
 #: the GPU and cache the decision / "prior": a cost rule without measuring / "autows": always ours where
 #: servable / "vendor": always the vendor's.
 choice: str = env_choice(f"{PREFIX}_CHOICE", "measure", CHOICES)
+#: Who computes the gradients of ``ops.attention`` (TORCH_AUTOWS_ATTENTION_BACKWARD): "vendor" (cuDNN, then torch's
+#: flash kernel, then the math; attention_grad.py) / "autows": the generated backward (runtime/attention_bwd.py)
+#: where it serves the call, else the vendor's, with the reason logged once. Not measured faster yet: off by default.
+attention_backward: str = env_choice(f"{PREFIX}_ATTENTION_BACKWARD", "vendor", BACKWARD_CHOICES)
 
 for _msg in unknown_env_vars():
     warnings.warn(_msg, UserWarning, stacklevel=2)
@@ -122,6 +127,7 @@ _SETTINGS = {
     "attention": (lambda v: isinstance(v, bool), "a bool"),
     "cache_dir": (_is_dir, "a directory (str or os.PathLike) or None"),
     "choice": (lambda v: v in CHOICES, f"one of {', '.join(map(repr, CHOICES))}"),
+    "attention_backward": (lambda v: v in BACKWARD_CHOICES, f"one of {', '.join(map(repr, BACKWARD_CHOICES))}"),
 }
 
 
@@ -165,4 +171,5 @@ def patch(changes: dict | None = None, **kw) -> _Patch:
 
 def snapshot() -> dict:
     """The settings that change what is compiled, as a plain dict (for cache keys and reports)."""
-    return {"gemm": gemm, "attention": attention, "debug": debug, "choice": choice}
+    return {"gemm": gemm, "attention": attention, "debug": debug, "choice": choice,
+            "attention_backward": attention_backward}

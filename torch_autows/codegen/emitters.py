@@ -169,16 +169,19 @@ def _store_ptr(ctx, o, indent):
 
 @emitter("atomic_add_ptr")
 def _atomic_add_ptr(ctx, o, indent):
-    # store_ptr's addresses; a relaxed fp32 red.global.add per element (the adds of other CTAs commute with it)
+    # store_ptr's elements; a relaxed fp32 red.global.add per element (the adds of other CTAs commute with it). The
+    # tile's first row is a 64-bit scalar base and the elements i32 offsets from it: with ``ld`` a constant, a thread's
+    # offsets differ by constants and share one address register (per-element 64-bit addresses, as store_ptr
+    # computes them, hold two registers per element and spill in the backward's loop)
     x = o.operands[0]
     L = ctx.layouts[x]
     t = next(r.type for op_ in walk(ctx.part.body) for r in op_.results if r.name == x)
     bm, bn = t.shape
-    n = v(x)
+    n, ld = v(x), expr(o.attr("ld"))
     return [f"{n}_r = gl.arange(0, {bm}, layout={ctx._slice(1, L)})",
             f"{n}_c = gl.arange(0, {bn}, layout={ctx._slice(0, L)})",
-            f"{n}_p = {o.attr('arg')}_ptr + (({expr(o.attr('row'))} + {n}_r).to(gl.int64) * ({expr(o.attr('ld'))}))"
-            f"[:, None] + ({expr(o.attr('col', 0))} + {n}_c)[None, :]",
+            f"{n}_base = {o.attr('arg')}_ptr + ({expr(o.attr('row'))}).to(gl.int64) * ({ld})",
+            f"{n}_p = {n}_base + ({n}_r * ({ld}))[:, None] + ({expr(o.attr('col', 0))} + {n}_c)[None, :]",
             f"gl.atomic_add({n}_p, {n}, mask={_store_mask(n, o)}, sem=\"relaxed\", scope=\"gpu\")"]
 
 

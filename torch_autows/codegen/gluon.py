@@ -71,6 +71,16 @@ def _partition_fn(program: Program, part) -> list[str]:
     return lines + body
 
 
+def shared_layout(t: TileType) -> str:
+    """Gluon source of the NVMMA shared layout TMA would give a tile of type ``t`` (``get_default_for``): for SMEM
+    no descriptor fills (``smem_store``'s buffer), so that a wgmma reads it as it reads a TMA-filled tile."""
+    from triton.experimental.gluon import language as gl
+
+    lay = gl.NVMMASharedLayout.get_default_for(list(t.shape), eval(GL_DTYPE[t.dtype], {"gl": gl}))
+    return (f"gl.NVMMASharedLayout(swizzle_byte_width={lay.swizzle_byte_width}, "
+            f"element_bitwidth={lay.element_bitwidth}, rank={lay.rank})")
+
+
 def _kernel_fn(program: Program) -> list[str]:
     params = _params(program)
     # the entry point is named after the Program so profilers show what ran (e.g. attn_fwd_bf16_d128_...)
@@ -84,7 +94,7 @@ def _kernel_fn(program: Program) -> list[str]:
     rings = {c.buffer for c in program.channels}
     for b in sorted(program.buffers, key=lambda b: (b.offset, -b.nbytes, b.name)):
         shape = [b.count, *b.type.shape] if b.name in rings or b.count > 1 else list(b.type.shape)
-        layout = f"{desc_of[b.value]}_desc.layout"
+        layout = f"{desc_of[b.value]}_desc.layout" if b.value in desc_of else shared_layout(b.type)
         root = roots.get(b.offset)
         lines.append(f"    # buffer {b.name}: {b.type} x{b.count} at byte {b.offset}")
         if root is None:

@@ -18,16 +18,33 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..ir import Partition, Program, map_ops, walk
-from ..ir.kinds import STRUCTURAL
+from ..ir.kinds import STRUCTURAL, kinds
 from . import PassError
+
+ACCUMULATES = kinds(accumulates=True)
+
+
+def _only_added(name: str, users: dict) -> bool:
+    """Whether ``name`` reaches memory only through accumulating outputs (through one-operand ops): a partial sum
+    of a split contraction (data_partition), full-shaped in every chain but not what sizes the chain."""
+    us = users.get(name, ())
+    return bool(us) and all(u.kind in ACCUMULATES or (len(u.operands) == 1 and u.results
+                                                      and all(_only_added(r.name, users) for r in u.results))
+                            for u in us)
 
 
 def _rows(program: Program, chain: int) -> int:
+    """Rows of the chain's MMA tiles, which fix its warps; partial sums (``_only_added``) do not count: a dQ partial
+    [BM, D] of a chain that owns BN/2 keys runs in the chain's warps, several MMA slices per warpgroup."""
+    users: dict = {}
+    for o in walk(program.body):
+        for x in o.operands:
+            users.setdefault(x, []).append(o)
     rows = 0
     for o in walk(program.body):
         if o.chain == chain and o.kind in ("mma", "store", "zeros"):
             t = o.results[0].type if o.results else None
-            if t is not None and len(t.shape) == 2:
+            if t is not None and len(t.shape) == 2 and not (o.kind == "mma" and _only_added(o.results[0].name, users)):
                 rows = max(rows, t.shape[0])
     return rows
 

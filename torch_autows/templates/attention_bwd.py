@@ -18,7 +18,7 @@ other heads' rows, so every padded score must give P = 0: the mask keeps key < S
 top-left) key <= query, and lse2/delta are read with a bound (0 past the head), so no NaN enters. dK/dV rows
 are stored up to Skv, dQ rows added up to Sq.
 
-The host side, pure torch (templates of their own later; not wired into ``attention_grad`` yet):
+The host side, pure torch (templates of their own later; ``runtime/attention_bwd.py`` runs it around the launch):
 
     delta, lse2 = preprocess(out, grad_out, lse, grad_lse)   rowsum(fp32(dO) * fp32(O)) [- dlse]; fin0(lse) * log2 e
     values = kernel_values(q, k, v, grad_out, delta, lse2, causal, scale, block_n)

@@ -1,0 +1,101 @@
+"""The attention backward's main kernel (templates/attention_bwd.py) through codegen (passes/BACKWARD.md step 5):
+dS's SMEM tile gets an NVMMA layout of its own (no TMA descriptor fills it), and every config the runtime can pick
+compiles offline to sm_90a with its consumers, producer, wgmma (dQ's with a transposed A from SMEM), the fp32
+atomic dQ adds and no register spills beyond the known ones (``SPILLS``)."""
+from __future__ import annotations
+
+import functools
+import itertools
+
+import pytest
+from programs import assert_in_order
+
+from torch_autows.codegen import gluon
+from torch_autows.ir import Options
+from torch_autows.passes import pipeline
+from torch_autows.runtime.attention_bwd import CONFIGS, choose_config, serves
+from torch_autows.templates.attention_bwd import AttentionBwdRequest, build
+
+# Known spills (bytes, ptxas -v, offline sm_90a compile without the runtime's pointer/integer specialisation) a case
+# may not exceed; each is xfailed. d=128: dK, dV and the dQ partial (64 registers each) are live at the dQ adds with
+# their 64 addresses, and loop-invariant index scalars go to local memory (reloaded in the loop). d=64: none.
+SPILLS = {("bwd_64x128_dp2", 128, False): 1036, ("bwd_64x128_dp2", 128, True): 1580,
+          ("bwd_64x64_dp1", 128, False): 416, ("bwd_64x64_dp1", 128, True): 852}
+
+CASES = [c for c in itertools.product(CONFIGS, (64, 128), (False, True), ("bf16", "fp16")) if serves(c[0], c[1])]
+
+
+@functools.cache
+def _compiled(config: str, d: int, causal: bool, dtype: str):
+    """(program, kernel, summary), once per case in this module."""
+    from torch_autows.codegen.compile import compile_offline, summary
+
+    program = pipeline.run(build(AttentionBwdRequest(d, dtype, causal), CONFIGS[config]))
+    kernel = compile_offline(program)
+    return program, kernel, summary(program, kernel)
+
+
+def test_ds_tile_gets_its_own_nvmma_layout():
+    """smem_store's buffer has no TMA descriptor to take a layout from: the kernel allocates it with the NVMMA layout
+    TMA would give a tile of its shape (128-byte swizzle for 64 bf16 columns), and the consumer stores dS there,
+    fences, and reads it transposed as dQ's A operand."""
+    program = pipeline.run(build(AttentionBwdRequest(64, "bf16", False), CONFIGS["bwd_64x128_dp2"]))
+    src = gluon.generate(program)
+    assert sorted(b.name for b in program.buffers if b.value.startswith("dss")) == ["dss_c0_smem", "dss_c1_smem"]
+    for n in ("dss_c0_smem", "dss_c1_smem"):  # one per chain
+        assert (f"{n} = gl.allocate_shared_memory(gl.bfloat16, [64, 64], gl.NVMMASharedLayout(swizzle_byte_width=128, "
+                f"element_bitwidth=16, rank=2))") in src
+    assert_in_order(src, ["def consumer0(", "v_dss_c0 = dss_c0_smem", "v_dss_c0.store(v_ds16_c0)",
+                          "fence_async_shared()", "v_ds_c0 = v_dss_c0.permute((1, 0))",
+                          "v_dq_c0 = warpgroup_mma(v_ds_c0, v_k_c0",
+                          "gl.atomic_add(v_dq_c0_p, v_dq_c0"])
+
+
+def test_shared_layout_matches_what_tma_gives():
+    from triton.experimental.gluon import language as gl
+
+    from torch_autows.ir import TileType
+
+    for shape, dt in (((64, 64), "bf16"), ((128, 64), "fp16"), ((64, 128), "bf16"), ((64, 32), "bf16")):
+        want = gl.NVMMASharedLayout.get_default_for(list(shape), {"bf16": gl.bfloat16, "fp16": gl.float16}[dt])
+        got = eval(gluon.shared_layout(TileType(dt, shape, "smem")), {"gl": gl})
+        assert got == want
+
+
+def test_dq_adds_address_from_one_row_base():
+    """The dQ adds take a 64-bit row base and i32 offsets (per-element 64-bit addresses spill in the loop)."""
+    src = gluon.generate(pipeline.run(build(AttentionBwdRequest(128, "bf16", True), CONFIGS["bwd_64x64_dp1"])))
+    assert "v_dq_base = dq_acc_ptr + (" in src and ").to(gl.int64) * (128)" in src
+    assert "v_dq_p = v_dq_base + (v_dq_r * (128))[:, None] + (0 + v_dq_c)[None, :]" in src
+
+
+def test_two_chains_of_64_keys_take_a_warpgroup_each():
+    """BM 128 x BN 128 at data_partition 2: each chain owns 64 keys (dK/dV/S^T rows) and a full-size dQ partial
+    [128, D]; the partial does not size the chain (one warpgroup, 240 registers with a 24-register producer)."""
+    opts = Options(block_m=128, block_n=128, stages=2, data_partition=2, persistent=False, group_m=1,
+                   producer_regs=24)
+    p = pipeline.run(build(AttentionBwdRequest(64, "bf16", False), opts))
+    assert [(x.name, x.warps, x.regs) for x in p.partitions] == [("consumer0", 4, 240), ("consumer1", 4, 240),
+                                                                 ("producer", 1, 24)]
+
+
+def test_choose_config_serves_every_head_dim():
+    for d, causal in itertools.product((64, 128), (False, True)):
+        assert serves(choose_config(d, causal), d)
+
+
+@pytest.mark.parametrize("config,d,causal,dtype", CASES)
+def test_compiles_for_sm90a(config, d, causal, dtype):
+    program, kernel, s = _compiled(config, d, causal, dtype)
+    n = CONFIGS[config].data_partition
+    assert [p["name"] for p in s["partitions"]] == [f"consumer{i}" for i in range(n)] + ["producer"]
+    assert all(p["warps"] == 4 for p in s["partitions"][:n])  # a warpgroup per chain of 64 keys
+    assert s["setmaxnreg"] > 0 and s["wgmma"] > 0 and s["smem_bytes"] <= 232448
+    ptx, ttgir = kernel.asm["ptx"], kernel.asm["ttgir"]
+    assert ".target sm_90a" in ptx and "ttg.warp_specialize" in ttgir
+    assert "atom.global.gpu.relaxed.add.f32" in ptx  # dQ: fp32 adds (.v2 where the pointer is known 16-aligned)
+    assert "ttg.local_store" in ttgir and "ttg.memdesc_trans" in ttgir  # dS to SMEM, read transposed
+    known = SPILLS.get((config, d, causal), 0)
+    assert s["spills"] <= known, f"{s['spills']} bytes of spills (known: {known})"
+    if s["spills"]:
+        pytest.xfail(f"{config} d{d} spills {s['spills']} bytes at sm_90a (known; see SPILLS)")

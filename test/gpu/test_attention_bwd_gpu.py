@@ -1,0 +1,115 @@
+"""Numerics of the generated attention backward (runtime/attention_bwd.py) on sm_90 against attention_grad's math
+backward in fp32, on fresh random inputs with (out, lse) from our forward: head dims 64/128, bf16/fp16, causal or not,
+Sq != Skv both ways, lengths off the tiles (1, 63, 200, 1000), GQA groups 1/4/8, [B, S, H, D] views, a gradient into
+lse, and none into out. dK/dV are NaN-poisoned before each launch (``attention_bwd.POISON``). The tolerance per
+gradient is max(2 x the vendor backward's own error on the same inputs, 1e-2), relative Frobenius norm. Plus one
+end-to-end ``torch.autograd`` run through ``ops.attention`` with ``config.attention_backward = "autows"``."""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from torch_autows import attention_grad, config
+from torch_autows.runtime import attention as rt_fwd
+from torch_autows.runtime import attention_bwd as rt
+from torch_autows.runtime import fallback
+
+
+def _cases(n=48, seed=3):
+    rng = random.Random(seed)
+    seqs = [1, 63, 200, 1000]
+    out, configs = [], list(rt.CONFIGS)
+    for i in range(n):
+        out.append(dict(b=rng.choice([1, 2]), hkv=rng.choice([1, 2]), g=(1, 4, 8)[i % 3], sq=rng.choice(seqs),
+                        skv=rng.choice(seqs), d=(64, 128)[(i // 3) % 2], causal=bool((i // 6) % 2),
+                        dtype=(torch.bfloat16, torch.float16)[(i // 12) % 2], bshd=rng.random() < 0.25,
+                        dlse=rng.random() < 0.25, dout=rng.random() > 0.08, config=configs[i % len(configs)]))
+    # Sq != Skv both ways, explicitly, at both head dims and causal
+    for d in (64, 128):
+        for sq, skv in ((63, 1000), (1000, 63), (200, 1)):
+            out.append(dict(b=1, hkv=2, g=4, sq=sq, skv=skv, d=d, causal=True, dtype=torch.bfloat16, bshd=False,
+                            dlse=True, dout=True, config=rt.choose_config(d, True)))
+    return out
+
+
+def _id(c):
+    return (f"b{c['b']}h{c['hkv'] * c['g']}/{c['hkv']}-q{c['sq']}-kv{c['skv']}-d{c['d']}{'-causal' * c['causal']}"
+            f"{'-bshd' * c['bshd']}{'-dlse' * c['dlse']}{'-nodout' * (not c['dout'])}-{str(c['dtype'])[6:]}"
+            f"-{c['config']}")
+
+
+def _rel(x, ref):
+    return ((x.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-6)).item()
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    monkeypatch.setattr(rt, "POISON", float("nan"))
+
+
+@pytest.mark.parametrize("c", _cases(), ids=_id)
+def test_backward_random(c, poisoned):
+    torch.manual_seed(hash(_id(c)) % 2**31)
+    hq, dt = c["hkv"] * c["g"], c["dtype"]
+
+    def mk(h, s):
+        if c["bshd"]:
+            return torch.randn(c["b"], s, h, c["d"], device="cuda", dtype=dt).transpose(1, 2)
+        return torch.randn(c["b"], h, s, c["d"], device="cuda", dtype=dt)
+
+    q, k, v = mk(hq, c["sq"]), mk(c["hkv"], c["skv"]), mk(c["hkv"], c["skv"])
+    scale = 1 / math.sqrt(c["d"])
+    out, lse = rt_fwd.attention(q, k, v, c["causal"], scale, config="auto")
+    go = mk(hq, c["sq"]) if c["dout"] else None
+    dlse = torch.randn(c["b"], hq, c["sq"], device="cuda") if c["dlse"] else None
+    if go is None and dlse is None:
+        dlse = torch.randn(c["b"], hq, c["sq"], device="cuda")
+    got = rt.backward(go, dlse, q, k, v, out, lse, c["causal"], scale, config=c["config"])
+    ref = attention_grad.attention_backward(None if go is None else go.float(), dlse, q.float(), k.float(), v.float(),
+                                            out.float(), lse, c["causal"], scale)  # fp32: the math path
+    vendor = attention_grad.attention_backward(go, dlse, q, k, v, out, lse, c["causal"], scale)
+    torch.cuda.synchronize()
+    for name, x, r, w, like in zip(("dq", "dk", "dv"), got, ref, vendor, (q, k, v)):
+        assert x.shape == like.shape and x.dtype == like.dtype, name
+        assert not x.isnan().any(), f"{name}: NaN (a row the kernel did not write, or a NaN it computed)"
+        if r.norm() == 0:  # dV with no gradient into out
+            assert x.float().abs().max().item() == 0, name
+            continue
+        tol = max(2 * _rel(w, r), 1e-2)
+        assert _rel(x, r) <= tol, (name, _rel(x, r), tol)
+
+
+def test_repeated_calls_take_the_bound_launch():
+    """The second call with the same shapes launches through the per-shape cache and gives the same gradients up to
+    the atomic dQ adds' order."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 8, 300, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out, lse = rt_fwd.attention(q, k, v, True, 0.1, config="auto")
+    go = torch.randn_like(q)
+    first = rt.backward(go, None, q, k, v, out, lse, True, 0.1)
+    assert len(rt._BOUND) >= 1
+    second = rt.backward(go, None, q, k, v, out, lse, True, 0.1)
+    torch.cuda.synchronize()
+    assert torch.equal(first[1], second[1]) and torch.equal(first[2], second[2])  # dK/dV: no atomics
+    assert _rel(second[0], first[0]) < 1e-3
+
+
+def test_autograd_through_ops_attention():
+    import torch_autows
+
+    fallback.reset()
+    torch.manual_seed(1)
+    q = torch.randn(2, 16, 777, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(2, 4, 777, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    go = torch.randn(2, 16, 777, 64, device="cuda", dtype=torch.bfloat16)
+    with config.patch(attention_backward="autows"):
+        out, lse = torch_autows.ops.attention(q, k, v, is_causal=True, enable_gqa=True)
+        (out.float() * go).sum().backward()
+    assert fallback.counters["attention_backward.autows"] == 1
+    ref = attention_grad.attention_backward(go.float(), None, q.detach().float(), k.detach().float(),
+                                            v.detach().float(), out.detach().float(), lse.detach(), True, 64 ** -0.5)
+    for x, r in zip((q.grad, k.grad, v.grad), ref):
+        assert _rel(x, r) < 1e-2

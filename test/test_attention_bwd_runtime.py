@@ -1,0 +1,183 @@
+"""The generated attention backward's runtime on CPU (runtime/attention_bwd.py, passes/BACKWARD.md step 7): its support
+reasons (fake CUDA tensors on a patched sm_90), the ``config.attention_backward`` option, and the wiring in
+``attention_grad.attention_backward``: "autows" tries the generated backward first and falls back to the vendor's
+path with the reason logged once; "vendor" (the default) never calls it."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+from torch_autows import attention_grad, config
+from torch_autows.runtime import attention_bwd, device, fallback
+from torch_autows.runtime.fallback import Unsupported
+
+
+@pytest.fixture
+def sm90(monkeypatch):
+    monkeypatch.setattr(device, "capability", lambda idx: (9, 0))
+    return monkeypatch
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    fallback.reset()
+    yield
+    fallback.reset()
+
+
+def _cuda(*shape, dtype=torch.bfloat16):
+    return FakeTensor(FakeTensorMode(), torch.empty(*shape, dtype=dtype, device="meta"), torch.device("cuda", 0))
+
+
+def _call(d=64, hq=8, hkv=2, sq=100, skv=70, dtype=torch.bfloat16, **change):
+    """(q, k, v, out, lse, grad_out) as fake CUDA tensors, any replaced by ``change``."""
+    t = {"q": _cuda(2, hq, sq, d, dtype=dtype), "k": _cuda(2, hkv, skv, d, dtype=dtype),
+         "v": _cuda(2, hkv, skv, d, dtype=dtype), "out": _cuda(2, hq, sq, d, dtype=dtype),
+         "lse": _cuda(2, hq, sq, dtype=torch.float32), "grad_out": _cuda(2, hq, sq, d, dtype=dtype)}
+    t.update(change)
+    return t["q"], t["k"], t["v"], t["out"], t["lse"], t["grad_out"]
+
+
+def test_served_calls(sm90):
+    for d in (64, 128):
+        for dt in (torch.bfloat16, torch.float16):
+            assert attention_bwd.support_reason(*_call(d, dtype=dt), True, 0.1) is None
+    assert attention_bwd.support_reason(*_call(hkv=8), False, 0.1) is None
+    q, k, v, out, lse, _ = _call()
+    assert attention_bwd.support_reason(q, k, v, out, lse, None, False, 0.1) is None  # only a gradient into lse
+
+
+@pytest.mark.parametrize("change,reason", [
+    (dict(dtype=torch.float32), "takes bfloat16 or float16"),
+    (dict(d=96), "head_dim 96"),
+    (dict(d=256), "head_dim 256"),
+    (dict(hq=6, hkv=4), "multiple of Hkv"),
+    (dict(sq=0), "empty"),
+])
+def test_reasons(sm90, change, reason):
+    assert reason in attention_bwd.support_reason(*_call(**change), False, 0.1)
+
+
+def test_mixed_dtypes_and_shapes_are_refused(sm90):
+    why = attention_bwd.support_reason(*_call(grad_out=_cuda(2, 8, 100, 64, dtype=torch.float16)), False, 0.1)
+    assert "differ in dtype" in why
+    assert "lse" in attention_bwd.support_reason(*_call(lse=_cuda(2, 8, 99, dtype=torch.float32)), False, 0.1)
+
+
+def test_deterministic_mode_is_refused(sm90):
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert attention_bwd.support_reason(*_call(), False, 0.1).startswith("atomic dQ is not deterministic")
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
+def test_not_sm90_or_not_cuda(monkeypatch):
+    monkeypatch.setattr(device, "capability", lambda idx: (8, 0))
+    assert "sm_90" in attention_bwd.support_reason(*_call(), False, 0.1)
+    q = torch.randn(1, 2, 8, 64, dtype=torch.bfloat16)
+    assert "tensors on cpu" in attention_bwd.support_reason(q, q, q, q, q[..., 0].float(), q, False, 0.1)
+    with pytest.raises(Unsupported, match="tensors on cpu"):
+        attention_bwd.backward(q, None, q, q, q, q, q[..., 0].float(), False, 0.1)
+
+
+def test_option_is_validated(monkeypatch):
+    assert config.attention_backward == "vendor"
+    with pytest.raises(ValueError, match="attention_backward must be one of 'vendor', 'autows'"):
+        config.patch(attention_backward="cudnn")
+    with config.patch(attention_backward="autows"):
+        assert config.snapshot()["attention_backward"] == "autows"
+    assert config.attention_backward == "vendor"
+    assert config.env_choice("X", "vendor", config.BACKWARD_CHOICES, {"X": " AutoWS "}) == "autows"
+    with pytest.raises(ValueError, match="X='fast' is not one of vendor, autows"):
+        config.env_choice("X", "vendor", config.BACKWARD_CHOICES, {"X": "fast"})
+    assert "TORCH_AUTOWS_ATTENTION_BACKWARD" in config.ENV_VARS
+
+
+def _cpu_inputs(seed=0, hq=4, hkv=2):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, hq, 9, 64, generator=g)
+    k, v = (torch.randn(1, hkv, 7, 64, generator=g) for _ in range(2))
+    out, lse = attention_grad.reference_attention(q, k, v, False, 0.125)
+    return torch.randn(1, hq, 9, 64, generator=g), q, k, v, out, lse
+
+
+def test_vendor_default_never_calls_the_generated_backward(monkeypatch):
+    monkeypatch.setattr(attention_bwd, "backward", lambda *a, **kw: pytest.fail("called"))
+    go, q, k, v, out, lse = _cpu_inputs()
+    dq, dk, dv = attention_grad.attention_backward(go, None, q, k, v, out, lse, False, 0.125)
+    assert dk.shape == k.shape and not fallback.counters
+
+
+def test_autows_on_cpu_falls_back_with_the_reason_logged_once(caplog):
+    go, q, k, v, out, lse = _cpu_inputs()
+    want = attention_grad.attention_backward(go, None, q, k, v, out, lse, False, 0.125)
+    with config.patch(attention_backward="autows"), caplog.at_level(logging.WARNING, logger="torch_autows"):
+        for _ in range(3):
+            got = attention_grad.attention_backward(go, None, q, k, v, out, lse, False, 0.125)
+            assert all(torch.equal(a, b) for a, b in zip(got, want))  # the vendor path, unchanged
+    assert fallback.counters["attention_backward.fallback"] == 3
+    lines = [r.getMessage() for r in caplog.records if "attention_backward" in r.getMessage()]
+    assert len(lines) == 1 and "tensors on cpu" in lines[0]
+
+
+def test_autows_serves_what_the_runtime_serves(monkeypatch):
+    go, q, k, v, out, lse = _cpu_inputs()
+    sentinel = (q + 1, k + 1, v + 1)
+    seen = []
+    monkeypatch.setattr(attention_bwd, "backward", lambda *a: seen.append(a) or sentinel)
+    with config.patch(attention_backward="autows"):
+        got = attention_grad.attention_backward(go, None, q, k, v, out, lse, True, 0.125)
+    assert got is sentinel and seen[0][0] is go and seen[0][-2:] == (True, 0.125)
+    assert fallback.counters["attention_backward.autows"] == 1
+
+
+def test_traced_calls_take_the_vendor_path(sm90, monkeypatch):
+    monkeypatch.setattr(attention_bwd, "backward", lambda *a, **kw: pytest.fail("called with fake tensors"))
+    q, k, v, out, lse, go = _call(hkv=8, sq=64, skv=64)
+    with config.patch(attention_backward="autows"):
+        assert attention_grad._autows_backward(go, None, q, k, v, out, lse, False, 0.125) is None
+    assert fallback.counters["attention_backward.fallback"] == 1
+
+
+def test_backward_glue_runs_the_kernel_it_compiles(monkeypatch):
+    """``backward`` end to end on CPU with the launch replaced by the interpreter running the compiled Program: the
+    argument order, the 2-D views (q in [B, S, H, D]), the grid (B*Hkv x launched KV blocks), pre- and postprocess
+    give attention_grad's math gradients (bf16, causal, GQA, a gradient into lse, ragged lengths)."""
+    from torch_autows.interp import run_partitioned
+    from torch_autows.runtime import launch
+
+    real_compile = launch.compile_kernel
+    grids = []
+
+    class Interpreted(launch.Launcher):
+        def __call__(self, grid, args, device_index):
+            grids.append(grid)
+            values = {n: a.tensor if isinstance(a, launch.Tma) else a for n, a in zip(self.names, args)}
+            run_partitioned(self.program, values, nprog=grid)
+
+    class Kernel:
+        def __init__(self, *key):
+            self.program = real_compile(*key).program
+            self.launcher = Interpreted(None, [], 0, tuple(a.name for a in self.program.args))
+            self.launcher.program = self.program
+
+    monkeypatch.setattr(attention_bwd, "support_reason", lambda *a: None)
+    monkeypatch.setattr(attention_bwd, "compile_kernel", Kernel)
+    monkeypatch.setattr(device, "index", lambda d: 0)
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 70, 4, 64, generator=g).to(torch.bfloat16).transpose(1, 2)
+    k, v = (torch.randn(1, 2, 50, 64, generator=g).to(torch.bfloat16) for _ in range(2))
+    out, lse = attention_grad.reference_attention(q, k, v, True, 0.125)
+    go, dlse = torch.randn(1, 4, 70, 64, generator=g).to(torch.bfloat16), torch.randn(1, 4, 70, generator=g)
+    got = attention_bwd.backward(go, dlse, q, k, v, out, lse, True, 0.125)
+    ref = attention_grad.attention_backward(go.float(), dlse, q.float(), k.float(), v.float(), out.float(), lse, True,
+                                            0.125)
+    assert grids == [2]  # B*Hkv = 2, one KV block of 128 keys
+    for x, r, like in zip(got, ref, (q, k, v)):
+        assert x.shape == like.shape and x.dtype == torch.bfloat16
+        assert ((x.float() - r).norm() / r.norm()).item() < 2e-2
