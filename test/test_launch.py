@@ -118,3 +118,30 @@ def test_compile_kernel_names_a_wrong_template_or_request():
         launch.compile_kernel("gemm", AttentionRequest(64), CONFIGS["ws_p_128x128"])
     with pytest.raises(KeyError, match="unknown template 'conv'; the templates are gemm, attention"):
         launch.compile_kernel("conv", AttentionRequest(64), CONFIGS["ws_p_128x128"])
+
+
+def test_first_compile_uses_inductors_triton_cache(monkeypatch):
+    """A kernel's first compile goes to the Triton cache directory Inductor's kernels use (Inductor sets
+    TRITON_CACHE_DIR on its first kernel, if unset), so a kernel compiled before Inductor's first one is found
+    by the next process; a directory the user set is kept."""
+    import os
+
+    import torch
+    from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
+
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda i: 0, raising=False)
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    seen = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            def run(*args, num_warps):
+                seen.append(os.environ.get("TRITON_CACHE_DIR"))
+                return _FakeCompiled([])
+            return run
+
+    launch.Launcher(Kernel(), [], 4)(8, [64], 1)
+    assert seen == [triton_cache_dir(1)]
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/somewhere/else")
+    launch.Launcher(Kernel(), [], 4)(8, [64], 0)
+    assert seen[-1] == "/somewhere/else"

@@ -28,6 +28,7 @@ addresses (one list copy, a map lookup per descriptor, the C launcher).
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -135,11 +136,25 @@ class Launcher:
                 call.append(TensorDescriptor(a.tensor, list(a.shape), list(a.strides), block, layout))
             else:
                 call.append(a)
+        if first:
+            use_inductor_triton_cache(key[0])
         compiled = self.kernel[(grid,)](*call, num_warps=self.num_warps)
         if first:
             if len(self._direct) >= _MAP_CACHE_MAX:
                 self._direct.clear()
             self._direct[key] = _direct_state(compiled, len(self.descs))
+
+
+def use_inductor_triton_cache(device_index: int) -> None:
+    """Compile into the Triton cache directory Inductor's own kernels use. Inductor sets ``TRITON_CACHE_DIR`` when
+    it builds its first kernel of a process, if unset (``CachingAutotuner``); a kernel of ours first compiled
+    before that (a compile-time choice measurement) was cached under Triton's default directory instead, so the
+    next process, whose first launch came after Inductor's, built it again, C launcher included (gcc, about
+    0.2 s a kernel: the gap of a warm autows compile against default's on the H200). Set as Inductor would."""
+    if os.getenv("TRITON_CACHE_DIR") is None:
+        from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
+
+        os.environ["TRITON_CACHE_DIR"] = triton_cache_dir(device_index)
 
 
 class _At:
