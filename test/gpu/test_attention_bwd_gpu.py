@@ -2,7 +2,8 @@
 backward in fp32, on fresh random inputs with (out, lse) from our forward: head dims 64/128, bf16/fp16, causal or not,
 Sq != Skv both ways, lengths off the tiles (1, 63, 200, 1000), GQA groups 1/4/8, [B, S, H, D] views, a gradient into
 lse, and none into out. dK/dV are NaN-poisoned before each launch (``attention_bwd.POISON``). The tolerance per
-gradient is max(2 x the vendor backward's own error on the same inputs, 1e-2), relative Frobenius norm. Plus one
+gradient is max(2 x the vendor backward's own error on the same inputs, 1e-2), relative Frobenius norm, plus an absolute
+1e-4 per element (for gradients that are zero in exact arithmetic). Plus one
 end-to-end ``torch.autograd`` run through ``ops.attention`` with ``config.attention_backward = "autows"``."""
 from __future__ import annotations
 
@@ -78,8 +79,12 @@ def test_backward_random(c, poisoned):
         if r.norm() == 0:  # dV with no gradient into out
             assert x.float().abs().max().item() == 0, name
             continue
+        # relative, plus an absolute floor far below a gradient entry of O(0.01-1): a gradient that is zero in exact
+        # arithmetic (Sq = 1 causal: P = 1, so dS = dP - delta) comes out as rounding noise of dP - delta (the
+        # kernel's wgmma sum against the preprocess's rowsum), which no relative bound can take
         tol = max(2 * _rel(w, r), 1e-2)
-        assert _rel(x, r) <= tol, (name, _rel(x, r), tol)
+        err = (x.float() - r.float()).norm().item()
+        assert err <= tol * r.float().norm().item() + 1e-4 * x.numel() ** 0.5, (name, _rel(x, r), tol)
 
 
 def test_repeated_calls_take_the_bound_launch():
