@@ -136,12 +136,46 @@ def test_autows_serves_what_the_runtime_serves(monkeypatch):
     assert fallback.counters["attention_backward.autows"] == 1
 
 
-def test_traced_calls_take_the_vendor_path(sm90, monkeypatch):
+def test_traced_calls_become_the_backward_op(sm90, monkeypatch):
+    """A traced call (torch.compile's backward graph: fake tensors) the checks accept becomes
+    ``autows::attention_backward`` (its fake impl: q's, k's and v's shapes), not a kernel launch."""
     monkeypatch.setattr(attention_bwd, "backward", lambda *a, **kw: pytest.fail("called with fake tensors"))
-    q, k, v, out, lse, go = _call(hkv=8, sq=64, skv=64)
+    q, k, v, out, lse, go = _call(hkv=2, sq=64, skv=70)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        q, k, v, out, lse, go = (mode.from_tensor(t) for t in (q, k, v, out, lse, go))
+        graph = torch.fx.experimental.proxy_tensor.make_fx(
+            lambda *t: attention_grad.generated_backward(t[0], None, *t[1:], False, 0.125))
+        with config.patch(attention_backward="autows"):
+            gm = graph(go, q, k, v, out, lse)
+    ops = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert torch.ops.autows.attention_backward.default in ops, ops
+    dq, dk, dv = (n for n in gm.graph.nodes if n.op == "output").__next__().args[0]
+    assert [tuple(x.meta["val"].shape) for x in (dq, dk, dv)] == [(2, 8, 64, 64), (2, 2, 70, 64), (2, 2, 70, 64)]
+
+
+def test_traced_calls_it_refuses_stay_with_the_vendor(sm90):
+    q, k, v, out, lse, go = _call(d=96, hkv=8, sq=64, skv=64)
     with config.patch(attention_backward="autows"):
-        assert attention_grad._autows_backward(go, None, q, k, v, out, lse, False, 0.125) is None
+        assert attention_grad.generated_backward(go, None, q, k, v, out, lse, False, 0.125) is None
     assert fallback.counters["attention_backward.fallback"] == 1
+
+
+def test_backward_op_on_cpu_is_the_vendors(caplog):
+    """``autows::attention_backward`` on tensors the generated backward cannot serve (CPU) gives torch's gradients,
+    contiguous, with the reason logged; opcheck (schema, fake impl, autograd registration) passes."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 9, 16, generator=g).transpose(1, 2).contiguous().transpose(1, 2)
+    k, v = (torch.randn(1, 2, 7, 16, generator=g) for _ in range(2))
+    out, lse = attention_grad.reference_attention(q, k, v, True, 0.25)
+    go = torch.randn(1, 4, 9, 16, generator=g)
+    with caplog.at_level(logging.INFO, logger="torch_autows"):
+        got = torch.ops.autows.attention_backward(go, None, q, k, v, out, lse, True, 0.25)
+    want = attention_grad.vendor_backward(go, None, q, k, v, out, lse, True, 0.25)
+    for x, w in zip(got, want):
+        assert x.is_contiguous()
+        torch.testing.assert_close(x, w)
+    assert fallback.counters["attention_backward.fallback"] == 1
+    torch.library.opcheck(torch.ops.autows.attention_backward.default, (go, None, q, k, v, out, lse, True, 0.25))
 
 
 def test_backward_glue_runs_the_kernel_it_compiles(monkeypatch):

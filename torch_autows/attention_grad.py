@@ -117,16 +117,20 @@ def _math_backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
-def _autows_backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: float):
+def generated_backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: float):
     """The generated backward's (dq, dk, dv) (``runtime/attention_bwd.py``), or None with the reason logged once
-    (``runtime/fallback.py``) where it does not serve the call. Traced calls (fake tensors: torch.compile's
-    backward graph) take the vendor's path: the generated backward runs eagerly only."""
+    (``runtime/fallback.py``) where it does not serve the call. A traced call (fake tensors: torch.compile's
+    backward graph) that the support checks accept becomes ``torch.ops.autows.attention_backward`` in the graph,
+    which runs the generated backward when the graph runs (and the vendor's where the real tensors are refused)."""
     from .runtime import attention_bwd, fallback
     from .runtime.device import is_real
 
     if not all(is_real(t) for t in (q, k, v, out, lse)):
-        fallback.note_fallback("attention_backward", "traced (fake tensors): the generated backward runs eagerly only")
-        return None
+        why = attention_bwd.support_reason(q, k, v, out, lse, grad_out, is_causal, scale)
+        if why:
+            fallback.note_fallback("attention_backward", why)
+            return None
+        return tuple(torch.ops.autows.attention_backward(grad_out, grad_lse, q, k, v, out, lse, is_causal, scale))
     try:
         grads = attention_bwd.backward(grad_out, grad_lse, q, k, v, out, lse, is_causal, scale)
     except fallback.Unsupported as e:
@@ -142,9 +146,14 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, s
     from . import config
 
     if config.attention_backward == "autows":
-        grads = _autows_backward(grad_out, grad_lse, q, k, v, out, lse, is_causal, scale)
+        grads = generated_backward(grad_out, grad_lse, q, k, v, out, lse, is_causal, scale)
         if grads is not None:
             return grads
+    return vendor_backward(grad_out, grad_lse, q, k, v, out, lse, is_causal, scale)
+
+
+def vendor_backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: float):
+    """(dq, dk, dv) by torch: cuDNN's backward where it serves the call, else flash's, else the math in fp32."""
     if grad_out is not None and cudnn_backward_ok(q, k, is_causal, grad_lse):
         dq, dk, dv = _cudnn_backward(grad_out, q, k, v, out, lse, is_causal, scale)
         return dq, dk, dv

@@ -1,5 +1,5 @@
-"""Custom ops that put the generated kernels into graphs: ``torch.ops.autows.{attention,gemm,gemm_residual,gemm_act,
-bmm,gemm_swiglu}``.
+"""Custom ops that put the generated kernels into graphs: ``torch.ops.autows.{attention,attention_backward,gemm,
+gemm_residual,gemm_act,bmm,gemm_swiglu}``.
 
 Registered by ``import torch_autows`` (so ``torch.export.load`` of a program using them works in a fresh
 process); only ``torch.library`` is used here, nothing of Inductor or Dynamo. The Inductor lowerings stay
@@ -27,7 +27,7 @@ from torch import Tensor
 
 from . import config
 from . import ops as _kernels
-from .attention_grad import attention_backward
+from .attention_grad import attention_backward, generated_backward, vendor_backward
 from .runtime.fallback import Unsupported, note_fallback, note_served, note_vendor
 
 _SERVED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -90,6 +90,24 @@ def _attention_backward(ctx, grad_out, grad_lse):
 
 
 attention.register_autograd(_attention_backward, setup_context=_attention_setup_context)
+
+
+@torch.library.custom_op("autows::attention_backward", mutates_args=())
+def attention_backward_op(grad_out: Tensor | None, grad_lse: Tensor | None, q: Tensor, k: Tensor, v: Tensor,
+                          out: Tensor, lse: Tensor, is_causal: bool, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv)`` of ``autows::attention`` by the generated backward (``runtime/attention_bwd.py``), or by
+    torch's (``attention_grad.vendor_backward``) with the reason logged once where the real tensors are refused.
+    ``autows::attention``'s autograd puts it in torch.compile's backward graphs where
+    ``config.attention_backward == "autows"`` and the traced call passes the support checks. Contiguous outputs."""
+    grads = generated_backward(grad_out, grad_lse, q, k, v, out, lse, is_causal, scale)
+    if grads is None:
+        grads = vendor_backward(grad_out, grad_lse, q, k, v, out, lse, is_causal, scale)
+    return tuple(g.contiguous() for g in grads)
+
+
+@attention_backward_op.register_fake
+def _attention_backward_fake(grad_out, grad_lse, q, k, v, out, lse, is_causal, scale):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 # --- GEMM ---
