@@ -90,12 +90,26 @@ def _compiled(**kw):
     return bind
 
 
-def _bind_autows(case, inp) -> Bound:
+def _bind_autows(case, inp, backend=None) -> Bound:
     import torch
 
-    cm = torch.compile(inp["model"], backend=autows_backend(), dynamic=False)
+    cm = torch.compile(inp["model"], backend=backend or autows_backend(), dynamic=False)
     b = _bound(_step(inp["model"], cm, inp["x"], inp["dy"]))
     b.counters = ("gemm", "bmm", "attention")
+    return b
+
+
+def _bind_autows_bwd(case, inp) -> Bound:
+    """As ``autows``, with the generated attention backward (``config.attention_backward = "autows"``): its
+    backward graph calls ``autows::attention_backward`` where the checks pass."""
+    from torch_autows import config
+
+    autows = autows_backend()
+    # its own backend object: Dynamo reuses a graph compiled for the same backend, and this one must be traced
+    # again with the option on
+    b = _bind_autows(case, inp, backend=lambda gm, example_inputs: autows(gm, example_inputs))
+    b.context = lambda: config.patch(attention_backward="autows")
+    b.counters = ("attention_backward",)
     return b
 
 
@@ -105,7 +119,9 @@ def all_peers() -> tuple[list[Peer], list[str]]:
              Peer("inductor-max-autotune", _compiled(mode="max-autotune-no-cudagraphs"),
                   'torch.compile(model, mode="max-autotune-no-cudagraphs"), then AdamW'),
              Peer("autows", _bind_autows, 'torch.compile(model, backend="autows"), then AdamW; fails unless an '
-                  "autows kernel ran")]
+                  "autows kernel ran"),
+             Peer("autows-gen-bwd", _bind_autows_bwd, 'as autows, with config.attention_backward = "autows" (the '
+                  "generated attention backward); fails unless it ran")]
     return peers, []
 
 
