@@ -155,6 +155,13 @@ def _gemm(program: Program, seed: int, shape, trans_a: bool, trans_b: bool, bias
     return Instance(desc, tensors, {"M": M, "N": N, "K": K}, {"c": torch.cat(refs)}, {"c": TOL[odt_name]})
 
 
+def _attention_shape(rng: random.Random, o) -> tuple[int, int, int, int, int]:
+    """(B, Hq, Hkv, Sq, Skv) at random: 1-2 batches and kv-heads, GQA groups of 1-2, lengths up to two query tiles
+    and three key tiles (ragged)."""
+    B, Hkv, G = rng.choice((1, 2)), rng.choice((1, 2)), rng.choice((1, 2))
+    return B, Hkv * G, Hkv, rng.randrange(1, 2 * o.block_m + 1), rng.randrange(1, 3 * o.block_n + 1)
+
+
 def _attention(program: Program, seed: int, shape) -> Instance:
     o = program.options
     rng = random.Random(seed)
@@ -162,12 +169,7 @@ def _attention(program: Program, seed: int, shape) -> Instance:
     # a head dim narrower than the tiles (templates.attention.tile_d) is the output store's column bound
     D = next((x.attr("cols_valid") for x in walk(program.body) if x.kind == "store_ptr" and x.attr("cols_valid")), tile)
     causal = any(x.attr("causal") for x in walk(program.body) if x.kind == "mask")
-    if shape is not None:
-        B, Hq, Hkv, Sq, Skv = shape
-    else:
-        B, Hkv, G = rng.choice((1, 2)), rng.choice((1, 2)), rng.choice((1, 2))
-        Hq = Hkv * G
-        Sq, Skv = rng.randrange(1, 2 * o.block_m + 1), rng.randrange(1, 3 * o.block_n + 1)
+    B, Hq, Hkv, Sq, Skv = shape if shape is not None else _attention_shape(rng, o)
     dt = TORCH_DTYPE[program.arg("q").dtype]
     gen = torch.Generator().manual_seed(seed)
     q4, k4, v4 = (torch.randn((B, h, s, D), generator=gen).to(dt) for h, s in ((Hq, Sq), (Hkv, Skv), (Hkv, Skv)))
@@ -220,12 +222,7 @@ def _attention_bwd(program: Program, seed: int, shape) -> Instance:
     rng = random.Random(seed)
     D = next(x.results[0].type.shape[-1] for x in walk(program.body) if x.kind == "load" and x.attr("arg") == "q")
     causal = any(x.attr("causal") for x in walk(program.body) if x.kind == "mask")
-    if shape is not None:
-        B, Hq, Hkv, Sq, Skv = shape
-    else:
-        B, Hkv, G = rng.choice((1, 2)), rng.choice((1, 2)), rng.choice((1, 2))
-        Hq = Hkv * G
-        Sq, Skv = rng.randrange(1, 2 * o.block_m + 1), rng.randrange(1, 3 * o.block_n + 1)
+    B, Hq, Hkv, Sq, Skv = shape if shape is not None else _attention_shape(rng, o)
     dt = TORCH_DTYPE[program.arg("q").dtype]
     gen = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn((B, h, s, D), generator=gen).to(dt) for h, s in ((Hq, Sq), (Hkv, Skv), (Hkv, Skv)))
