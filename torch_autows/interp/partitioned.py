@@ -21,7 +21,11 @@ every op and whenever an mbarrier wait cannot pass yet. Mirrored from the genera
     turn_wait    wait turn[me] with parity (turn_n & 1), ^ 1 for partition 0 (ping-pong; the barriers are
                  Program.turns', one per turn-taking partition)
     turn_pass    arrive turn[to]; turn_n += 1
+    seek         n = j * per_tile for the CTA's j-th tile (a tile consumer: tile_loop ``share``)
 Counters ``n`` are per partition and group and run on across loops and tiles, as does ``turn_n``.
+A tile consumer (tile_loop ``share=(c, t)``) runs the CTA's j-th tiles with j % t == c; on a ring whose fills are
+each released by one consumer (``arrivals`` 1, several readers) its ``wait_ready`` claims the fill: another
+partition's wait for or read of that fill is a ``shared-fill`` violation (``CTA.claim``).
 """
 from __future__ import annotations
 
@@ -84,6 +88,9 @@ class PartRun:
         self.wgmma: collections.deque = collections.deque()
         self.stores: list[StoreRead] = []
         self.turn_n = 0
+        loops = [o for o in part.body if o.kind == "tile_loop"]
+        self.share = loops[0].attr("share") if loops else part.tiles  # (c, t): a tile consumer's share of the walk
+        self.tile_seq = 0  # j: the CTA's j-th tile is running (a ``seek`` reads it)
         self.has_store = any(o.kind == "store" for o in walk(part.body))
         self.produces = any(o.kind in ("acquire", "load") for o in walk(part.body))
         self.waiting = None
@@ -156,7 +163,8 @@ class PartRun:
     def _main(self):
         body = self.part.body
         if not any(o.kind == "tile_loop" for o in body):  # before passes/tile_loop: the body is one tile's
-            body = (op("tile_loop", body=body, **self.run.program.grid.attrs()),)
+            share = {"share": self.share} if self.share is not None else {}
+            body = (op("tile_loop", body=body, **self.run.program.grid.attrs(), **share),)
         for o in body:
             if o.kind == "tile_loop":  # the walk itself is no step of its own (codegen: a few integer ops)
                 self.op = o
@@ -278,6 +286,16 @@ def _wait_ready(pr: PartRun, o: Op):
         pr.fail("wrong-phase", f"{pr.name} waited for fill n={n} of slot {s} ({bar.name} phase {lap}) but the "
                 f"wait passed with {bar.completed} completed phases: the parity matched a different phase",
                 o, group=g, slot=s, phase=f"lap {lap}, parity {lap & 1}")
+    pr.cta.claim(g, s, n, pr.name, o)
+
+
+def _seek(pr: PartRun, o: Op):
+    """A tile consumer's counter to the first fill of the CTA's j-th tile: n = j * per_tile."""
+    g, _ = _group(pr, o)
+    if g in pr.slotvar:  # as after an advance: the slot of the last wait belongs to another fill
+        pr.stale[g] = (*pr.slotvar.pop(g), pr.run.step)
+    pr.counters[g] = pr.tile_seq * int(pr.eval(o.attr("per_tile")))
+    pr.log(o, f"{g} counter -> {pr.counters[g]} (tile {pr.tile_seq} of the CTA)")
 
 
 def _slotvar(pr: PartRun, o: Op, g: str):
@@ -460,7 +478,11 @@ def _tile_loop(pr: PartRun, o: Op):
     walk (passes/cross_tile) runs the body once, on the first tile (none without tiles); its ``tile_next``
     walks the others."""
     grid = Grid.of(o)
-    for tile in pr.cta.tiles[:1] if o.attr("cross_tile") else pr.cta.tiles:
+    c, t = o.attr("share") or (0, 1)  # a tile consumer runs the CTA's j-th tiles with j % t == c
+    for j, tile in enumerate(pr.cta.tiles[:1] if o.attr("cross_tile") else pr.cta.tiles):
+        if j % t != c:
+            continue
+        pr.tile_seq = j
         pr.scalars.update(tile_indices(grid, pr.run.scalars, tile))
         yield from pr.run_ops(o.body)
 
@@ -484,5 +506,5 @@ def _tile_next(pr: PartRun, o: Op):
 
 HANDLERS = {"tile_loop": _tile_loop, "tile_next": _tile_next, "turn_wait": _turn_wait, "turn_pass": _turn_pass,
             "acquire": _acquire, "wait_ready": _wait_ready, "get": _get, "load": _load, "release": _release,
-            "release_tail": _release_tail, "advance": _advance, "trans": _trans, "mma": _mma,
+            "release_tail": _release_tail, "advance": _advance, "seek": _seek, "trans": _trans, "mma": _mma,
             "mma_wait": _mma_wait, "store": _store, "smem_store": _smem_store}
