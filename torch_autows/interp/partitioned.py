@@ -1,6 +1,7 @@
 """Partitioned semantics: each Partition.body as a coroutine, exactly as codegen.gluon emits it.
 
-One ``PartRun`` per (CTA, partition) runs the partition's body: its ``tile_loop`` (passes/tile_loop; a body
+One ``PartRun`` per (CTA, partition) runs the partition's body: its ``tile_loop`` (passes/tile_loop, handled in
+``tiles.py`` with ``tile_next`` and ``seek``; a body
 from before that pass is one tile's, walked over ``Program.grid``) runs the rest once per tile of the CTA
 (persistent: ``pid, pid + nprog, ...``, as ``sched.cta_tiles`` lists them), yielding to the scheduler before
 every op and whenever an mbarrier wait cannot pass yet. Mirrored from the generated code:
@@ -33,10 +34,10 @@ import collections
 
 import torch
 
-from ..ir import Grid, Op, op, walk
+from ..ir import Op, op, walk
+from . import tiles
 from .cta import CTA, SlotRef, TmaCopy
 from .ops import InterpError, apply, eval_index, note_write, skipped, tma_store
-from .sequential import tile_indices
 
 
 class Wait:
@@ -168,7 +169,7 @@ class PartRun:
         for o in body:
             if o.kind == "tile_loop":  # the walk itself is no step of its own (codegen: a few integer ops)
                 self.op = o
-                yield from _tile_loop(self, o)
+                yield from tiles.tile_loop(self, o)
             else:
                 yield from self.run_ops((o,))
         yield None
@@ -287,15 +288,6 @@ def _wait_ready(pr: PartRun, o: Op):
                 f"wait passed with {bar.completed} completed phases: the parity matched a different phase",
                 o, group=g, slot=s, phase=f"lap {lap}, parity {lap & 1}")
     pr.cta.claim(g, s, n, pr.name, o)
-
-
-def _seek(pr: PartRun, o: Op):
-    """A tile consumer's counter to the first fill of the CTA's j-th tile: n = j * per_tile."""
-    g, _ = _group(pr, o)
-    if g in pr.slotvar:  # as after an advance: the slot of the last wait belongs to another fill
-        pr.stale[g] = (*pr.slotvar.pop(g), pr.run.step)
-    pr.counters[g] = pr.tile_seq * int(pr.eval(o.attr("per_tile")))
-    pr.log(o, f"{g} counter -> {pr.counters[g]} (tile {pr.tile_seq} of the CTA)")
 
 
 def _slotvar(pr: PartRun, o: Op, g: str):
@@ -472,39 +464,8 @@ def _turn_pass(pr: PartRun, o: Op):
     pr.turn_n += 1
 
 
-def _tile_loop(pr: PartRun, o: Op):
-    """passes/tile_loop: the body once per tile of the CTA (``CTA.tiles``: the scheduler made them with
-    ``sched.cta_tiles`` from this op's grid), the grid's tile indices bound to each tile's. A ``cross_tile``
-    walk (passes/cross_tile) runs the body once, on the first tile (none without tiles); its ``tile_next``
-    walks the others."""
-    grid = Grid.of(o)
-    c, t = o.attr("share") or (0, 1)  # a tile consumer runs the CTA's j-th tiles with j % t == c
-    for j, tile in enumerate(pr.cta.tiles[:1] if o.attr("cross_tile") else pr.cta.tiles):
-        if j % t != c:
-            continue
-        pr.tile_seq = j
-        pr.scalars.update(tile_indices(grid, pr.run.scalars, tile))
-        yield from pr.run_ops(o.body)
-
-
-def _tile_next(pr: PartRun, o: Op):
-    """passes/cross_tile: the body once per tile of the CTA after its first, the previous tile's indices bound
-    as ``<index>_prev`` and the next one's as the indices; iter_args carried as a loop's."""
-    grid = Grid.of(pr.part.body[0])
-    its = o.attr("iter_args", ())
-    for name, init in zip(its, o.operands):
-        pr.env[name] = pr.raw(init, o)
-    for tile in pr.cta.tiles[1:]:
-        pr.scalars.update({f"{n}_prev": pr.scalars[n] for n, _ in grid.tiles})
-        pr.scalars.update(tile_indices(grid, pr.run.scalars, tile))
-        nxt = yield from pr.run_ops(o.body)
-        for name, v in zip(its, nxt or ()):
-            pr.env[name] = v
-    for name, r in zip(its, o.results):
-        pr.env[r.name] = pr.env[name]
-
-
-HANDLERS = {"tile_loop": _tile_loop, "tile_next": _tile_next, "turn_wait": _turn_wait, "turn_pass": _turn_pass,
-            "acquire": _acquire, "wait_ready": _wait_ready, "get": _get, "load": _load, "release": _release,
-            "release_tail": _release_tail, "advance": _advance, "seek": _seek, "trans": _trans, "mma": _mma,
+HANDLERS = {"tile_loop": tiles.tile_loop, "tile_next": tiles.tile_next, "turn_wait": _turn_wait,
+            "turn_pass": _turn_pass, "acquire": _acquire, "wait_ready": _wait_ready, "get": _get, "load": _load,
+            "release": _release,
+            "release_tail": _release_tail, "advance": _advance, "seek": tiles.seek, "trans": _trans, "mma": _mma,
             "mma_wait": _mma_wait, "store": _store, "smem_store": _smem_store}
