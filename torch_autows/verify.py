@@ -3,7 +3,8 @@
 Stages are ``passes.pipeline.STAGES`` ("template" and the name of each pass in PIPELINE); each stage's
 checks include those of the stages before it. From the template on: accumulating outputs add f32 into an f32
 out arg nothing else touches (``_check_accumulate``). From code_partition on: rings balance (``_check_code``) and
-ping-pong turns are consistent (``_check_turns``: none before ping_pong makes Program.turns); from
+ping-pong turns are consistent (``_check_turns``: none before ping_pong makes Program.turns, but the tile consumers'
+main-loop turns, which code_partition makes); from
 software_pipeline on: a partition loop whose ops span two stages runs its late ops one step behind
 (``_check_pipelined``); from tile_loop on: every partition body is one ``tile_loop`` walking ``Program.grid``
 (``_check_tile_loops``); from cross_tile on: a ``cross_tile`` walk's carried values are defined on both paths (the
@@ -42,7 +43,8 @@ def check(program: Program, stage: str = STAGES[-1]) -> None:
 
 
 #: Attributes that hold index expressions (load/store coordinates, pointer rows and bounds, loop bounds).
-_EXPR_ATTRS = ("coords", "offset", "size", "lb", "ub", "row", "col", "ld", "rows_valid", "cols_valid", "valid")
+_EXPR_ATTRS = ("coords", "offset", "size", "lb", "ub", "row", "col", "ld", "rows_valid", "cols_valid", "valid",
+               "per_tile")
 
 
 def _check_ssa(p: Program, stage: str):
@@ -166,6 +168,25 @@ def _check_partitions(p: Program, stage: str):
         if pt.regs % a.reg_granularity or not a.min_regs_per_thread <= pt.regs <= a.max_regs_per_thread:
             _fail(stage, f"partition {pt.name}: {pt.regs} registers; setmaxnreg takes multiples of "
                   f"{a.reg_granularity} in {a.min_regs_per_thread}..{a.max_regs_per_thread}")
+    _check_tile_shares(p, stage)
+
+
+def _check_tile_shares(p: Program, stage: str):
+    """Tile consumers (``Partition.tiles``): t >= 2 partitions of a persistent grid share out every tile, indices
+    0..t-1 once each; the producer (it loads) walks every tile."""
+    shares = {pt.name: pt.tiles for pt in p.partitions if pt.tiles is not None}
+    if not shares:
+        return
+    counts = {t for _, t in shares.values()}
+    t = max(counts)
+    if len(counts) != 1 or t < 2 or sorted(c for c, _ in shares.values()) != list(range(t)):
+        _fail(stage, f"tile shares {shares}: t >= 2 partitions must take the tiles j with j % t == 0, 1, ..., t-1")
+    if not p.grid.persistent:
+        _fail(stage, f"tile shares {shares} on a grid that is not persistent (a CTA has one tile)")
+    loaders = {o.partition for o in walk(p.body) if o.kind == "load"}
+    if loaders & set(shares):
+        _fail(stage, f"partitions {sorted(loaders & set(shares))} load and share the tiles: the producer fills the "
+              f"rings for every tile")
 
 
 def _check_channels(p: Program, stage: str):
@@ -218,11 +239,24 @@ def _check_code(p: Program, stage: str):
             if c["wait_ready"] != c["release"]:
                 _fail(stage, f"{pt.name}: group {g} is waited on {c['wait_ready']} times but released "
                       f"{c['release']} times: a slot would never be freed")
+    sharing = {pt.name for pt in p.partitions if pt.tiles is not None}
     for g in groups.values():
         consumers = {pt.name for pt in p.partitions for o in walk(pt.body)
                      if o.kind == "release" and o.attr("group") == g.name}
-        if len(consumers) != g.arrivals:
+        one_each = g.arrivals == 1 and consumers and consumers <= sharing  # a fill is its tile's consumer's
+        if len(consumers) != g.arrivals and not one_each:
             _fail(stage, f"group {g.name} expects {g.arrivals} releasing partitions, found {sorted(consumers)}")
+    for pt in p.partitions:
+        body = pt.body[0].body if len(pt.body) == 1 and pt.body[0].kind == "tile_loop" else pt.body
+        seeks = [o for o in walk(body) if o.kind == "seek"]
+        waited = sorted({o.attr("group") for o in walk(body) if o.kind == "wait_ready"})
+        head = [o.attr("group") for o in body[:len(seeks)] if o.kind == "seek"]
+        if pt.tiles is None and seeks:
+            _fail(stage, f"{pt.name} walks every tile but seeks its ring position", seeks[0])
+        if pt.tiles is not None and (sorted(head) != waited or len(head) != len(seeks)):
+            _fail(stage, f"{pt.name} runs every {pt.tiles[1]}th tile: its tile body must start with one seek per ring "
+                  f"it reads ({waited}), found seeks of {[o.attr('group') for o in seeks]} (its counter would "
+                  f"stay at another consumer's fills)")
 
 
 def _check_pipelined(p: Program, stage: str):
@@ -246,9 +280,12 @@ def _check_pipelined(p: Program, stage: str):
                           f"loop whose ops span two stages must be software pipelined (late ops one step behind)", o)
 
 
-def _turn_shape(ops, part: str, stage: str) -> tuple:
-    """The turns one op list takes, loops (with their bounds) nested; every mma inside a turn, every turn_wait
-    followed by its turn_pass before anything else waits or a loop starts."""
+def _turn_shape(ops, part: str, stage: str, scope: str = "mma") -> tuple:
+    """The turns one op list takes, loops (with their bounds) nested; scope "mma": every mma inside a turn, every
+    turn_wait followed by its turn_pass before anything else waits or a loop starts; scope "mainloop" (tile
+    consumers): every ring wait inside a turn taken in the tile body's own op list."""
+    if scope == "mainloop":
+        return _main_loop_turns(ops, part, stage)
     shape: list = []
     inside = None
     for o in ops:
@@ -276,6 +313,29 @@ def _turn_shape(ops, part: str, stage: str) -> tuple:
     return tuple(shape)
 
 
+def _main_loop_turns(ops, part: str, stage: str) -> tuple:
+    """Scope "mainloop": per tile one turn at the tile body's top level, every ``wait_ready`` between its
+    ``turn_wait`` and ``turn_pass`` (passes/code_partition); the turns it takes per tile."""
+    body = ops[0].body if len(ops) == 1 and ops[0].kind == "tile_loop" else ops
+    inside, shape = None, []
+    for o in body:
+        if o.kind in ("turn_wait", "turn_pass"):
+            if (o.kind == "turn_wait") == (inside is not None):
+                _fail(stage, f"{part}: turn_wait and turn_pass must alternate in its tile body", o)
+            inside = o if o.kind == "turn_wait" else None
+            shape += ["turn"] if o.kind == "turn_wait" else []
+            continue
+        nested = [x for x in walk((o,)) if x.kind in ("turn_wait", "turn_pass")]
+        if nested:
+            _fail(stage, f"{part}: a main-loop turn is taken in the tile body's own ops, not inside a loop", nested[0])
+        if inside is None and any(x.kind == "wait_ready" for x in walk((o,))):
+            _fail(stage, f"{part} shares the tiles but waits on a ring outside its turn: it could wait a lap early "
+                  f"(the other consumer's fills are not landed yet)", o)
+    if inside is not None:
+        _fail(stage, f"{part} waits for a turn it never passes", inside)
+    return tuple(shape)
+
+
 def _check_turns(p: Program, stage: str):
     """passes/ping_pong: turn ops only with Program.turns; each of its partitions waits on its own barrier and
     passes to the next, every mma inside a turn, wait and pass paired in each op list; all take the same turns
@@ -289,6 +349,11 @@ def _check_turns(p: Program, stage: str):
                       ops[0])
         return
     names = [pt.name for pt in p.partitions]
+    sharing = tuple(pt.name for pt in p.partitions if pt.tiles is not None)
+    if t.scope not in ("mma", "mainloop") or (t.scope == "mainloop") != bool(sharing) or \
+            (sharing and t.partitions != sharing):
+        _fail(stage, f"turns {t.name} (scope {t.scope!r}) over {t.partitions}: the tile consumers {sharing} take "
+              f"main-loop turns (scope 'mainloop', all of them in order), other programs mma turns (scope 'mma')")
     if len(t.partitions) < 2 or len(set(t.partitions)) != t.count or not set(t.partitions) <= set(names):
         _fail(stage, f"turns {t.name}: {t.partitions} must be two or more distinct partitions of {names}")
     shapes = {}
@@ -304,7 +369,7 @@ def _check_turns(p: Program, stage: str):
                     else (me + 1) % t.count}
             if any(o.attr(k) != v for k, v in want.items()):
                 _fail(stage, f"{pt.name} is turn partition {me} of {t.count}: its {o.kind} needs {want}", o)
-        shapes[pt.name] = _turn_shape(pt.body, pt.name, stage)
+        shapes[pt.name] = _turn_shape(pt.body, pt.name, stage, t.scope)
         if not shapes[pt.name]:
             _fail(stage, f"{pt.name} is in turns {t.name} but never takes a turn: the others would wait for it")
     if len(set(shapes.values())) > 1:
@@ -326,6 +391,9 @@ def _check_tile_loops(p: Program, stage: str):
             _fail(stage, f"{pt.name}: tile_loop attributes do not describe a grid ({e})", tl)
         if grid != p.grid:
             _fail(stage, f"{pt.name}: tile_loop walks {grid}, but the program's is {p.grid}", tl)
+        if tl.attr("share") != pt.tiles:
+            _fail(stage, f"{pt.name}: tile_loop share {tl.attr('share')} differs from the partition's tiles "
+                  f"{pt.tiles}", tl)
         nested = next((o for o in walk(tl.body) if o.kind == "tile_loop"), None)
         if nested is not None:
             _fail(stage, f"{pt.name}: a tile_loop inside the tile_loop", nested)

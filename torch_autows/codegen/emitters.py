@@ -208,6 +208,12 @@ def _advance(ctx, o, indent):
     return [f"{o.attr('group')}_n += 1"]
 
 
+@emitter("seek")
+def _seek(ctx, o, indent):
+    # a tile consumer's ring position: the first fill of the CTA's j-th tile (j from the walk's ``tile``)
+    return [f"{o.attr('group')}_n = (tile - gl.program_id(0)) // gl.num_programs(0) * ({expr(o.attr('per_tile'))})"]
+
+
 def _ago(g, lag: int) -> str:
     """The ring slot of ``lag`` steps before the group's counter."""
     return f"({g.name}_n + {g.count - lag}) % {g.count}"
@@ -411,6 +417,11 @@ def _tile_loop(ctx, o, indent):
         # they live through every partition and ptxas spills them (12-124 bytes, sm_90a; a heuristic, measured)
         out.append("for tile in range(gl.program_id(0), gl.minimum(gl.program_id(0) + 1, num_tiles)):")
         out += ["    " + ln for ln in per_tile] + emit_ops(ctx, o.body, 1)
+    elif grid.persistent and o.attr("share"):  # a tile consumer: the CTA's j-th tiles with j % t == c
+        c, t = o.attr("share")
+        first = "gl.program_id(0)" + (f" + {c} * gl.num_programs(0)" if c else "")
+        out.append(f"for tile in range({first}, num_tiles, {t} * gl.num_programs(0)):")
+        inner = 1
     elif grid.persistent:
         out.append("for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):")
         inner = 1

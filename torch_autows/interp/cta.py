@@ -61,6 +61,8 @@ class CTA:
                 self.consumers[c.group] |= set(c.dsts)
                 self.group_bufs[c.group].append(c.buffer)
                 self.readers.setdefault(c.buffer, set()).update(c.dsts)
+        # rings whose every fill goes to one of several readers (tile consumers: one release per fill)
+        self.exclusive = {g.name for g in p.groups if g.arrivals == 1 and len(self.consumers[g.name]) > 1}
         self.copies: list[TmaCopy] = []
         self.parts: list = []
         # ping-pong turn barriers (Program.turns, made by passes/ping_pong): one per turn-taking partition
@@ -130,6 +132,10 @@ class CTA:
                       part, o, group=g, slot=ref.slot, phase=phase)
         if g is not None:
             gs = self.gslots[(g, ref.slot)]
+            if g in self.exclusive and gs.fill == ref.tag and gs.owner != part:
+                self.fail("shared-fill", f"{part} reads {ref.buf}[{ref.slot}] (fill n={ref.tag}), a fill of group {g} "
+                          f"that {gs.owner or 'no partition'} waited for: each fill of this ring belongs to one "
+                          f"consumer's tile", part, o, group=g, slot=ref.slot)
             if gs.fill == ref.tag and part not in gs.outstanding and part in self.consumers[g]:
                 self.fail("use-after-release", f"{part} reads {ref.buf}[{ref.slot}] (fill n={ref.tag}) after "
                           f"releasing it: the producer may already refill it", part, o, group=g, slot=ref.slot)
@@ -146,8 +152,23 @@ class CTA:
             self.fail("overwrite", f"{part} refills slot {s} of group {g} (fill n={n}) before "
                       f"{sorted(gs.outstanding)} released its fill n={gs.fill}", part, o, group=g, slot=s,
                       phase=f"lap {n // self.groups[g].count}")
-        gs.fill, gs.outstanding = n, set(self.consumers[g])
+        gs.fill, gs.outstanding, gs.owner = n, set(self.consumers[g]), None
         gs.fills += 1
+
+    def claim(self, g: str, s: int, n: int, part: str, o: Op) -> None:
+        """``part`` passed the ready wait of fill ``n`` in slot ``s``: on a ring whose fills each belong to one
+        consumer (``exclusive``) the fill becomes ``part``'s, and only it releases it; a second claimer is a
+        ``shared-fill`` violation (two tile consumers at one ring position)."""
+        gs = self.gslots[(g, s)]
+        if g not in self.exclusive or gs.fill != n:  # a wait on the wrong phase is reported by the wait
+            return
+        if gs.owner is not None and gs.owner != part:
+            self.fail("shared-fill", f"{part} waited for fill n={n} of group {g} (slot {s}), which {gs.owner} "
+                      f"already took: each fill goes to the one consumer whose tile it holds (their seeks disagree)",
+                      part, o, group=g, slot=s)
+            return
+        gs.owner = part
+        gs.outstanding &= {part}
 
     def arrive_empty(self, g: str, s: int, m: int, part, o: Op) -> None:
         """``part`` releases slot ``s`` of group ``g``, meaning its fill n=``m``."""
@@ -186,14 +207,26 @@ class CTA:
     def finish(self) -> None:
         """Every wait matched one arrive: equal counters, no unreleased fill, no half phase, equal turns."""
         turns = {pt.name: pt.turn_n for pt in self.parts if pt.turn_n or pt.name in self.turn_parts}
-        if len(set(turns.values())) > 1:
+        if self.run.program.turns is not None and self.run.program.turns.scope == "mainloop":
+            # tile consumers: one turn per tile each ran (the CTA's j-th tiles with j % t == c)
+            want = {pt.name: len(range(pt.share[0], len(self.tiles), pt.share[1])) for pt in self.parts
+                    if pt.share is not None}
+            if turns != want:
+                self.fail("unbalanced", f"main-loop turns at kernel end {turns}, but the tile consumers ran {want} "
+                          f"tiles (one turn per tile)")
+        elif len(set(turns.values())) > 1:
             self.fail("unbalanced", f"ping-pong turns differ at kernel end: {turns} (every compute partition must "
                       f"issue the same mma groups per tile)")
         for g, G in self.groups.items():
             counts = {pt.name: pt.counters[g] for pt in self.parts if g in pt.counters}
-            if len(set(counts.values())) > 1:
+            # tile consumers end at their own last tile's end; the one that ran the CTA's last tile at the walkers'
+            shares = {pt.name: counts.pop(pt.name) for pt in self.parts if pt.share is not None and pt.name in counts}
+            if len(set(counts.values())) > 1 or (shares and counts and (
+                    max(shares.values()) != max(counts.values()) or not self.tiles and any(shares.values()))):
                 self.fail("unbalanced", f"group {g} counters differ at kernel end: {counts} (every acquire needs "
-                          f"one wait_ready per consumer)", group=g)
+                          f"one wait_ready per consumer)" + (f"; tile consumers {shares} (the one that ran the "
+                                                              f"CTA's last tile must end where the producer does)"
+                                                              if shares else ""), group=g)
             for s in range(G.count):
                 gs = self.gslots[(g, s)]
                 if gs.outstanding:

@@ -140,6 +140,7 @@ class GroupSlot:
     fill: int | None = None  # group counter value of the current fill
     outstanding: set = field(default_factory=set)  # consumers that have not released it
     fills: int = 0
+    owner: str | None = None  # a ring whose fills each go to one consumer (tile consumers): who waited for it
 
 
 class Smem:

@@ -1,6 +1,7 @@
 """Partitioned semantics: each Partition.body as a coroutine, exactly as codegen.gluon emits it.
 
-One ``PartRun`` per (CTA, partition) runs the partition's body: its ``tile_loop`` (passes/tile_loop; a body
+One ``PartRun`` per (CTA, partition) runs the partition's body: its ``tile_loop`` (passes/tile_loop, handled in
+``tiles.py`` with ``tile_next`` and ``seek``; a body
 from before that pass is one tile's, walked over ``Program.grid``) runs the rest once per tile of the CTA
 (persistent: ``pid, pid + nprog, ...``, as ``sched.cta_tiles`` lists them), yielding to the scheduler before
 every op and whenever an mbarrier wait cannot pass yet. Mirrored from the generated code:
@@ -21,7 +22,11 @@ every op and whenever an mbarrier wait cannot pass yet. Mirrored from the genera
     turn_wait    wait turn[me] with parity (turn_n & 1), ^ 1 for partition 0 (ping-pong; the barriers are
                  Program.turns', one per turn-taking partition)
     turn_pass    arrive turn[to]; turn_n += 1
+    seek         n = j * per_tile for the CTA's j-th tile (a tile consumer: tile_loop ``share``)
 Counters ``n`` are per partition and group and run on across loops and tiles, as does ``turn_n``.
+A tile consumer (tile_loop ``share=(c, t)``) runs the CTA's j-th tiles with j % t == c; on a ring whose fills are
+each released by one consumer (``arrivals`` 1, several readers) its ``wait_ready`` claims the fill: another
+partition's wait for or read of that fill is a ``shared-fill`` violation (``CTA.claim``).
 """
 from __future__ import annotations
 
@@ -29,10 +34,10 @@ import collections
 
 import torch
 
-from ..ir import Grid, Op, op, walk
+from ..ir import Op, op, walk
+from . import tiles
 from .cta import CTA, SlotRef, TmaCopy
 from .ops import InterpError, apply, eval_index, note_write, skipped, tma_store
-from .sequential import tile_indices
 
 
 class Wait:
@@ -84,6 +89,9 @@ class PartRun:
         self.wgmma: collections.deque = collections.deque()
         self.stores: list[StoreRead] = []
         self.turn_n = 0
+        loops = [o for o in part.body if o.kind == "tile_loop"]
+        self.share = loops[0].attr("share") if loops else part.tiles  # (c, t): a tile consumer's share of the walk
+        self.tile_seq = 0  # j: the CTA's j-th tile is running (a ``seek`` reads it)
         self.has_store = any(o.kind == "store" for o in walk(part.body))
         self.produces = any(o.kind in ("acquire", "load") for o in walk(part.body))
         self.waiting = None
@@ -156,11 +164,12 @@ class PartRun:
     def _main(self):
         body = self.part.body
         if not any(o.kind == "tile_loop" for o in body):  # before passes/tile_loop: the body is one tile's
-            body = (op("tile_loop", body=body, **self.run.program.grid.attrs()),)
+            share = {"share": self.share} if self.share is not None else {}
+            body = (op("tile_loop", body=body, **self.run.program.grid.attrs(), **share),)
         for o in body:
             if o.kind == "tile_loop":  # the walk itself is no step of its own (codegen: a few integer ops)
                 self.op = o
-                yield from _tile_loop(self, o)
+                yield from tiles.tile_loop(self, o)
             else:
                 yield from self.run_ops((o,))
         yield None
@@ -278,6 +287,7 @@ def _wait_ready(pr: PartRun, o: Op):
         pr.fail("wrong-phase", f"{pr.name} waited for fill n={n} of slot {s} ({bar.name} phase {lap}) but the "
                 f"wait passed with {bar.completed} completed phases: the parity matched a different phase",
                 o, group=g, slot=s, phase=f"lap {lap}, parity {lap & 1}")
+    pr.cta.claim(g, s, n, pr.name, o)
 
 
 def _slotvar(pr: PartRun, o: Op, g: str):
@@ -454,35 +464,8 @@ def _turn_pass(pr: PartRun, o: Op):
     pr.turn_n += 1
 
 
-def _tile_loop(pr: PartRun, o: Op):
-    """passes/tile_loop: the body once per tile of the CTA (``CTA.tiles``: the scheduler made them with
-    ``sched.cta_tiles`` from this op's grid), the grid's tile indices bound to each tile's. A ``cross_tile``
-    walk (passes/cross_tile) runs the body once, on the first tile (none without tiles); its ``tile_next``
-    walks the others."""
-    grid = Grid.of(o)
-    for tile in pr.cta.tiles[:1] if o.attr("cross_tile") else pr.cta.tiles:
-        pr.scalars.update(tile_indices(grid, pr.run.scalars, tile))
-        yield from pr.run_ops(o.body)
-
-
-def _tile_next(pr: PartRun, o: Op):
-    """passes/cross_tile: the body once per tile of the CTA after its first, the previous tile's indices bound
-    as ``<index>_prev`` and the next one's as the indices; iter_args carried as a loop's."""
-    grid = Grid.of(pr.part.body[0])
-    its = o.attr("iter_args", ())
-    for name, init in zip(its, o.operands):
-        pr.env[name] = pr.raw(init, o)
-    for tile in pr.cta.tiles[1:]:
-        pr.scalars.update({f"{n}_prev": pr.scalars[n] for n, _ in grid.tiles})
-        pr.scalars.update(tile_indices(grid, pr.run.scalars, tile))
-        nxt = yield from pr.run_ops(o.body)
-        for name, v in zip(its, nxt or ()):
-            pr.env[name] = v
-    for name, r in zip(its, o.results):
-        pr.env[r.name] = pr.env[name]
-
-
-HANDLERS = {"tile_loop": _tile_loop, "tile_next": _tile_next, "turn_wait": _turn_wait, "turn_pass": _turn_pass,
-            "acquire": _acquire, "wait_ready": _wait_ready, "get": _get, "load": _load, "release": _release,
-            "release_tail": _release_tail, "advance": _advance, "trans": _trans, "mma": _mma,
+HANDLERS = {"tile_loop": tiles.tile_loop, "tile_next": tiles.tile_next, "turn_wait": _turn_wait,
+            "turn_pass": _turn_pass, "acquire": _acquire, "wait_ready": _wait_ready, "get": _get, "load": _load,
+            "release": _release,
+            "release_tail": _release_tail, "advance": _advance, "seek": tiles.seek, "trans": _trans, "mma": _mma,
             "mma_wait": _mma_wait, "store": _store, "smem_store": _smem_store}

@@ -26,7 +26,7 @@ POLICIES = ("round_robin", "random", "adversarial")
 #: Violations after which the run can go on (the data is wrong, the control flow is intact): in recording
 #: mode they are collected and the run continues, so their effect on the outputs can be seen.
 RECOVERABLE = {"overwrite", "unfilled-read", "use-after-release", "wrong-phase", "over-arrive", "bad-release",
-               "release-before-retire", "unbalanced", "global-race"}
+               "release-before-retire", "unbalanced", "global-race", "shared-fill"}
 
 
 def walked_grid(program: Program) -> Grid:

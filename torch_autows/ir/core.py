@@ -208,6 +208,11 @@ class Options:
     # a persistent consumer overlaps tile t's tail (last P V, normalise, stores) with tile t+1's first QK^T and
     # softmax (passes/cross_tile)
     cross_tile: bool = False
+    # consumer partitions that take turns over the output tiles (CUTLASS's ping-pong): consumer c runs tiles c,
+    # c+t, ... of its CTA's persistent walk, each the whole tile (data_partition=1), while the producer loads every
+    # tile's operands in walk order through one ring; one consumer's epilogue runs under the other's main loop
+    # (passes/data_partition replicates the tile, partition_schedule shares the tiles; 1: every consumer, every tile)
+    tile_consumers: int = 1
 
     def items(self) -> list[tuple[str, Any]]:
         return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
@@ -215,10 +220,14 @@ class Options:
 
 @dataclass(frozen=True)
 class Partition:
+    """A warp-group role. ``tiles`` = (c, t): it runs only the tiles j of its CTA's walk with j % t == c (the
+    ping-pong consumers of ``Options.tile_consumers``; passes/partition_schedule); None: every tile."""
+
     name: str
     warps: int
     regs: int
     body: tuple[Op, ...] = ()
+    tiles: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -263,10 +272,16 @@ class BarrierGroup:
 class TurnGroup:
     """Ping-pong turn mbarriers, the other kind of barrier group: one per partition of ``partitions`` (in
     turn order), each completed by one arrival. Partition i waits on barrier i before issuing an mma
-    group and arrives on barrier i+1 (mod count) after it (ops ``turn_wait {me=i}`` / ``turn_pass {to}``)."""
+    group and arrives on barrier i+1 (mod count) after it (ops ``turn_wait {me=i}`` / ``turn_pass {to}``).
+
+    ``scope`` says what a turn wraps: "mma" (passes/ping_pong: each issue group of mmas, every partition every
+    tile) or "mainloop" (passes/code_partition, tile consumers: one turn per tile around the loops that read the
+    shared rings, so tile j's consumer waits on its fills only after tile j-1's consumer passed all of its own:
+    a fill's slot then holds the lap before it, and a parity wait cannot pass a lap early)."""
 
     name: str
     partitions: tuple[str, ...]
+    scope: str = "mma"
 
     @property
     def count(self) -> int:

@@ -112,6 +112,9 @@ OPS: dict[str, OpKind] = _kinds(
     OpKind("release_tail", _NONE, _NONE, phase="partitioned"),
     OpKind("advance", _NONE, _NONE, phase="partitioned"),
     OpKind("mma_wait", (1, 2), _ONE, phase="partitioned", blocking=True),
+    # made by code_partition for a consumer that shares the tiles (Partition.tiles): the group's counter jumps to this
+    # tile's first fill, ``n = j * per_tile`` for the CTA's j-th tile (the fills of the tiles other consumers ran)
+    OpKind("seek", _NONE, _NONE, phase="partitioned"),
     OpKind("turn_wait", _NONE, _NONE, phase="partitioned", blocking=True),
     OpKind("turn_pass", _NONE, _NONE, phase="partitioned"),
     # made by passes/tile_loop: a partition's whole body, run once per output tile its CTA walks (the grid's

@@ -50,7 +50,7 @@ def format_op(o: Op, indent: int = 0) -> list[str]:
 
 #: Options printed only when set: fields added after the text form was fixed, whose default leaves every
 #: Program as it was (so the IR of existing kernels prints, and hashes, the same). Parsing fills the default.
-_UNSET = {("split_k", 1), ("cross_tile", False)}
+_UNSET = {("split_k", 1), ("cross_tile", False), ("tile_consumers", 1)}
 
 
 def format_program(p: Program) -> str:
@@ -62,7 +62,8 @@ def format_program(p: Program) -> str:
     lines.append(f"  {p.grid}")
     lines.append("  options " + " ".join(f"{k}={v}" for k, v in p.options.items() if (k, v) not in _UNSET))
     for pt in p.partitions:
-        lines.append(f"  partition {pt.name} warps={pt.warps} regs={pt.regs}")
+        share = f" tiles={pt.tiles[0]}/{pt.tiles[1]}" if pt.tiles is not None else ""  # printed only when set
+        lines.append(f"  partition {pt.name} warps={pt.warps} regs={pt.regs}{share}")
     for b in p.buffers:
         lines.append(f"  buffer {b.name}: {b.type} value=%{b.value} count={b.count} offset={b.offset}")
     for c in p.channels:
@@ -71,7 +72,8 @@ def format_program(p: Program) -> str:
         lines.append(f"  barriers {g.name}: count={g.count} arrivals={g.arrivals} bytes={g.nbytes} "
                      f"channels={','.join(g.channels)}")
     if p.turns is not None:
-        lines.append(f"  turns {p.turns.name}: partitions={','.join(p.turns.partitions)} bytes={p.turns.nbytes}")
+        scope = f" scope={p.turns.scope}" if p.turns.scope != "mma" else ""  # printed only when not the default
+        lines.append(f"  turns {p.turns.name}: partitions={','.join(p.turns.partitions)} bytes={p.turns.nbytes}{scope}")
     if p.smem_bytes is not None:
         lines.append(f"  smem {p.smem_bytes}")
     for n in p.notes:
@@ -207,7 +209,8 @@ def parse_program(text: str) -> Program:
         elif s.startswith("partition "):
             _, pname, rest = s.split(" ", 2)
             kv = _kv(rest)
-            parts.append(Partition(pname, int(kv["warps"]), int(kv["regs"])))
+            share = tuple(int(x) for x in kv["tiles"].split("/")) if "tiles" in kv else None
+            parts.append(Partition(pname, int(kv["warps"]), int(kv["regs"]), tiles=share))
         elif s.startswith("buffer "):
             m = re.fullmatch(r"buffer (\S+): (\S+) value=%(\S+) count=(\S+) offset=(\S+)", s)
             bufs.append(Buffer(m.group(1), TileType.parse(m.group(2)), m.group(3), _lit(m.group(4)),
@@ -221,8 +224,8 @@ def parse_program(text: str) -> Program:
             groups.append(BarrierGroup(m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)),
                                        tuple(m.group(5).split(","))))
         elif s.startswith("turns "):
-            m = re.fullmatch(r"turns (\S+): partitions=(\S+) bytes=(\d+)", s)
-            turns = TurnGroup(m.group(1), tuple(m.group(2).split(",")))
+            m = re.fullmatch(r"turns (\S+): partitions=(\S+) bytes=(\d+)(?: scope=(\w+))?", s)
+            turns = TurnGroup(m.group(1), tuple(m.group(2).split(",")), m.group(4) or "mma")
             if turns.nbytes != int(m.group(3)):
                 raise ValueError(f"turns line {s!r}: {turns.count} turn barriers take {turns.nbytes} bytes")
         elif s.startswith("smem "):

@@ -23,18 +23,37 @@ is a complete partitioned program (the interpreter runs it), only without that o
 
 Uses after an ``mma_wait`` read its retired result: ``renamed_after_waits`` (software_pipeline applies it
 again to the waits it adds).
+
+Tile consumers (``Partition.tiles`` = (c, t), partition_schedule): each fill of a ring belongs to one tile, so to
+the one consumer that runs it: the ring's ``arrivals`` count it once. The producer fills the rings in walk order,
+tile j's fills from ``j * F`` (F: the group's fills per tile, the trips of the loops that fill it, which may not
+depend on the tile: K steps are equal within a launch). A sharing consumer's body starts with
+``seek {group, per_tile=F}`` for every group it reads: its counter jumps to ``j * F`` for the CTA's j-th tile, past
+the fills of the tiles the other consumers ran (their steps so far plus its own), so slot ``n % count`` and phase
+``(n // count) & 1`` are the producer's for that fill, for ragged K too. After the tile its counter is at
+``(j + 1) * F``, the producer's after tile j.
+A parity wait cannot tell lap L from lap L-2: a consumer that jumps ahead may wait only once the slot holds the
+fill one lap before its own. So the sharing consumers take turns (``Program.turns``, scope "mainloop", the ops
+ping_pong uses): each tile's ops from the first that waits on a ring to the last run between ``turn_wait`` and
+``turn_pass``; tile j's consumer starts waiting after tile j-1's consumer passed its last wait, when every fill
+up to tile j's first has landed (CUTLASS's math warpgroup order barrier). The main loops alternate, and each
+consumer's epilogue runs under the next one's main loop.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
-from ..ir import BarrierGroup, Op, Program, Value, op, walk
+from ..ir import BarrierGroup, Op, Program, TurnGroup, Value, check_expr, op, walk
 from . import PassError
 from .buffers import channel_groups, value_partition
+
+#: The turn barriers' name (as passes/ping_pong's; a Program has one TurnGroup).
+TURN_BAR = "turn_bar"
 
 
 def _groups(program: Program):
     """One BarrierGroup per ring of channels (buffers.channel_groups); channels learn their group."""
+    sharing = {p.name for p in program.partitions if p.tiles is not None}
     groups, chans = [], {}
     for i, cs in enumerate(channel_groups(program)):
         name = f"g{i}"
@@ -43,7 +62,11 @@ def _groups(program: Program):
         if len(counts) != 1:
             raise PassError(f"code_partition: channels {[c.name for c in cs]} share a ring but have depths {counts}")
         dsts = sorted({d for c in cs for d in c.dsts})
-        groups.append(BarrierGroup(name, counts.pop(), len(dsts), sum(b.type.nbytes for b in bufs),
+        if sharing & set(dsts) and not set(dsts) <= sharing:
+            raise PassError(f"code_partition: ring {name} is read by tile-sharing and other partitions ({dsts}); a "
+                            f"fill is released by its tile's one consumer or by all: use tile_consumers=1")
+        arrivals = 1 if set(dsts) <= sharing and dsts else len(dsts)  # a tile consumer releases only its tiles
+        groups.append(BarrierGroup(name, counts.pop(), arrivals, sum(b.type.nbytes for b in bufs),
                                    tuple(c.name for c in cs)))
         for c in cs:
             chans[c.name] = replace(c, group=name)
@@ -137,7 +160,39 @@ def _partition_body(program: Program, part: str, chans, dmap) -> tuple[Op, ...]:
             out.append(op("release_tail", group=g, lag=lag))
         return out
 
-    return renamed_after_waits(tuple(lower(program.body)))
+    body = lower(program.body)
+    if program.partition(part).tiles is not None:
+        waited = dict.fromkeys(o.attr("group") for o in walk(body) if o.kind == "wait_ready")
+        body = [op("seek", group=g, per_tile=_fills_per_tile(program, g, chans)) for g in waited] + body
+    return renamed_after_waits(tuple(body))
+
+
+def _fills_per_tile(program: Program, group: str, chans) -> str:
+    """The fills of ``group`` per tile: the product of the trips of the loops around its loads (1 at top level).
+    A count that depends on the tile (its indices, an outer loop's variable) is refused: a tile consumer's ring
+    position is its tile's index times this count."""
+    value = next(c.value for c in chans if c.group == group)
+
+    def trips(ops, around):
+        for o in ops:
+            if any(r.name == value for r in o.results):
+                return around
+            if o.kind == "loop":
+                lb, ub = o.attr("lb"), o.attr("ub")
+                n = f"{ub}" if str(lb) == "0" else f"max(({ub})-({lb}),0)"
+                found = trips(o.body, around + [n])
+                if found is not None:
+                    return found
+        return None
+
+    loops = trips(program.body, [])
+    per_tile = "*".join(f"({n})" if len(loops) > 1 else n for n in loops) if loops else "1"
+    scalars = {a.name for a in program.args if a.kind == "scalar"}
+    if check_expr(per_tile) - scalars:
+        raise PassError(f"code_partition: ring {group} fills {per_tile} slots per tile, which depends on the tile "
+                        f"({sorted(check_expr(per_tile) - scalars)}); tile consumers need the same fills per tile: use "
+                        f"tile_consumers=1")
+    return per_tile
 
 
 def renamed_after_waits(body: tuple[Op, ...]) -> tuple[Op, ...]:
@@ -169,4 +224,24 @@ def run(program: Program, options=None) -> Program:
         for n in o.attr("iter_args", ()):
             dmap[n] = o
     parts = tuple(replace(p, body=_partition_body(prog, p.name, chans, dmap)) for p in program.partitions)
-    return replace(prog, partitions=parts)
+    sharing = tuple(p.name for p in parts if p.tiles is not None)
+    if not sharing:
+        return replace(prog, partitions=parts)
+    turns = TurnGroup(TURN_BAR, sharing, scope="mainloop")
+    parts = tuple(replace(p, body=_main_loop_turn(p.body, sharing.index(p.name), len(sharing)))
+                  if p.name in sharing else p for p in parts)
+    smem = (program.smem_bytes or 0) + turns.nbytes
+    if smem > program.arch.smem_limit:
+        raise PassError(f"code_partition: the tile consumers' {turns.count} turn barriers do not fit ({smem} B of "
+                        f"SMEM); use fewer stages")
+    return replace(prog, partitions=parts, turns=turns, smem_bytes=smem)
+
+
+def _main_loop_turn(body: tuple[Op, ...], me: int, count: int) -> tuple[Op, ...]:
+    """A tile consumer's body with the ops from its first ring wait to its last in one turn (see the docstring)."""
+    waits = [i for i, o in enumerate(body) if any(x.kind == "wait_ready" for x in walk((o,)))]
+    if not waits:
+        raise PassError("code_partition: a tile consumer reads no ring; use tile_consumers=1")
+    first, last = waits[0], waits[-1]
+    return (*body[:first], op("turn_wait", turns=count, me=me), *body[first:last + 1],
+            op("turn_pass", turns=count, to=(me + 1) % count), *body[last + 1:])

@@ -18,6 +18,14 @@ split on both operands (A along axis 1, B along axis 0; through unary ops and ``
 dQ = dS K, with dS and K split by the dK/dV rows) takes a *partial*: the mma and the ops after it keep their full
 shape, are cloned per chain (each chain its share of the sum) and every chain adds its own partial, with no row
 shift. A partial read by anything but an accumulating output is an error (it would be stored unsummed).
+
+With ``options.tile_consumers`` t > 1 (ping-pong over tiles) nothing is split: the whole tile is replicated into t
+chains, each op but the TMA ``load``s cloned once per chain (values renamed ``<name>_c<i>``, shapes, coordinates
+and row attributes unchanged), the loads shared (``chain=None``); chain c is the consumer that runs tiles c, c+t,
+... of its CTA (passes/partition_schedule). Refused (PassError): data_partition > 1 (a tile is either split or
+replicated), split_k > 1 (the parts of a tile differ in K steps, so a ring position could not be a tile's index
+times its fills), a grid that is not persistent (a CTA has one tile: no one to alternate with), ``pingpong`` (its
+turns assume every consumer runs every tile) and ``cross_tile`` (it overlaps a consumer's consecutive tiles).
 """
 from __future__ import annotations
 
@@ -148,8 +156,49 @@ def _propagate(body: tuple[Op, ...], work: list[tuple[str, int]], split: dict[st
                 work.append((x, ax))
 
 
+def _replicate(program: Program, opts) -> Program:
+    """The tile body once per tile consumer (``options.tile_consumers``), loads shared (see the module docstring)."""
+    t = opts.tile_consumers
+    why = [w for w, bad in (("data_partition > 1", opts.data_partition != 1), ("split_k > 1", opts.split_k != 1),
+                            ("a grid that is not persistent", not program.grid.persistent),
+                            ("pingpong", opts.pingpong), ("cross_tile", opts.cross_tile)) if bad]
+    if not isinstance(t, int) or t < 1 or why:
+        raise PassError(f"data_partition: tile_consumers={t!r} with {', '.join(why) or 'a count below 1'}: consumers "
+                        f"taking turns over tiles run whole tiles of a persistent walk; use tile_consumers=1, or "
+                        f"data_partition=1, split_k=1, persistent, no pingpong and no cross_tile")
+    shared = {r.name for o in walk(program.body) if o.kind == "load" for r in o.results}
+
+    def rn(x: str, i: int) -> str:
+        return x if x in shared else f"{x}_c{i}"
+
+    def clone(o: Op, i: int) -> Op:
+        return replace(o, results=tuple(Value(rn(r.name, i), r.type) for r in o.results),
+                       operands=tuple(rn(x, i) for x in o.operands), chain=i)
+
+    def rebuild(ops: tuple[Op, ...]) -> tuple[Op, ...]:
+        out: list[Op] = []
+        for o in ops:
+            if o.kind == "load":
+                out.append(o)
+            elif o.kind == "loop":  # one loop; each carried value once per chain, in data_partition's order
+                its = o.attr("iter_args")
+                out.append(replace(o, operands=tuple(rn(x, i) for x in o.operands for i in range(t)),
+                                   results=tuple(Value(rn(r.name, i), r.type) for r in o.results for i in range(t)),
+                                   body=rebuild(o.body)).with_attrs(iter_args=tuple(rn(n, i) for n in its
+                                                                                    for i in range(t))))
+            elif o.kind == "yield":
+                out.append(replace(o, operands=tuple(rn(x, i) for x in o.operands for i in range(t))))
+            else:
+                out += [clone(o, i) for i in range(t)]
+        return tuple(out)
+
+    return replace(program, body=rebuild(program.body))
+
+
 def run(program: Program, options=None) -> Program:
     opts = options or program.options
+    if opts.tile_consumers != 1:
+        return _replicate(program, opts)
     f = opts.data_partition
     if f not in (1, 2, 3):
         raise PassError(f"data_partition: factor {f} not supported; use 1, 2 or 3")

@@ -12,6 +12,14 @@ most ``arch.max_regs_per_thread``).
 Roles: ``producer`` issues every TMA load (they need no registers beyond addresses); ``consumer<c>``
 runs chain c's wgmma, math and epilogue (the TMA store is issued from its own SMEM staging tile,
 so the store overlaps the next tile's main loop without another role).
+
+Tile consumers (``options.tile_consumers`` t > 1; data_partition replicated the whole tile into t chains): consumer
+c gets ``Partition.tiles = (c, t)``: it runs the tiles j of its CTA's walk with j % t == c, the producer every tile
+in walk order (code_partition makes the ring positions agree, tile_loop puts the share on the walk). Each consumer
+is one warpgroup (4 warps), whatever its rows: a taller tile is issued as ``rows / arch.mma_rows`` MMA row blocks
+by the same warpgroup (CUTLASS's ping-pong: a 128x128 fp32 accumulator is 128 registers a thread), so the two
+consumers' registers fit beside the producer's. The consumers' main loops follow the producer's tile order (the
+ring hands tile j's operands out before tile j+1's), so one consumer's epilogue runs under the other's main loop.
 """
 from __future__ import annotations
 
@@ -65,12 +73,16 @@ def run(program: Program, options=None) -> Program:
     arch = program.arch
     chains = sorted({o.chain for o in walk(body) if o.chain is not None})
     consumers = []
+    share = opts.tile_consumers > 1
+    if share and chains != list(range(opts.tile_consumers)):
+        raise PassError(f"partition_schedule: tile_consumers={opts.tile_consumers} but the chains are {chains}; run "
+                        f"data_partition with the same options")
     for c in chains:
         rows = _rows(program, c)
         if rows % arch.mma_rows:
             raise PassError(f"partition_schedule: chain {c} has {rows} rows; {arch.mma} needs multiples of "
                             f"{arch.mma_rows} per warpgroup: raise block_m or lower data_partition")
-        consumers.append((f"consumer{c}", 4 * (rows // arch.mma_rows)))
+        consumers.append((f"consumer{c}", 4 if share else 4 * (rows // arch.mma_rows)))
     prod_warps = opts.producer_warps
     prod_group_regs = opts.producer_regs * 32 * 4  # a worker is padded to a full warpgroup
     cons_threads = 32 * sum(w for _, w in consumers)
@@ -78,5 +90,6 @@ def run(program: Program, options=None) -> Program:
     regs = min(regs, arch.max_regs_per_thread)
     if regs < 64:
         raise PassError(f"partition_schedule: {regs} registers per consumer thread is too few; lower block sizes")
-    parts = [Partition(n, w, regs) for n, w in consumers] + [Partition("producer", prod_warps, opts.producer_regs)]
+    parts = [Partition(n, w, regs, tiles=(c, len(chains)) if share else None) for c, (n, w) in zip(chains, consumers)]
+    parts.append(Partition("producer", prod_warps, opts.producer_regs))
     return replace(program, body=body, partitions=tuple(parts))

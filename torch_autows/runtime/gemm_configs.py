@@ -35,6 +35,16 @@ CONFIGS: dict[str, Options] = {
     "ws_p_128x128": Options(block_m=128, block_n=128, block_k=64, stages=5, data_partition=2, persistent=True),
     # One 8-warp consumer, one tile per CTA: the epilogue staging reuses the operand ring (4 stages).
     "ws_np_128x256": Options(block_m=128, block_n=256, block_k=64, stages=4, data_partition=1, persistent=False),
+    # Ping-pong over tiles (CUTLASS's KernelTmaWarpSpecializedPingpong): two one-warpgroup consumers take the
+    # CTA's tiles in turn (tile_consumers=2), each a whole tile with a 128-register fp32 accumulator (232
+    # registers a thread beside a 40-register producer), so one consumer's epilogue runs under the other's main
+    # loop. 128x128 is two m64n128 row blocks per wgmma step, 64x256 one m64n256. As many stages as SMEM holds
+    # beside the two staging tiles (memory_plan lowers ``stages``: 5 and 4). Not picked by choose_config until
+    # measured (bench/results/sweeps/gemm_pingpong.py).
+    "ws_pp2_128x128": Options(block_m=128, block_n=128, block_k=64, stages=8, data_partition=1, persistent=True,
+                              tile_consumers=2),
+    "ws_pp2_64x256": Options(block_m=64, block_n=256, block_k=64, stages=8, data_partition=1, persistent=True,
+                             tile_consumers=2),
 }
 #: Decode tiles (a few rows, memory-bound): one 64-row consumer warpgroup, persistent, as deep a ring as SMEM
 #: holds, the K loop split across ``s`` CTAs (passes/split_k) so that enough SMs stream the weight. A 256-wide
