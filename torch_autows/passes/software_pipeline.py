@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from ..ir import Op, Program, Value, op
 from . import PassError
 from .code_partition import renamed_after_waits
+from .step_overlap import overlapped
 
 
 def _subst(o: Op, var: str, val: str) -> Op:
@@ -190,6 +191,7 @@ def _pipelined(ops: tuple[Op, ...]) -> tuple[Op, ...]:
 
 
 def run(program: Program, options=None) -> Program:
-    """Every partition's loops that span two stages, pipelined (see the module docstring)."""
-    parts = tuple(replace(p, body=renamed_after_waits(_pipelined(p.body))) for p in program.partitions)
+    """Every partition's loops that span two stages, pipelined (see the module docstring); in the others, mmas
+    without a data dependency between them overlap within the step (``step_overlap``)."""
+    parts = tuple(replace(p, body=renamed_after_waits(overlapped(_pipelined(p.body)))) for p in program.partitions)
     return replace(program, partitions=parts)
