@@ -20,6 +20,10 @@ epilogue. Inside the loop, late ops read no value of the current step's early op
 correct, without the overlap), are left as they are. Uses after an ``mma_wait`` read its result
 (code_partition.renamed_after_waits).
 
+The loops left alone get ``step_overlap``'s rule (its docstring): where a step has an mma issued with ``pending=0``
+whose next mma does not depend on it, the step's mmas are issued ``wait=False``, each retired before its first
+reader and all at the step's end, with the rings' releases moved after the waits that retire their slots.
+
 Why after code_partition: the pipelined loop's sync ops are made from the lowered loop's: the gets
 late ops read are re-issued one step later (``lag=1``), the releases of their rings move one step
 later, and the ring advances stay at the end of the step, so each ring's waits and releases keep
