@@ -100,3 +100,55 @@ def test_every_stage_prints_and_parses_back():
     pipeline.run(build(AttentionBwdRequest(64, "bf16", True), _opts(2, 128)), dump_dir="", trace=trace)
     for name, p in trace:
         assert parse_program(format_program(p)) == p, name
+
+
+def _consumer_loop(p, part="consumer0"):
+    return next(o for o in walk(p.partition(part).body) if o.kind == "loop")
+
+
+def _with_loop_body(p, part, body):
+    def fix(ops):
+        return tuple(replace(o, body=body) if o.kind == "loop" else replace(o, body=fix(o.body)) for o in ops)
+    return replace(p, partitions=tuple(replace(pt, body=fix(pt.body)) if pt.name == part else pt
+                                       for pt in p.partitions))
+
+
+def test_mmas_of_a_step_overlap_as_fa3_issues_them():
+    """Break 2 (BACKWARD.md §3, step 6): S^T and dP^T issued back to back, one retired before the softmax
+    (pending 1), the other before dS; dV in flight beside dS's SMEM store; dK issued after dQ and in flight under
+    dQ's adds; everything retired at the step's end, where the Q/dO slot is released with lag 0 (no tail)."""
+    p = pipeline.run(build(AttentionBwdRequest(128, "bf16", True), _opts(2, 128)), verify=True, dump_dir="")
+    loop = _consumer_loop(p)
+    seq = [(o.kind, o.results[0].name if o.results else o.attr("group"), o.attr("pending"))
+           for o in loop.body if o.kind in ("mma", "mma_wait", "smem_store", "atomic_add_ptr", "release")]
+    assert seq == [("mma", "st_c0", 0), ("mma", "dpt_c0", 0), ("mma_wait", "st_c0_w", 1), ("mma", "dv_new_c0", 0),
+                   ("mma_wait", "dpt_c0_w", 1), ("smem_store", "dss_c0", None), ("mma", "dq_c0", 0),
+                   ("mma", "dk_new_c0", 0), ("mma_wait", "dv_new_c0_w", 2), ("mma_wait", "dq_c0_w", 1),
+                   ("atomic_add_ptr", None, None),
+                   ("mma_wait", "dk_new_c0_w", 0), ("release", "g0", None)]
+    assert all(o.attr("wait") is False for o in loop.body if o.kind == "mma")
+    assert [o.attr("lag") for o in loop.body if o.kind == "release"] == [0]
+    after = p.partition("consumer0").body
+    assert not any(o.kind == "release_tail" for o in walk(after))
+    # a register A operand stays alive up to its mma's wait
+    assert next(o for o in loop.body if o.kind == "mma_wait" and o.operands[0] == "dk_new_c0").operands[1:] == \
+        ("ds16_c0",)
+
+
+def test_a_reader_moved_before_its_wait_is_caught():
+    """The interpreter catches a step that reads an mma's registers before the wait that retires it (``async-use``),
+    and a release moved above the wait that retires the slot's last reader (``release-before-retire``: the producer
+    could refill the slot under the wgmma)."""
+    p = pipeline.run(build(AttentionBwdRequest(64, "f32", False), _opts()), dump_dir="")
+    assert set(violation_kinds(p, seeds=2)) == {"ok"}
+    body = list(_consumer_loop(p).body)
+    w = next(i for i, o in enumerate(body) if o.kind == "mma_wait" and o.operands[0] == "st")
+    r = next(i for i, o in enumerate(body) if "st_w" in o.operands)
+    early = replace(body[r], operands=tuple("st" if x == "st_w" else x for x in body[r].operands))
+    moved = body[:w] + [early] + body[w:r] + body[r + 1:]
+    assert set(violation_kinds(_with_loop_body(p, "consumer0", tuple(moved)), seeds=2)) == {"async-use"}
+    rel = next(i for i, o in enumerate(body) if o.kind == "release")
+    last = next(i for i, o in enumerate(body) if o.kind == "mma_wait" and o.operands[0] == "dk_new")
+    assert last < rel
+    moved = body[:last] + body[rel:rel + 2] + body[last:rel] + body[rel + 2:]
+    assert set(violation_kinds(_with_loop_body(p, "consumer0", tuple(moved)), seeds=2)) == {"release-before-retire"}

@@ -20,6 +20,10 @@ epilogue. Inside the loop, late ops read no value of the current step's early op
 correct, without the overlap), are left as they are. Uses after an ``mma_wait`` read its result
 (code_partition.renamed_after_waits).
 
+The loops left alone get ``step_overlap``'s rule (its docstring): where a step has an mma issued with ``pending=0``
+whose next mma does not depend on it, the step's mmas are issued ``wait=False``, each retired before its first
+reader and all at the step's end, with the rings' releases moved after the waits that retire their slots.
+
 Why after code_partition: the pipelined loop's sync ops are made from the lowered loop's: the gets
 late ops read are re-issued one step later (``lag=1``), the releases of their rings move one step
 later, and the ring advances stay at the end of the step, so each ring's waits and releases keep
@@ -37,6 +41,7 @@ from dataclasses import dataclass, replace
 from ..ir import Op, Program, Value, op
 from . import PassError
 from .code_partition import renamed_after_waits
+from .step_overlap import overlapped
 
 
 def _subst(o: Op, var: str, val: str) -> Op:
@@ -190,6 +195,7 @@ def _pipelined(ops: tuple[Op, ...]) -> tuple[Op, ...]:
 
 
 def run(program: Program, options=None) -> Program:
-    """Every partition's loops that span two stages, pipelined (see the module docstring)."""
-    parts = tuple(replace(p, body=renamed_after_waits(_pipelined(p.body))) for p in program.partitions)
+    """Every partition's loops that span two stages, pipelined (see the module docstring); in the others, mmas
+    without a data dependency between them overlap within the step (``step_overlap``)."""
+    parts = tuple(replace(p, body=renamed_after_waits(overlapped(_pipelined(p.body)))) for p in program.partitions)
     return replace(program, partitions=parts)

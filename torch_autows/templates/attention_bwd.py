@@ -111,10 +111,10 @@ def build(req: AttentionBwdRequest, opts: Options) -> Program:
         op("sub", [Value("dd", st_t)], ["dpt", "dr"]),
         op("mul", [Value("dst", st_t)], ["pt", "dd"]),
         op("cast", [Value("ds16", T(dt, (BN, BM)))], ["dst"]),
-        op("mma", [Value("dk_new", kd_t)], ["ds16", "q", "dk"]),
         op("smem_store", [Value("dss", T(dt, (BN, BM), "smem"))], ["ds16"]),
         op("trans", [Value("ds", T(dt, (BM, BN), "smem"))], ["dss"]),
         op("mma", [Value("dq", T("f32", (BM, D)))], ["ds", "k"]),
+        op("mma", [Value("dk_new", kd_t)], ["ds16", "q", "dk"]),  # after dQ: it runs under dQ's adds
         op("atomic_add_ptr", [], ["dq"], arg="dq_acc", row=row, col=0, ld=D, rows_valid="Sq-%s*%d" % (m, BM)),
         op("yield", [], ["dk_new", "dv_new"]),
     )
