@@ -215,3 +215,17 @@ def test_backward_glue_runs_the_kernel_it_compiles(monkeypatch):
     for x, r, like in zip(got, ref, (q, k, v)):
         assert x.shape == like.shape and x.dtype == torch.bfloat16
         assert ((x.float() - r).norm() / r.norm()).item() < 2e-2
+
+
+def test_is_real_sees_through_functional_wrappers():
+    """AOTAutograd traces a backward with functional tensors wrapping fake ones: not real (no data pointer), so the
+    generated backward is put in the graph as its op instead of launched (on the H200 the launch path was taken and
+    failed with "Cannot access data pointer of Tensor")."""
+    from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(torch.empty(4))
+        with FunctionalTensorMode():
+            wrapped = FunctionalTensor.to_functional(fake)
+        assert not device.is_real(fake) and not device.is_real(wrapped)
+    assert device.is_real(torch.empty(4)) and not device.is_real(torch.empty(4, device="meta"))

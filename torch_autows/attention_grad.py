@@ -58,8 +58,11 @@ def flash_backward_ok(q: torch.Tensor, k: torch.Tensor, is_causal: bool, grad_ls
 
 
 def cudnn_backward_ok(q: torch.Tensor, k: torch.Tensor, is_causal: bool, grad_lse) -> bool:
-    """Whether cuDNN's SDPA backward computes our gradients for this call (grouped k/v heads included)."""
+    """Whether cuDNN's SDPA backward computes our gradients for this call (grouped k/v heads included). cuDNN refuses
+    one query against one key ("s_q = s_kv = 1 is not supported", cuDNN 9.19 on the H200): flash serves that."""
     if not flash_backward_ok(q, k, is_causal, grad_lse) or q.shape[-1] > 128:
+        return False
+    if q.shape[2] == 1 and k.shape[2] == 1:
         return False
     version = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     return bool(version and version >= 90000) and torch.cuda.get_device_capability(q.device) == (9, 0)

@@ -33,8 +33,7 @@ def pytest_collection_modifyitems(config, items):
 def repeated_split_launches():
     """``check(run, shape, ref, tol)``: three launches of a split-K kernel (``run(out)`` writes into a NaN-poisoned
     bf16 ``out`` of ``shape``) are bitwise equal (the reduction's order is fixed), within ``tol`` relative norm
-    error of ``ref``, and leave every split-K counter at zero."""
-    from torch_autows.runtime import scratch
+    error of ``ref``."""
 
     def check(run, shape, ref, tol):
         outs = []
@@ -45,7 +44,5 @@ def repeated_split_launches():
         torch.cuda.synchronize()
         assert ((outs[0].float() - ref).norm() / ref.norm().clamp_min(1e-6)).item() < tol
         assert all(torch.equal(outs[0], o) for o in outs[1:])
-        for _, locks in scratch._pairs.values():
-            assert int(locks.count_nonzero()) == 0
 
     return check

@@ -22,16 +22,12 @@ def capability(device_index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device_index)
 
 
-@functools.cache
-def _fake_tensor_type():
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    return FakeTensor
-
-
 def is_real(t) -> bool:
-    """A tensor with real storage (not a fake/meta one that Inductor traces with)."""
-    return not isinstance(t, _fake_tensor_type()) and t.device.type != "meta"
+    """A tensor with real storage: not a fake or meta one that Inductor traces with, nor a wrapper of one (AOTAutograd
+    traces a backward with functional tensors around fake ones, which have no data pointer either)."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return t.device.type != "meta" and not is_fake(t)
 
 
 def sm90_reason(device: torch.device, check_device: bool = True) -> str | None:
