@@ -193,23 +193,31 @@ def kernel_values(q, k, v, grad_out, delta, lse2, causal: bool, scale: float, bl
     gradient into lse flows)."""
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
+    make = torch.empty if fill is None else (lambda *s, **kw: torch.full(s, fill, **kw))
+    dk, dv = (make(B, Hkv, Skv, D, dtype=k.dtype, device=k.device) for _ in range(2))
+    NB = kv_blocks(Sq, Skv, block_n, causal)
+    dk[:, :, NB * block_n:] = 0
+    dv[:, :, NB * block_n:] = 0
+    vals = {**row_views(q, k, v, grad_out), "lse2": lse2, "delta": delta,
+            **({"dq_acc": torch.zeros(B * Hq * Sq, D, dtype=torch.float32, device=q.device)} if dq == "atomic" else {}),
+            "dk": dk.view(B * Hkv * Skv, D), "dv": dv.view(B * Hkv * Skv, D),
+            "Sq": Sq, "Skv": Skv, "Hq": Hq, "Hkv": Hkv, "G": Hq // Hkv, "qk_scale": scale * LOG2E, "scale": scale,
+            "BH": B * Hkv, "NB": NB}
+    vals.update(dk_rb=Hkv * Skv, dk_rh=Skv, dk_ch=0)
+    return vals
+
+
+def row_views(q, k, v, grad_out) -> dict:
+    """The 2-D row views of q, k, v and dO under their argument names and their (rb, rh, ch) scalars (k and v share
+    one triple: v or both are copied where their layouts differ). ``grad_out`` None: zeros."""
     if grad_out is None:
         grad_out = torch.zeros_like(q)
     (q2, qs), (k2, ks), (v2, vs), (do2, ds) = (_rows(t) for t in (q, k, v, grad_out))
     if vs != ks:
         k2, ks = _rows(k.contiguous())
         v2, vs = _rows(v.contiguous())
-    make = torch.empty if fill is None else (lambda *s, **kw: torch.full(s, fill, **kw))
-    dk, dv = (make(B, Hkv, Skv, D, dtype=k.dtype, device=k.device) for _ in range(2))
-    NB = kv_blocks(Sq, Skv, block_n, causal)
-    dk[:, :, NB * block_n:] = 0
-    dv[:, :, NB * block_n:] = 0
-    vals = {"q": q2, "k": k2, "v": v2, "do": do2, "lse2": lse2, "delta": delta,
-            **({"dq_acc": torch.zeros(B * Hq * Sq, D, dtype=torch.float32, device=q.device)} if dq == "atomic" else {}),
-            "dk": dk.view(B * Hkv * Skv, D), "dv": dv.view(B * Hkv * Skv, D),
-            "Sq": Sq, "Skv": Skv, "Hq": Hq, "Hkv": Hkv, "G": Hq // Hkv, "qk_scale": scale * LOG2E, "scale": scale,
-            "BH": B * Hkv, "NB": NB}
-    for pre, s in (("q", qs), ("kv", ks), ("do", ds), ("dk", (Hkv * Skv, Skv, 0))):
+    vals = {"q": q2, "k": k2, "v": v2, "do": do2}
+    for pre, s in (("q", qs), ("kv", ks), ("do", ds)):
         vals.update(zip((f"{pre}_rb", f"{pre}_rh", f"{pre}_ch"), s))
     return vals
 

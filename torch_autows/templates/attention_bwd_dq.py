@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from ..ir import Arg, Grid, Options, Program, TileType, Value, op
-from .attention_bwd import DTYPES, HEAD_DIMS, LOG2E, _rows
+from .attention_bwd import DTYPES, HEAD_DIMS, LOG2E, row_views
 
 
 @dataclass(frozen=True)
@@ -114,27 +114,21 @@ def q_tiles(Sq: int, block_m: int) -> int:
     return -(-Sq // block_m)
 
 
-def kernel_values(q, k, v, grad_out, delta, lse2, causal: bool, scale: float, fill: float | None = None) -> dict:
-    """A value per argument name of the attention_bwd_dq template: the 2-D row views of q, k, v and dO (as
-    ``templates.attention_bwd.kernel_values``), lse2 and delta from the preprocess, and a new [B, Hq, Sq, D] dQ in
-    q's dtype under "dq" (its 2-D view; left uninitialised, ``fill``: filled, as the interpreter's poison).
-    ``grad_out`` None: zeros."""
+def kernel_values(q, k, v, grad_out, delta, lse2, causal: bool, scale: float, fill: float | None = None,
+                  views: dict | None = None) -> dict:
+    """A value per argument name of the attention_bwd_dq template: the 2-D row views of q, k, v and dO
+    (``templates.attention_bwd.row_views``; ``views``: taken from that dict, e.g. the main kernel's values, so no
+    layout is copied twice), lse2 and delta from the preprocess, and a new [B, Hq, Sq, D] dQ in q's dtype under
+    "dq" (its 2-D view; left uninitialised, ``fill``: filled, as the interpreter's poison). ``grad_out`` None: zeros."""
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
-    if grad_out is None:
-        grad_out = torch.zeros_like(q)
-    (q2, qs), (k2, ks), (v2, vs), (do2, ds) = (_rows(t) for t in (q, k, v, grad_out))
-    if vs != ks:
-        k2, ks = _rows(k.contiguous())
-        v2, vs = _rows(v.contiguous())
+    names = [f"{p}_{x}" for p in ("q", "kv", "do") for x in ("rb", "rh", "ch")] + ["q", "k", "v", "do"]
+    rows = {n: views[n] for n in names} if views is not None else row_views(q, k, v, grad_out)
     dq = (torch.empty if fill is None else (lambda *s, **kw: torch.full(s, fill, **kw)))(
         B, Hq, Sq, D, dtype=q.dtype, device=q.device)
-    vals = {"q": q2, "k": k2, "v": v2, "do": do2, "lse2": lse2, "delta": delta, "dq": dq.view(B * Hq * Sq, D),
+    return {**rows, "lse2": lse2, "delta": delta, "dq": dq.view(B * Hq * Sq, D),
             "Sq": Sq, "Skv": Skv, "Hq": Hq, "Hkv": Hkv, "G": Hq // Hkv, "qk_scale": scale * LOG2E, "scale": scale,
-            "BH": B * Hq}
-    for pre, s in (("q", qs), ("kv", ks), ("do", ds), ("dq", (Hq * Sq, Sq, 0))):
-        vals.update(zip((f"{pre}_rb", f"{pre}_rh", f"{pre}_ch"), s))
-    return vals
+            "BH": B * Hq, "dq_rb": Hq * Sq, "dq_rh": Sq, "dq_ch": 0}
 
 
 def gradient(values: dict, q: torch.Tensor) -> torch.Tensor:
