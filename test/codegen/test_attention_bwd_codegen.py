@@ -159,8 +159,9 @@ def test_separate_form_issues_its_gemms_back_to_back():
     after dQ's wait; the main kernel without dQ: S^T, dP^T, dV, dK and no dS store."""
     src = gluon.generate(pipeline.run(build_dq(AttentionBwdDqRequest(128, "bf16", True), DQ_CONFIGS["dq_128x128_dp2"])))
     assert_in_order(src, ["def consumer0(", "v_s_c0 = warpgroup_mma(", "v_dp_c0 = warpgroup_mma(",
-                          "v_s_c0_w = warpgroup_mma_wait(num_outstanding=1", "v_dq_new_c0 = warpgroup_mma(gl.convert_layout(v_ds16_c0",
-                          "mbarrier.arrive(", "gl.store(", "def consumer1("])
+                          "v_s_c0_w = warpgroup_mma_wait(num_outstanding=1",
+                          "v_dq_new_c0 = warpgroup_mma(gl.convert_layout(v_ds16_c0", "mbarrier.arrive(", "gl.store(",
+                          "def consumer1("])
     main = gluon.generate(pipeline.run(build(AttentionBwdRequest(128, "bf16", True, dq="none"),
                                              CONFIGS["bwd_32x128_dp2"])))
     consumer = main[main.index("def consumer0("):main.index("def consumer1(")]

@@ -96,11 +96,14 @@ def test_verifier_checks_what_atomic_adds_accumulate_into():
         check(replace(p, body=tuple(replace(o, body=body) if o is loop else o for o in p.body)), "template")
 
 
-def test_every_stage_prints_and_parses_back():
+@pytest.mark.parametrize("kernel", ["atomic", "none", "dq"])
+def test_every_stage_prints_and_parses_back(kernel):
     from torch_autows.ir import format_program, parse_program
 
     trace: list = []
-    pipeline.run(build(AttentionBwdRequest(64, "bf16", True), _opts(2, 128)), dump_dir="", trace=trace)
+    program = (build_dq(AttentionBwdDqRequest(64, "bf16", True), Options(block_m=128, block_n=64, data_partition=2))
+               if kernel == "dq" else build(AttentionBwdRequest(64, "bf16", True, dq=kernel), _opts(2, 128)))
+    pipeline.run(program, dump_dir="", trace=trace)
     for name, p in trace:
         assert parse_program(format_program(p)) == p, name
 

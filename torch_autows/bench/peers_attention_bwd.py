@@ -1,4 +1,5 @@
-"""Attention-backward peers: cuDNN's and FA2's backward kernels, compiled flex_attention's backward, autows (both dQ forms).
+"""Attention-backward peers: cuDNN's and FA2's backward kernels, compiled flex_attention's backward, autows (in
+both dQ forms: atomic, and separate as ``autows-separate``).
 
 Every peer times only the backward: dQ, dK, dV from q, k, v, dO and the forward's out and lse, which are
 computed once per case outside the timing, by the forward the peer's backward belongs to (cuDNN's backward

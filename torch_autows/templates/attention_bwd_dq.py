@@ -12,11 +12,12 @@ registers as the A operand, as the forward's P V). At the end dQ *= scale, store
 with (dq_rb, dq_rh, dq_ch) and rows of D + (Hq-1)*dq_ch elements, up to Sq rows. Every dQ element is written once,
 by one CTA: with the main kernel built with ``dq="none"`` (templates/attention_bwd.py) the backward is deterministic.
 Rows past Sq are other heads' rows: the mask also keeps query < Sq (P = 0 there, no inf), and lse2/delta are read
-with a bound.
+with a bound. (Row i of dS only feeds row i of dQ and rows past Sq are not stored, so the forward's mask without the
+query bound would give the same dQ; but at d=128 ptxas then spills 204 bytes, with it none.)
 
-Host side: ``kernel_values(q, k, v, grad_out, delta, lse2, causal, scale, fill=None)`` gives a value per argument
-name (the 2-D row views of ``templates.attention_bwd``, a new contiguous [B, Hq, Sq, D] dQ under "dq"), and
-``q_tiles`` the grid's Q blocks per (batch, q-head).
+Host side: ``kernel_values(q, k, v, grad_out, delta, lse2, causal, scale, fill=None, views=None)`` gives a value per
+argument name (the 2-D row views of ``templates.attention_bwd.row_views``, or those of the main kernel's values, a new
+contiguous [B, Hq, Sq, D] dQ under "dq"), ``q_tiles`` the grid's Q blocks per (batch, q-head), ``gradient`` dQ.
 """
 from __future__ import annotations
 
