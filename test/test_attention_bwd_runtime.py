@@ -67,13 +67,34 @@ def test_mixed_dtypes_and_shapes_are_refused(sm90):
     assert "lse" in attention_bwd.support_reason(*_call(lse=_cuda(2, 8, 99, dtype=torch.float32)), False, 0.1)
 
 
-def test_deterministic_mode_is_refused(sm90):
+@pytest.fixture
+def deterministic():
     before = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
-    try:
-        assert attention_bwd.support_reason(*_call(), False, 0.1).startswith("atomic dQ is not deterministic")
-    finally:
-        torch.use_deterministic_algorithms(before)
+    yield
+    torch.use_deterministic_algorithms(before)
+
+
+def test_deterministic_mode_takes_the_separate_form(sm90, deterministic):
+    """Deterministic algorithms: the call is served (no refusal), by the separate dQ kernel; forcing the atomic form
+    is refused with what to use instead."""
+    assert attention_bwd.support_reason(*_call(), False, 0.1) is None
+    assert attention_bwd.choose_dq_mode() == "separate" and attention_bwd.choose_dq_mode("separate") == "separate"
+    with pytest.raises(Unsupported, match="atomic dQ is not deterministic.*dq_mode='separate' is"):
+        attention_bwd.choose_dq_mode("atomic")
+
+
+def test_dq_mode_choice_and_configs():
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert attention_bwd.choose_dq_mode() == "atomic" and attention_bwd.choose_dq_mode("separate") == "separate"
+    with pytest.raises(ValueError, match="dq_mode='fast'; use one of"):
+        attention_bwd.choose_dq_mode("fast")
+    for d in (64, 128):
+        for causal in (False, True):
+            for mode in attention_bwd.DQ_MODES:
+                assert attention_bwd.serves(attention_bwd.choose_config(d, causal, mode), d, mode)
+            assert attention_bwd.dq_serves(attention_bwd.choose_dq_config(d, causal), d)
+    assert not attention_bwd.serves("bwd_32x128_dp2", 128, "atomic")  # dQ's wgmma would have 32 rows
 
 
 def test_not_sm90_or_not_cuda(monkeypatch):
@@ -178,19 +199,21 @@ def test_backward_op_on_cpu_is_the_vendors(caplog):
     torch.library.opcheck(torch.ops.autows.attention_backward.default, (go, None, q, k, v, out, lse, True, 0.25))
 
 
-def test_backward_glue_runs_the_kernel_it_compiles(monkeypatch):
+@pytest.mark.parametrize("dq_mode,grids", [(None, [2]), ("separate", [2, 4])])
+def test_backward_glue_runs_the_kernel_it_compiles(monkeypatch, dq_mode, grids):
     """``backward`` end to end on CPU with the launch replaced by the interpreter running the compiled Program: the
-    argument order, the 2-D views (q in [B, S, H, D]), the grid (B*Hkv x launched KV blocks), pre- and postprocess
-    give attention_grad's math gradients (bf16, causal, GQA, a gradient into lse, ragged lengths)."""
+    argument order, the 2-D views (q in [B, S, H, D]), the grid (B*Hkv x launched KV blocks; the separate form's dQ
+    kernel: B*Hq x Q blocks), pre- and postprocess give attention_grad's math gradients (bf16, causal, GQA, a
+    gradient into lse, ragged lengths). dK/dV (and the separate form's dQ) are NaN-poisoned before."""
     from torch_autows.interp import run_partitioned
     from torch_autows.runtime import launch
 
     real_compile = launch.compile_kernel
-    grids = []
+    launched = []
 
     class Interpreted(launch.Launcher):
         def __call__(self, grid, args, device_index):
-            grids.append(grid)
+            launched.append((self.program.template, grid))
             values = {n: a.tensor if isinstance(a, launch.Tma) else a for n, a in zip(self.names, args)}
             run_partitioned(self.program, values, nprog=grid)
 
@@ -202,19 +225,33 @@ def test_backward_glue_runs_the_kernel_it_compiles(monkeypatch):
 
     monkeypatch.setattr(attention_bwd, "support_reason", lambda *a: None)
     monkeypatch.setattr(attention_bwd, "compile_kernel", Kernel)
+    monkeypatch.setattr(attention_bwd, "POISON", float("nan"))
     monkeypatch.setattr(device, "index", lambda d: 0)
     g = torch.Generator().manual_seed(5)
     q = torch.randn(1, 70, 4, 64, generator=g).to(torch.bfloat16).transpose(1, 2)
     k, v = (torch.randn(1, 2, 50, 64, generator=g).to(torch.bfloat16) for _ in range(2))
     out, lse = attention_grad.reference_attention(q, k, v, True, 0.125)
     go, dlse = torch.randn(1, 4, 70, 64, generator=g).to(torch.bfloat16), torch.randn(1, 4, 70, generator=g)
-    got = attention_bwd.backward(go, dlse, q, k, v, out, lse, True, 0.125)
+    got = attention_bwd.backward(go, dlse, q, k, v, out, lse, True, 0.125, dq_mode=dq_mode)
     ref = attention_grad.attention_backward(go.float(), dlse, q.float(), k.float(), v.float(), out.float(), lse, True,
                                             0.125)
-    assert grids == [2]  # B*Hkv = 2, one KV block of 128 keys
+    # B*Hkv = 2, one KV block of 128 keys; the dQ kernel: B*Hq = 4, one block of 128 queries
+    assert [g for _, g in launched] == grids
+    assert [t for t, _ in launched] == ["attention_bwd", "attention_bwd_dq"][:len(grids)]
     for x, r, like in zip(got, ref, (q, k, v)):
         assert x.shape == like.shape and x.dtype == torch.bfloat16
         assert ((x.float() - r).norm() / r.norm()).item() < 2e-2
+
+
+def test_backward_refuses_a_config_of_the_other_form(monkeypatch):
+    monkeypatch.setattr(attention_bwd, "support_reason", lambda *a: None)
+    go, q, k, v, out, lse = _cpu_inputs()
+    with pytest.raises(ValueError, match="'bwd_32x128_dp2' serves head dims \\(\\) in the atomic form"):
+        attention_bwd.backward(go, None, q, k, v, out, lse, False, 0.125, config="bwd_32x128_dp2", dq_mode="atomic")
+    with pytest.raises(ValueError, match="dq_config='dq_128x128_dp2' is for the separate form"):
+        attention_bwd.backward(go, None, q, k, v, out, lse, False, 0.125, dq_mode="atomic", dq_config="dq_128x128_dp2")
+    with pytest.raises(ValueError, match="dq_config 'dq_x' does not serve head dim 64"):
+        attention_bwd.backward(go, None, q, k, v, out, lse, False, 0.125, dq_mode="separate", dq_config="dq_x")
 
 
 def test_is_real_sees_through_functional_wrappers():

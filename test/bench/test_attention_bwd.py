@@ -17,13 +17,13 @@ from torch_autows.bench.runner import Bound, CheckFailed, Peer
 def test_dry_run_lists_the_forward_grid_at_d64_d128_and_the_peers(capsys):
     rc = main(["attention-bwd", "--dry-run"])
     out = capsys.readouterr().out
-    assert rc == 0 and "attention-bwd: 38 case(s), 4 peer(s)" in out  # 28 FA3 grid + 10 Llama-3.1
+    assert rc == 0 and "attention-bwd: 38 case(s), 5 peer(s)" in out  # 28 FA3 grid + 10 Llama-3.1
     fwd = [c.name for c in cases.attention_cases() if c.head_dim in (64, 128)]
     assert [c.name for c in cases.select("attention-bwd")] == fwd
     for name in ("s512-d64", "s16384-d128-causal", "gqa32x8-s8192-d128"):
         assert f"  {name} " in out
     assert "d96" not in out and "d256" not in out
-    for peer in ("cudnn", "fa2", "flex", "autows"):
+    for peer in ("cudnn", "fa2", "flex", "autows", "autows-separate"):
         assert f"  {peer} " in out
     assert "<date>-<gpu>-attention-bwd.json" in out
 
@@ -152,16 +152,16 @@ def test_run_case_on_cpu(cpu, monkeypatch, causal):
     peers = {p.name: p for p in pab.all_peers()[0]}
     case = _case(causal)
     suite = pab.suite([case], [Peer("math", math_bind), Peer("wrong", wrong_bind), peers["cudnn"], peers["fa2"],
-                               peers["autows"]])
+                               peers["autows"], peers["autows-separate"]])
     rows = {r["impl"]: r for r in runner.run_case(suite, case)}
     assert rows["math"]["error"] is None and 1e-4 < rows["math"]["rel_err"] < 1e-2, rows["math"]
     assert rows["math"]["tflops"] == pytest.approx(case.flops / 1e-5 / 1e12)
     assert len(bound["b"].calls) == 1 and bound["b"].fn in timed  # checked once; timed without the check
     assert rows["wrong"]["error"].startswith("dk rel_err") and rows["wrong"]["tflops"] is None
-    for name in ("cudnn", "fa2", "autows"):
+    for name in ("cudnn", "fa2", "autows", "autows-separate"):
         assert rows[name]["error"] and rows[name]["tflops"] is None, rows[name]
     assert "cudnn forward" in rows["cudnn"]["error"] and "flash forward" in rows["fa2"]["error"]
-    assert [r["work"] for r in rows.values()] == ["attention-bwd"] * 5
+    assert [r["work"] for r in rows.values()] == ["attention-bwd"] * 6
 
 
 def test_forward_is_made_once_and_its_error_kept(cpu, monkeypatch):

@@ -1,7 +1,9 @@
 """The attention backward's main kernel (templates/attention_bwd.py) through codegen (passes/BACKWARD.md step 5):
 dS's SMEM tile gets an NVMMA layout of its own (no TMA descriptor fills it), and every config the runtime can pick
 compiles offline to sm_90a with its consumers, producer, wgmma (dQ's with a transposed A from SMEM), the fp32
-atomic dQ adds and no register spills beyond the known ones (``SPILLS``)."""
+atomic dQ adds and no register spills beyond the known ones (``SPILLS``). The separate form (step 8: the main kernel
+built with ``dq="none"`` and the dQ kernel, templates/attention_bwd_dq.py): every config of it compiles with no
+spills at all and no atomics."""
 from __future__ import annotations
 
 import functools
@@ -13,8 +15,10 @@ from programs import assert_in_order
 from torch_autows.codegen import gluon
 from torch_autows.ir import Options
 from torch_autows.passes import pipeline
-from torch_autows.runtime.attention_bwd import CONFIGS, choose_config, serves
+from torch_autows.runtime.attention_bwd import CONFIGS, DQ_CONFIGS, choose_config, dq_serves, serves
 from torch_autows.templates.attention_bwd import AttentionBwdRequest, build
+from torch_autows.templates.attention_bwd_dq import AttentionBwdDqRequest
+from torch_autows.templates.attention_bwd_dq import build as build_dq
 
 # Known spills (bytes, ptxas -v, offline sm_90a compile without the runtime's pointer/integer specialisation) a case
 # may not exceed; each is xfailed. d=128: dK, dV and the dQ partial (64 registers each) are live at the dQ adds with
@@ -27,14 +31,25 @@ SPILLS = {("bwd_64x128_dp2", 128, False): 916, ("bwd_64x128_dp2", 128, True): 14
 CASES = [c for c in itertools.product(CONFIGS, (64, 128), (False, True), ("bf16", "fp16")) if serves(c[0], c[1])]
 
 
+SEPARATE = [("main", *c) for c in itertools.product(CONFIGS, (64, 128), (False, True), ("bf16", "fp16"))
+            if serves(c[0], c[1], "separate")]
+SEPARATE += [("dq", *c) for c in itertools.product(DQ_CONFIGS, (64, 128), (False, True), ("bf16", "fp16"))
+             if dq_serves(c[0], c[1])]
+
+
 @functools.cache
-def _compiled(config: str, d: int, causal: bool, dtype: str):
-    """(program, kernel, summary), once per case in this module."""
+def _compiled(config: str, d: int, causal: bool, dtype: str, kernel: str = "atomic"):
+    """(program, kernel, summary), once per case in this module. ``kernel``: "atomic" (the main kernel with dQ),
+    "main" (the main kernel without dQ), "dq" (the dQ kernel; ``config`` from DQ_CONFIGS)."""
     from torch_autows.codegen.compile import compile_offline, summary
 
-    program = pipeline.run(build(AttentionBwdRequest(d, dtype, causal), CONFIGS[config]))
-    kernel = compile_offline(program)
-    return program, kernel, summary(program, kernel)
+    if kernel == "dq":
+        program = pipeline.run(build_dq(AttentionBwdDqRequest(d, dtype, causal), DQ_CONFIGS[config]))
+    else:
+        req = AttentionBwdRequest(d, dtype, causal, dq="atomic" if kernel == "atomic" else "none")
+        program = pipeline.run(build(req, CONFIGS[config]))
+    compiled = compile_offline(program)
+    return program, compiled, summary(program, compiled)
 
 
 def test_ds_tile_gets_its_own_nvmma_layout():
@@ -117,3 +132,38 @@ def test_compiles_for_sm90a(config, d, causal, dtype):
     assert s["spills"] <= known, f"{s['spills']} bytes of spills (known: {known})"
     if s["spills"]:
         pytest.xfail(f"{config} d{d} spills {s['spills']} bytes at sm_90a (known; see SPILLS)")
+
+
+@pytest.mark.parametrize("kernel,config,d,causal,dtype", SEPARATE)
+def test_separate_form_compiles_for_sm90a_without_spills(kernel, config, d, causal, dtype):
+    """The main kernel without dQ (4 wgmma a step: S^T, dP^T, dV, dK; no dS SMEM tile) and the dQ kernel (S, dP, dQ;
+    dS from registers; one plain store of dQ) compile with two consumer warpgroups (one at dp1), no atomics, no
+    spill."""
+    program, compiled, s = _compiled(config, d, causal, dtype, kernel)
+    opts = (DQ_CONFIGS if kernel == "dq" else CONFIGS)[config]
+    n = opts.data_partition
+    assert [p["name"] for p in s["partitions"]] == [f"consumer{i}" for i in range(n)] + ["producer"]
+    assert all(p["warps"] == 4 for p in s["partitions"][:n])
+    assert s["setmaxnreg"] > 0 and s["smem_bytes"] <= 232448
+    ptx, ttgir = compiled.asm["ptx"], compiled.asm["ttgir"]
+    assert ".target sm_90a" in ptx and "ttg.warp_specialize" in ttgir
+    assert "atom.global" not in ptx and "red.global" not in ptx  # no dQ adds: deterministic
+    assert "ttg.local_store" not in ttgir  # dS stays in registers (dQ kernel) or is not needed (main kernel)
+    assert s["wgmma"] > 0
+    assert s["spills"] == 0, f"{s['spills']} bytes of spills"
+
+
+def test_separate_form_issues_its_gemms_back_to_back():
+    """The dQ kernel's step (passes/step_overlap.py as for the main kernel): S and dP issued without a wait between
+    them, S retired before the softmax with dP in flight, dS from registers as dQ's A operand, the K/V slot released
+    after dQ's wait; the main kernel without dQ: S^T, dP^T, dV, dK and no dS store."""
+    src = gluon.generate(pipeline.run(build_dq(AttentionBwdDqRequest(128, "bf16", True), DQ_CONFIGS["dq_128x128_dp2"])))
+    assert_in_order(src, ["def consumer0(", "v_s_c0 = warpgroup_mma(", "v_dp_c0 = warpgroup_mma(",
+                          "v_s_c0_w = warpgroup_mma_wait(num_outstanding=1",
+                          "v_dq_new_c0 = warpgroup_mma(gl.convert_layout(v_ds16_c0", "mbarrier.arrive(", "gl.store(",
+                          "def consumer1("])
+    main = gluon.generate(pipeline.run(build(AttentionBwdRequest(128, "bf16", True, dq="none"),
+                                             CONFIGS["bwd_32x128_dp2"])))
+    consumer = main[main.index("def consumer0("):main.index("def consumer1(")]
+    assert consumer.count("warpgroup_mma(") == 4
+    assert "gl.atomic_add(" not in main and "dss" not in main

@@ -3,8 +3,10 @@ backward in fp32, on fresh random inputs with (out, lse) from our forward: head 
 Sq != Skv both ways, lengths off the tiles (1, 63, 200, 1000), GQA groups 1/4/8, [B, S, H, D] views, a gradient into
 lse, and none into out. dK/dV are NaN-poisoned before each launch (``attention_bwd.POISON``). The tolerance per
 gradient is max(2 x the vendor backward's own error on the same inputs, 1e-2), relative Frobenius norm, plus an absolute
-1e-4 per element (for gradients that are zero in exact arithmetic). Plus one
-end-to-end ``torch.autograd`` run through ``ops.attention`` with ``config.attention_backward = "autows"``."""
+1e-4 per element (for gradients that are zero in exact arithmetic). Each case runs in both forms (``dq_mode``: atomic
+dQ adds, or the separate dQ kernel). Plus one end-to-end ``torch.autograd`` run through ``ops.attention`` with
+``config.attention_backward = "autows"``, and bitwise-equal gradients over runs under
+``torch.use_deterministic_algorithms(True)`` (the separate form)."""
 from __future__ import annotations
 
 import math
@@ -19,27 +21,31 @@ from torch_autows.runtime import attention_bwd as rt
 from torch_autows.runtime import fallback
 
 
-def _cases(n=48, seed=3):
+def _cases(mode: str, n=48, seed=3):
     rng = random.Random(seed)
     seqs = [1, 63, 200, 1000]
-    out, configs = [], list(rt.CONFIGS)
+    out, dq_configs = [], list(rt.DQ_CONFIGS)
     for i in range(n):
+        d = (64, 128)[(i // 3) % 2]
+        configs = [c for c in rt.CONFIGS if rt.serves(c, d, mode)]
         out.append(dict(b=rng.choice([1, 2]), hkv=rng.choice([1, 2]), g=(1, 4, 8)[i % 3], sq=rng.choice(seqs),
-                        skv=rng.choice(seqs), d=(64, 128)[(i // 3) % 2], causal=bool((i // 6) % 2),
+                        skv=rng.choice(seqs), d=d, causal=bool((i // 6) % 2),
                         dtype=(torch.bfloat16, torch.float16)[(i // 12) % 2], bshd=rng.random() < 0.25,
-                        dlse=rng.random() < 0.25, dout=rng.random() > 0.08, config=configs[i % len(configs)]))
+                        dlse=rng.random() < 0.25, dout=rng.random() > 0.08, config=configs[i % len(configs)],
+                        mode=mode, dq_config=dq_configs[i % len(dq_configs)] if mode == "separate" else None))
     # Sq != Skv both ways, explicitly, at both head dims and causal
     for d in (64, 128):
         for sq, skv in ((63, 1000), (1000, 63), (200, 1)):
             out.append(dict(b=1, hkv=2, g=4, sq=sq, skv=skv, d=d, causal=True, dtype=torch.bfloat16, bshd=False,
-                            dlse=True, dout=True, config=rt.choose_config(d, True)))
+                            dlse=True, dout=True, config=rt.choose_config(d, True, mode), mode=mode,
+                            dq_config=rt.choose_dq_config(d, True) if mode == "separate" else None))
     return out
 
 
 def _id(c):
     return (f"b{c['b']}h{c['hkv'] * c['g']}/{c['hkv']}-q{c['sq']}-kv{c['skv']}-d{c['d']}{'-causal' * c['causal']}"
             f"{'-bshd' * c['bshd']}{'-dlse' * c['dlse']}{'-nodout' * (not c['dout'])}-{str(c['dtype'])[6:]}"
-            f"-{c['config']}")
+            f"-{c['mode']}-{c['config']}" + (f"-{c['dq_config']}" if c["dq_config"] else ""))
 
 
 def _rel(x, ref):
@@ -51,7 +57,7 @@ def poisoned(monkeypatch):
     monkeypatch.setattr(rt, "POISON", float("nan"))
 
 
-@pytest.mark.parametrize("c", _cases(), ids=_id)
+@pytest.mark.parametrize("c", _cases("atomic") + _cases("separate"), ids=_id)
 def test_backward_random(c, poisoned):
     torch.manual_seed(hash(_id(c)) % 2**31)
     hq, dt = c["hkv"] * c["g"], c["dtype"]
@@ -68,7 +74,8 @@ def test_backward_random(c, poisoned):
     dlse = torch.randn(c["b"], hq, c["sq"], device="cuda") if c["dlse"] else None
     if go is None and dlse is None:
         dlse = torch.randn(c["b"], hq, c["sq"], device="cuda")
-    got = rt.backward(go, dlse, q, k, v, out, lse, c["causal"], scale, config=c["config"])
+    got = rt.backward(go, dlse, q, k, v, out, lse, c["causal"], scale, config=c["config"], dq_mode=c["mode"],
+                      dq_config=c["dq_config"])
     ref = attention_grad.attention_backward(None if go is None else go.float(), dlse, q.float(), k.float(), v.float(),
                                             out.float(), lse, c["causal"], scale)  # fp32: the math path
     vendor = attention_grad.attention_backward(go, dlse, q, k, v, out, lse, c["causal"], scale)
@@ -100,6 +107,46 @@ def test_repeated_calls_take_the_bound_launch():
     torch.cuda.synchronize()
     assert torch.equal(first[1], second[1]) and torch.equal(first[2], second[2])  # dK/dV: no atomics
     assert _rel(second[0], first[0]) < 1e-3
+
+
+def test_repeated_separate_calls_are_bitwise_equal():
+    """The separate form through the per-shape bound launches (both kernels): the second call gives the same bits."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 8, 300, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out, lse = rt_fwd.attention(q, k, v, True, 0.1, config="auto")
+    go = torch.randn_like(q)
+    first = rt.backward(go, None, q, k, v, out, lse, True, 0.1, dq_mode="separate")
+    second = rt.backward(go, None, q, k, v, out, lse, True, 0.1, dq_mode="separate")
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+@pytest.mark.parametrize("d,causal", [(64, False), (64, True), (128, False), (128, True)])
+def test_deterministic_mode_gives_the_same_bits(d, causal):
+    """Under ``torch.use_deterministic_algorithms(True)`` the call takes the separate form (no dQ atomics): five runs
+    on inputs where several KV blocks feed each Q block (and GQA groups of 4 feed each dK/dV) are bitwise equal, and
+    match the math backward. The flag is restored."""
+    torch.manual_seed(3)
+    q = torch.randn(2, 8, 1000, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 2, 1000, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    scale = d ** -0.5
+    out, lse = rt_fwd.attention(q, k, v, causal, scale, config="auto")
+    go = torch.randn_like(q)
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert rt.choose_dq_mode() == "separate"
+        runs = [rt.backward(go, None, q, k, v, out, lse, causal, scale) for _ in range(5)]
+    finally:
+        torch.use_deterministic_algorithms(before)
+    torch.cuda.synchronize()
+    for run in runs[1:]:
+        for name, a, b in zip(("dq", "dk", "dv"), runs[0], run):
+            assert torch.equal(a, b), name
+    ref = attention_grad.attention_backward(go.float(), None, q.float(), k.float(), v.float(), out.float(), lse,
+                                            causal, scale)
+    for x, r in zip(runs[0], ref):
+        assert _rel(x, r) < 1e-2
 
 
 def test_autograd_through_ops_attention():

@@ -1,5 +1,6 @@
 """The attention backward's main kernel (templates/attention_bwd.py) between the torch pre/postprocess
-(its host side), run by the sequential interpreter in fp32 against ``attention_grad``'s math backward."""
+(its host side), and the separate form (the main kernel with ``dq="none"`` + templates/attention_bwd_dq.py), run by
+the sequential interpreter in fp32 against ``attention_grad``'s math backward."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -9,9 +10,11 @@ import torch
 
 from torch_autows.attention_grad import attention_backward, reference_attention
 from torch_autows.interp import Violation, run_sequential
-from torch_autows.ir import Options
+from torch_autows.ir import Options, walk
 from torch_autows.templates import attention_bwd as rt
+from torch_autows.templates import attention_bwd_dq as rt_dq
 from torch_autows.templates.attention_bwd import AttentionBwdRequest, build
+from torch_autows.templates.attention_bwd_dq import AttentionBwdDqRequest
 
 
 def _problem(d, Sq, Skv, Hq, Hkv, causal, grad_lse, B=1, seed=0, bshd=False):
@@ -37,6 +40,19 @@ def _run(program, q, k, v, out, lse, go, gl, scale, causal):
     return rt.gradients(vals, scale, q, k)
 
 
+def _run_separate(main, dq_kernel, q, k, v, out, lse, go, gl, scale, causal):
+    """The separate form: the main kernel without dQ, then the dQ kernel; dK/dV and dQ NaN-poisoned before."""
+    delta, lse2 = rt.preprocess(out, go, lse, gl)
+    vals = rt.kernel_values(q, k, v, go, delta, lse2, causal, scale, main.options.block_n, fill=float("nan"),
+                            dq="none")
+    assert "dq_acc" not in vals
+    run_sequential(main, vals)
+    dq_vals = rt_dq.kernel_values(q, k, v, go, delta, lse2, causal, scale, fill=float("nan"))
+    run_sequential(dq_kernel, dq_vals)
+    B, Hkv, Skv, D = k.shape
+    return rt_dq.gradient(dq_vals, q), vals["dk"].view(B, Hkv, Skv, D), vals["dv"].view(B, Hkv, Skv, D)
+
+
 # (d, Sq, Skv, Hq, Hkv, causal, grad_lse, BM, BN): lengths off the tiles, causal with Sq <, =, > Skv, G 1/2/4
 CASES = [
     (64, 63, 130, 2, 1, False, False, 32, 32),
@@ -60,6 +76,48 @@ def test_main_kernel_matches_the_math_backward(d, Sq, Skv, Hq, Hkv, causal, grad
     ref = attention_backward(go, gl, q, k, v, out, lse, causal, scale)
     for name, a, b in zip(("dq", "dk", "dv"), got, ref):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-4), (name, float((a - b).abs().max()))
+
+
+@pytest.mark.parametrize("d,Sq,Skv,Hq,Hkv,causal,grad_lse,BM,BN", CASES)
+def test_separate_form_matches_the_math_backward(d, Sq, Skv, Hq, Hkv, causal, grad_lse, BM, BN):
+    """dK/dV from the main kernel without dQ, dQ from the dQ kernel (its tiles: BN x BM, queries on rows)."""
+    prob = _problem(d, Sq, Skv, Hq, Hkv, causal, grad_lse, B=2 if Hq == 1 else 1, seed=1)
+    q, k, v, out, lse, go, gl, scale = prob
+    main = build(AttentionBwdRequest(d, "f32", causal, dq="none"), Options(block_m=BM, block_n=BN, data_partition=1))
+    dq_kernel = rt_dq.build(AttentionBwdDqRequest(d, "f32", causal), Options(block_m=BN, block_n=BM, data_partition=1))
+    got = _run_separate(main, dq_kernel, *prob, causal)
+    ref = attention_backward(go, gl, q, k, v, out, lse, causal, scale)
+    for name, a, b in zip(("dq", "dk", "dv"), got, ref):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-4), (name, float((a - b).abs().max()))
+
+
+def test_main_kernel_without_dq_has_four_gemms_and_no_adds():
+    """``dq="none"`` leaves out the dS SMEM tile, its transposed view, the dQ mma and the atomic adds (and the
+    workspace argument); the default program keeps them."""
+    opts = Options(block_m=64, block_n=64, data_partition=1)
+    full, nodq = (build(AttentionBwdRequest(64, "bf16", True, dq=f), opts) for f in ("atomic", "none"))
+    kinds = [[o.kind for o in walk(p.body)] for p in (full, nodq)]
+    assert [k.count("mma") for k in kinds] == [5, 4]
+    assert [k.count("smem_store") + k.count("atomic_add_ptr") for k in kinds] == [2, 0]
+    assert [k.count("trans") for k in kinds] == [3, 2]  # Q^T, dO^T (and dS's view)
+    assert "dq_acc" in {a.name for a in full.args} and "dq_acc" not in {a.name for a in nodq.args}
+    assert nodq.name == full.name + "_nodq"
+    assert build(AttentionBwdRequest(64, "bf16", True), opts) == full  # the default is the atomic form
+
+
+def test_dq_kernel_alone_in_16_bit_with_transposed_layouts():
+    """dQ in bf16 from [B, S, H, D] q/k/v (the dQ kernel's store is [B, H, S, D] contiguous), GQA, causal."""
+    q, k, v, out, lse, go, gl, scale = _problem(128, 70, 90, 4, 2, True, True, B=2, bshd=True)
+    q, k, v, go = (t.to(torch.bfloat16) for t in (q, k, v, go))
+    out = out.to(torch.bfloat16)
+    program = rt_dq.build(AttentionBwdDqRequest(128, "bf16", True), Options(block_m=32, block_n=32, data_partition=1))
+    delta, lse2 = rt.preprocess(out, go, lse, gl)
+    vals = rt_dq.kernel_values(q, k, v, go, delta, lse2, True, scale, fill=float("nan"))
+    run_sequential(program, vals)
+    dq = rt_dq.gradient(vals, q)
+    ref = attention_backward(go.float(), gl, q.float(), k.float(), v.float(), out.float(), lse, True, scale)[0]
+    assert dq.dtype == torch.bfloat16 and dq.is_contiguous()
+    assert torch.allclose(dq.float(), ref, rtol=3e-2, atol=3e-2), float((dq.float() - ref).abs().max())
 
 
 def test_transposed_layouts_and_16_bit_operands():
@@ -93,3 +151,9 @@ def test_request_checks():
         AttentionBwdRequest(96)
     with pytest.raises(ValueError, match="dtype"):
         AttentionBwdRequest(64, "fp8")
+    with pytest.raises(ValueError, match="dq='separate'; use one of"):
+        AttentionBwdRequest(64, dq="separate")
+    with pytest.raises(ValueError, match="head dim 96"):
+        AttentionBwdDqRequest(96)
+    with pytest.raises(ValueError, match="dtype"):
+        AttentionBwdDqRequest(64, "fp8")

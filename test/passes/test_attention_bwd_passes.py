@@ -1,6 +1,7 @@
 """The attention backward's main kernel through the passes (passes/BACKWARD.md §3, step 3): verified after every
 stage, interpreted under every policy against torch, dQ's partial-sum rule in data_partition, the verifier's
-accumulate check, and a plain dQ store caught as a ``global-race``."""
+accumulate check, and a plain dQ store caught as a ``global-race``. The separate form (step 8: the main kernel with
+``dq="none"`` and the dQ kernel, templates/attention_bwd_dq.py) through the same passes and checks."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -12,6 +13,8 @@ from torch_autows.interp import POLICIES, interpret_report
 from torch_autows.ir import Options, Value, op, walk
 from torch_autows.passes import PassError, data_partition, pipeline
 from torch_autows.templates.attention_bwd import AttentionBwdRequest, build
+from torch_autows.templates.attention_bwd_dq import AttentionBwdDqRequest
+from torch_autows.templates.attention_bwd_dq import build as build_dq
 from torch_autows.verify import VerifyError, check
 
 
@@ -93,11 +96,14 @@ def test_verifier_checks_what_atomic_adds_accumulate_into():
         check(replace(p, body=tuple(replace(o, body=body) if o is loop else o for o in p.body)), "template")
 
 
-def test_every_stage_prints_and_parses_back():
+@pytest.mark.parametrize("kernel", ["atomic", "none", "dq"])
+def test_every_stage_prints_and_parses_back(kernel):
     from torch_autows.ir import format_program, parse_program
 
     trace: list = []
-    pipeline.run(build(AttentionBwdRequest(64, "bf16", True), _opts(2, 128)), dump_dir="", trace=trace)
+    program = (build_dq(AttentionBwdDqRequest(64, "bf16", True), Options(block_m=128, block_n=64, data_partition=2))
+               if kernel == "dq" else build(AttentionBwdRequest(64, "bf16", True, dq=kernel), _opts(2, 128)))
+    pipeline.run(program, dump_dir="", trace=trace)
     for name, p in trace:
         assert parse_program(format_program(p)) == p, name
 
@@ -152,3 +158,47 @@ def test_a_reader_moved_before_its_wait_is_caught():
     assert last < rel
     moved = body[:last] + body[rel:rel + 2] + body[last:rel] + body[rel + 2:]
     assert set(violation_kinds(_with_loop_body(p, "consumer0", tuple(moved)), seeds=2)) == {"release-before-retire"}
+
+
+@pytest.mark.parametrize("kernel,d,dt,causal,dp", [("main", 64, "f32", True, 1), ("main", 64, "f32", False, 2),
+                                                    ("main", 128, "bf16", True, 2), ("dq", 64, "f32", True, 1),
+                                                    ("dq", 64, "f32", False, 2), ("dq", 128, "bf16", True, 2)])
+def test_separate_form_every_policy_and_seed_matches_torch(kernel, d, dt, causal, dp):
+    """Both kernels of the separate form, verified after every stage and interpreted under every policy and seed
+    (ragged lengths, GQA, causal Sq <, =, > Skv at random) against the fp32 math backward. The dQ kernel splits its
+    Q rows over the chains (as the forward), the main kernel its keys; neither has a partial sum."""
+    if kernel == "dq":
+        before = build_dq(AttentionBwdDqRequest(d, dt, causal),
+                          Options(block_m=64 * dp, block_n=64, stages=2, data_partition=dp))
+    else:
+        before = build(AttentionBwdRequest(d, dt, causal, dq="none"),
+                       Options(block_m=32 if d == 128 else 64, block_n=64 * dp, stages=2, data_partition=dp))
+    after = pipeline.run(before, verify=True, dump_dir="")
+    kinds = [o.kind for pt in after.partitions for o in walk(pt.body)]
+    assert kinds.count("mma") == (3 if kernel == "dq" else 4) * dp and "store_ptr" in kinds
+    assert "atomic_add_ptr" not in kinds and "smem_store" not in kinds
+    ok, report = interpret_report(before, after, seeds=3)
+    assert ok, report
+
+
+def test_dq_kernel_chains_split_the_query_rows():
+    p = data_partition.run(build_dq(AttentionBwdDqRequest(64, "bf16", True),
+                                    Options(block_m=128, block_n=64, stages=2, data_partition=2)))
+    stores = [o for o in walk(p.body) if o.kind == "store_ptr"]
+    assert [o.chain for o in stores] == [0, 1] and stores[1].attr("row") == stores[0].attr("row") + "+64"
+    assert {r.name: r.type.shape for o in walk(p.body) if o.kind == "mma" for r in o.results} == {
+        f"{n}_c{c}": (64, 64) for n in ("s", "dp", "dq_new") for c in (0, 1)}
+
+
+def test_dq_kernel_store_of_another_q_block_is_a_global_race():
+    """One CTA per (head, Q block) stores each dQ element once: a store row that forgets the Q block makes the CTAs of
+    one head store the same rows, which the interpreter reports (so does the deterministic-form claim fail)."""
+    opts = Options(block_m=64, block_n=64, stages=2, data_partition=1)
+    after = pipeline.run(build_dq(AttentionBwdDqRequest(64, "f32", False), opts), dump_dir="")
+    assert set(violation_kinds(after, seeds=1, shape=(1, 2, 1, 150, 70))) == {"ok"}
+
+    def drop_block(ops):
+        return tuple(o.with_attrs(row="(pid_bh//Hq)*dq_rb+(pid_bh%Hq)*dq_rh") if o.kind == "store_ptr"
+                     else replace(o, body=drop_block(o.body)) for o in ops)
+    mutated = replace(after, partitions=tuple(replace(pt, body=drop_block(pt.body)) for pt in after.partitions))
+    assert set(violation_kinds(mutated, seeds=1, shape=(1, 2, 1, 150, 70))) == {"global-race"}

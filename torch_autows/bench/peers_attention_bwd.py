@@ -1,4 +1,5 @@
-"""Attention-backward peers: cuDNN's and FA2's backward kernels, compiled flex_attention's backward, autows.
+"""Attention-backward peers: cuDNN's and FA2's backward kernels, compiled flex_attention's backward, autows (in
+both dQ forms: atomic, and separate as ``autows-separate``).
 
 Every peer times only the backward: dQ, dK, dV from q, k, v, dO and the forward's out and lse, which are
 computed once per case outside the timing, by the forward the peer's backward belongs to (cuDNN's backward
@@ -203,7 +204,7 @@ def _bind_flex(case, inp) -> Bound:
                   "compiled forward run once; timed: torch.autograd.grad on its saved graph (compiled backward)")
 
 
-def _bind_autows(case, inp) -> Bound:
+def _bind_autows(case, inp, dq_mode: str | None = None, who: str = "autows") -> Bound:
     try:
         out, lse = forward(inp, "cudnn", case.causal)
         src = "cudnn"
@@ -213,8 +214,13 @@ def _bind_autows(case, inp) -> Bound:
     from torch_autows.runtime import attention_bwd  # not in every checkout yet: the row records the ImportError
 
     q, k, v, go, scale = inp["q"], inp["k"], inp["v"], inp["grad_out"], inp["scale"]
-    return _bound(case, inp, lambda: attention_bwd.backward(go, None, q, k, v, out, lse, case.causal, scale),
-                  "autows", None if src == "cudnn" else "out/lse of the flash forward")
+    kw = {} if dq_mode is None else {"dq_mode": dq_mode}
+    return _bound(case, inp, lambda: attention_bwd.backward(go, None, q, k, v, out, lse, case.causal, scale, **kw),
+                  who, None if src == "cudnn" else "out/lse of the flash forward")
+
+
+def _bind_autows_separate(case, inp) -> Bound:
+    return _bind_autows(case, inp, "separate", "autows-separate")
 
 
 def all_peers() -> tuple[list[Peer], list[str]]:
@@ -225,7 +231,9 @@ def all_peers() -> tuple[list[Peer], list[str]]:
              Peer("flex", _bind_flex, "torch.compile(flex_attention): torch.autograd.grad on the saved graph, "
                   "causal via create_block_mask"),
              Peer("autows", _bind_autows, "torch_autows.runtime.attention_bwd.backward: pre + main kernel + post, "
-                  "what a user gets (fails where it raises Unsupported)")]
+                  "what a user gets (fails where it raises Unsupported)"),
+             Peer("autows-separate", _bind_autows_separate, "the same with dq_mode='separate': pre + main kernel "
+                  "without dQ + the dQ kernel (no atomics; what deterministic mode runs)")]
     return peers, []
 
 

@@ -211,11 +211,9 @@ def _attention(program: Program, seed: int, shape) -> Instance:
     return Instance(desc, tensors, scalars, ref, {"o": 2 * TOL[program.arg("q").dtype], "lse": 1e-4})
 
 
-def _attention_bwd(program: Program, seed: int, shape) -> Instance:
-    """The backward's main kernel between its host-side pre/postprocess (templates.attention_bwd): outputs dq_acc
-    (the unscaled dS K, fp32), dk and dv against an fp32 math backward of the same rounded inputs. dk/dv start
-    as NaN except the rows of KV blocks the kernel is not launched for (the host zeroes those); dq_acc starts zero,
-    as the host's preprocess leaves it."""
+def _bwd_problem(program: Program, seed: int, shape):
+    """A random backward problem for an attention_bwd / attention_bwd_dq program: (inputs, fp32 math gradients,
+    preprocess outputs, desc). Inputs are rounded to the program's dtype; the references use the rounded values."""
     from ..templates import attention_bwd as bwd
 
     o = program.options
@@ -243,18 +241,47 @@ def _attention_bwd(program: Program, seed: int, shape) -> Instance:
     out = (p @ vf).to(dt)
     ds = p * (go.float() @ vf.transpose(2, 3) - (go.float() * out.float()).sum(-1, keepdim=True)
               + (glse[..., None] if glse is not None else 0.0))
-    dk = (ds.transpose(2, 3) @ q.float() * scale).view(B, Hkv, G, Skv, D).sum(2)
-    dv = (p.transpose(2, 3) @ go.float()).view(B, Hkv, G, Skv, D).sum(2)
+    grads = {"dq_acc": (ds @ kf).reshape(-1, D), "dq": (ds @ kf * scale).to(dt).reshape(-1, D),
+             "dk": (ds.transpose(2, 3) @ q.float() * scale).view(B, Hkv, G, Skv, D).sum(2).to(dt).reshape(-1, D),
+             "dv": (p.transpose(2, 3) @ go.float()).view(B, Hkv, G, Skv, D).sum(2).to(dt).reshape(-1, D)}
     delta, lse2 = bwd.preprocess(out, go, lse, glse)
-    vals = bwd.kernel_values(q, k, v, go, delta, lse2, causal, scale, o.block_n, fill=float("nan"))
-    tensors = {a.name: vals[a.name] for a in program.args if a.kind != "scalar"}
-    scalars = {a.name: vals[a.name] for a in program.args if a.kind == "scalar"}
-    ref = {"dq_acc": (ds @ kf).reshape(-1, D), "dk": dk.to(dt).reshape(-1, D), "dv": dv.to(dt).reshape(-1, D)}
-    tol = 1e-4 if dt == torch.float32 else 5e-2
     desc = f"batch={B} Hq={Hq} Hkv={Hkv} Sq={Sq} Skv={Skv} D={D}" + (" causal" if causal else "") + \
         (" grad_lse" if glse is not None else "")
+    return (q, k, v, go, causal, scale), grads, (delta, lse2), desc
+
+
+def _bwd_instance(program: Program, vals: dict, grads: dict, desc: str) -> Instance:
+    tensors = {a.name: vals[a.name] for a in program.args if a.kind != "scalar"}
+    scalars = {a.name: vals[a.name] for a in program.args if a.kind == "scalar"}
+    ref = {a.name: grads[a.name] for a in program.args if a.out}
+    tol = 1e-4 if program.arg("q").dtype == "f32" else 5e-2
     return Instance(desc, tensors, scalars, ref, {n: tol for n in ref})
 
 
+def _attention_bwd(program: Program, seed: int, shape) -> Instance:
+    """The backward's main kernel between its host-side pre/postprocess (templates.attention_bwd): outputs dq_acc
+    (the unscaled dS K, fp32; absent from the form built with dq="none"), dk and dv against an fp32 math backward of
+    the same rounded inputs. dk/dv start as NaN except the rows of KV blocks the kernel is not launched for (the host
+    zeroes those); dq_acc starts zero, as the host's preprocess leaves it."""
+    from ..templates import attention_bwd as bwd
+
+    (q, k, v, go, causal, scale), grads, (delta, lse2), desc = _bwd_problem(program, seed, shape)
+    atomic = any(a.name == "dq_acc" for a in program.args)
+    vals = bwd.kernel_values(q, k, v, go, delta, lse2, causal, scale, program.options.block_n, fill=float("nan"),
+                             dq="atomic" if atomic else "none")
+    return _bwd_instance(program, vals, grads, desc)
+
+
+def _attention_bwd_dq(program: Program, seed: int, shape) -> Instance:
+    """The backward's separate dQ kernel (templates.attention_bwd_dq) after the preprocess: dq (NaN-poisoned before)
+    against the fp32 math backward's scale * dS K, rounded to the program's dtype."""
+    from ..templates import attention_bwd_dq as bwd_dq
+
+    (q, k, v, go, causal, scale), grads, (delta, lse2), desc = _bwd_problem(program, seed, shape)
+    vals = bwd_dq.kernel_values(q, k, v, go, delta, lse2, causal, scale, fill=float("nan"))
+    return _bwd_instance(program, vals, grads, desc)
+
+
 #: An instance maker per template (``Program.template``, set by the template's build): a new template adds its own.
-MAKERS = {"gemm": _gemm_instance, "attention": _attention, "attention_bwd": _attention_bwd}
+MAKERS = {"gemm": _gemm_instance, "attention": _attention, "attention_bwd": _attention_bwd,
+          "attention_bwd_dq": _attention_bwd_dq}

@@ -1,50 +1,104 @@
-"""Attention backward runtime: support check, config choice and launch of the generated main kernel
-(templates/attention_bwd.py; passes/BACKWARD.md).
+"""Attention backward runtime: support check, config choice and launch of the generated kernels
+(templates/attention_bwd.py, templates/attention_bwd_dq.py; passes/BACKWARD.md).
 
-``backward(grad_out, grad_lse, q, k, v, out, lse, is_causal, scale, config=None) -> (dq, dk, dv)`` runs the torch
-preprocess (delta, lse2), the main kernel (dK, dV, and dQ added atomically into a zeroed fp32 workspace) and the
-torch postprocess (dQ = scale * workspace). It raises ``Unsupported`` with ``support_reason``'s reason where it
-cannot serve a call; ``attention_grad.attention_backward`` then runs the vendor's backward. A repeated call with the
-same shapes, strides and dtypes launches with only its tensors' addresses (``launch.BoundCache``), as the forward.
+``backward(grad_out, grad_lse, q, k, v, out, lse, is_causal, scale, config=None, dq_mode=None, dq_config=None)
+-> (dq, dk, dv)`` runs the torch preprocess (delta, lse2) and then one of two forms (``dq_mode``):
 
-The dQ adds reorder from run to run (fp32 atomics), so the result is not bit-reproducible: a call made with
-``torch.use_deterministic_algorithms(True)`` is not served.
+* "atomic": the main kernel computes dK, dV and adds each step's dQ into a zeroed fp32 workspace with fp32 atomics;
+  a torch postprocess gives dQ = scale * workspace. The adds reorder from run to run: not bit-reproducible.
+* "separate": the main kernel without dQ (4 GEMMs a step), then the dQ kernel (one CTA per Q block, looping over
+  the KV blocks; it recomputes S and dP). Every gradient element is written once by one CTA: deterministic.
+
+``dq_mode`` None picks "separate" when ``torch.are_deterministic_algorithms_enabled()``, else "atomic" (for now:
+neither is measured against the other on the GPU yet); "atomic" with deterministic algorithms on raises
+``Unsupported``. ``config`` names the main kernel's config (``CONFIGS``), ``dq_config`` the dQ kernel's
+(``DQ_CONFIGS``, separate form only); None: ``choose_config`` / ``choose_dq_config``. It raises ``Unsupported``
+with ``support_reason``'s reason where it cannot serve a call; ``attention_grad.attention_backward`` then runs the
+vendor's backward. A repeated call with the same shapes, strides and dtypes launches each kernel with only its
+tensors' addresses (``launch.BoundCache``), as the forward.
 """
 from __future__ import annotations
 
 import torch
 
 from ..ir import Options
+from ..templates import attention_bwd_dq as dq_host
 from ..templates.attention_bwd import HEAD_DIMS, AttentionBwdRequest, gradients, kernel_values, preprocess
+from ..templates.attention_bwd_dq import AttentionBwdDqRequest
 from . import device as dev
 from .fallback import Unsupported
 from .gemm import DTYPES
 from .launch import BoundCache, Tma, compile_kernel
 
-#: Every config the runtime can run (choose_config picks; config= names one; tests compile each offline). One CTA
-#: per (batch, kv-head, block of BN keys), not persistent; a producer warp streams Q and dO through a 2-deep ring.
-#: ``dp2``: two consumer warpgroups of BN/2 keys each (each adds its partial dQ), producer at 24 registers and
-#: consumers at 240 (FA3's split). ``dp1``: one consumer warpgroup.
+#: The forms of dQ (module docstring).
+DQ_MODES = ("atomic", "separate")
+
+#: Every config of the main kernel the runtime can run (choose_config picks; config= names one; tests compile each
+#: offline). One CTA per (batch, kv-head, block of BN keys), not persistent; a producer warp streams Q and dO through
+#: a 2-deep ring. ``dp2``: two consumer warpgroups of BN/2 keys each (each adds its partial dQ in the atomic form),
+#: producer at 24 registers and consumers at 240 (FA3's split). ``dp1``: one consumer warpgroup.
 CONFIGS: dict[str, Options] = {
     "bwd_64x128_dp2": Options(block_m=64, block_n=128, stages=2, data_partition=2, persistent=False, group_m=1,
                               producer_regs=24),
     "bwd_64x64_dp1": Options(block_m=64, block_n=64, stages=2, data_partition=1, persistent=False, group_m=1),
+    # Separate form only (the atomic form's dQ mma would have 32 rows; wgmma takes multiples of 64): 32-query steps
+    # keep S^T/dP^T at 16 registers each beside dK/dV (64 each at d=128), so d=128 compiles without spills.
+    "bwd_32x128_dp2": Options(block_m=32, block_n=128, stages=2, data_partition=2, persistent=False, group_m=1,
+                              producer_regs=24),
 }
 
-#: Head dims each config serves.
-CONFIG_HEAD_DIMS: dict[str, tuple[int, ...]] = {"bwd_64x128_dp2": (64, 128), "bwd_64x64_dp1": (64, 128)}
+#: Head dims each main-kernel config serves, per form (what compiles at sm_90a; the separate form: without spills).
+CONFIG_HEAD_DIMS: dict[str, dict[str, tuple[int, ...]]] = {
+    "bwd_64x128_dp2": {"atomic": (64, 128), "separate": (64,)},
+    "bwd_64x64_dp1": {"atomic": (64, 128), "separate": (64,)},
+    "bwd_32x128_dp2": {"atomic": (), "separate": (64, 128)},
+}
+
+#: Configs of the dQ kernel (separate form). One CTA per (batch, q-head, block of BM queries), not persistent; two
+#: consumer warpgroups of 64 query rows each, as the forward; a producer streams K and V through a 2-deep ring.
+DQ_CONFIGS: dict[str, Options] = {
+    "dq_128x128_dp2": Options(block_m=128, block_n=128, stages=2, data_partition=2, persistent=False, group_m=1),
+    "dq_128x64_dp2": Options(block_m=128, block_n=64, stages=2, data_partition=2, persistent=False, group_m=1),
+}
+
+#: Head dims each dQ config serves.
+DQ_CONFIG_HEAD_DIMS: dict[str, tuple[int, ...]] = {"dq_128x128_dp2": (64, 128), "dq_128x64_dp2": (64, 128)}
 
 
-def serves(config: str, d: int) -> bool:
-    """Whether ``config`` runs head dim ``d``."""
-    return d in CONFIG_HEAD_DIMS.get(config, ())
+def serves(config: str, d: int, dq_mode: str = "atomic") -> bool:
+    """Whether main-kernel ``config`` runs head dim ``d`` in form ``dq_mode``."""
+    return d in CONFIG_HEAD_DIMS.get(config, {}).get(dq_mode, ())
 
 
-def choose_config(d: int, causal: bool) -> str:
-    """The config for a call. Both head dims take two consumer warpgroups of 64 keys and 64-query steps (offline,
-    sm_90a: d=64 without spills; d=128 spills a few loop-invariant scalars, test/codegen/test_attention_bwd_codegen.py
-    ``SPILLS``). Not measured on a GPU yet (bench/results/sweeps/attention_bwd_probe.py)."""
-    return "bwd_64x128_dp2"
+def dq_serves(config: str, d: int) -> bool:
+    """Whether dQ-kernel ``config`` runs head dim ``d``."""
+    return d in DQ_CONFIG_HEAD_DIMS.get(config, ())
+
+
+def choose_config(d: int, causal: bool, dq_mode: str = "atomic") -> str:
+    """The main kernel's config for a call. Atomic: two consumer warpgroups of 64 keys and 64-query steps at both
+    head dims (offline, sm_90a: d=64 without spills; d=128 spills, test/codegen/test_attention_bwd_codegen.py
+    ``SPILLS``). Separate: the same at d=64; 32-query steps at d=128 (64-query steps spill 180 bytes, causal 524).
+    Neither measured on a GPU against the other yet."""
+    return "bwd_32x128_dp2" if dq_mode == "separate" and d == 128 else "bwd_64x128_dp2"
+
+
+def choose_dq_config(d: int, causal: bool) -> str:
+    """The dQ kernel's config: 128 queries (two warpgroups of 64) x 128 keys per step, no spills at d=64 or 128
+    (offline, sm_90a); unmeasured on the GPU."""
+    return "dq_128x128_dp2"
+
+
+def choose_dq_mode(dq_mode: str | None = None) -> str:
+    """The form for a call: ``dq_mode`` if given, else "separate" under ``torch.use_deterministic_algorithms(True)``
+    and "atomic" otherwise. Raises ``Unsupported`` for "atomic" while deterministic algorithms are on."""
+    if dq_mode is not None and dq_mode not in DQ_MODES:
+        raise ValueError(f"attention backward dq_mode={dq_mode!r}; use one of {DQ_MODES} or None (chosen per call)")
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    if dq_mode == "atomic" and deterministic:
+        raise Unsupported("atomic dQ is not deterministic (torch.use_deterministic_algorithms is on); "
+                          "dq_mode='separate' is")
+    return dq_mode or ("separate" if deterministic else "atomic")
 
 
 def _same(*ts) -> bool:
@@ -74,61 +128,97 @@ def support_reason(q, k, v, out, lse, grad_out, is_causal=False, scale=None, *,
         return "an empty sequence, batch or head count"
     if tuple(out.shape) != tuple(q.shape) or tuple(lse.shape) != (B, Hq, Sq):
         return "out must be q's shape and lse [B, Hq, Sq]"
-    if torch.are_deterministic_algorithms_enabled():
-        return "atomic dQ is not deterministic (torch.use_deterministic_algorithms is on)"
     tensors = {"q": q, "k": k, "v": v, **({} if grad_out is None else {"grad_out": grad_out})}
     return dev.alignment_reason(**tensors)
 
 
-#: Tests set this to a float (NaN) that fills dK/dV before the launch, so a row the kernel fails to write shows.
+#: Tests set this to a float (NaN) that fills dK/dV (and the separate form's dQ) before the launch, so a row the
+#: kernel fails to write shows.
 POISON: float | None = None
 
-#: A call's metadata -> (launch.Bound,) for calls whose q, k, v and dO are read in place.
+#: (a call's metadata, kernel) -> (launch.Bound, its tensor arguments' names) for calls whose q, k, v and dO are read
+#: in place.
 _BOUND = BoundCache(256)
 
+_VIEWS = ("q", "k", "v", "do")
 
-def _key(grad_out, grad_lse, q, k, v, out, lse, is_causal, scale, config):
+
+def _key(grad_out, grad_lse, q, k, v, out, lse, is_causal, scale, *kernel):
     return tuple((t.shape, t.stride(), t.dtype) if t is not None else None for t in (grad_out, grad_lse, q, k, v, out,
                                                                                       lse)) + (
-        q.device, bool(is_causal), float(scale), config)
+        q.device, bool(is_causal), float(scale), *kernel)
 
 
-def backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: float, config: str | None = None):
-    """(dq, dk, dv), [B, H, S, D] each (dk/dv with k's heads), of ``(out, lse) = attention(q, k, v, is_causal,
-    scale)`` by the generated kernel; ``grad_out`` or ``grad_lse`` may be None (no gradient into it). Raises
-    ``Unsupported`` where ``support_reason`` gives a reason."""
-    why = support_reason(q, k, v, out, lse, grad_out, is_causal, scale)
-    if why:
-        raise Unsupported(why)
-    config = config or choose_config(q.shape[-1], is_causal)
-    if not serves(config, q.shape[-1]):
-        raise ValueError(f"attention backward config {config!r} serves head dims {CONFIG_HEAD_DIMS.get(config, ())}, "
-                         f"not {q.shape[-1]}; use one of {sorted(c for c in CONFIGS if serves(c, q.shape[-1]))}")
-    opts = CONFIGS[config]
-    delta, lse2 = preprocess(out, grad_out, lse, grad_lse)
-    values = kernel_values(q, k, v, grad_out, delta, lse2, bool(is_causal), float(scale), opts.block_n, POISON)
-    views = [values[n] for n in ("q", "k", "v", "do")]
-    ptrs = [values[n] for n in ("lse2", "delta", "dq_acc", "dk", "dv")]
-    key = _key(grad_out, grad_lse, q, k, v, out, lse, is_causal, scale, config)
+def _launch(template: str, request, opts: Options, values: dict, grid: int, key, in_place: bool, device) -> None:
+    """Run one kernel on ``values`` (a value per argument name; q, k, v and do as 2-D row views): through the bound
+    launch cached under ``key`` where there is one, else compiled (cached by launch.compile_kernel) and launched, and
+    bound for next time where ``in_place``."""
     hit = _BOUND.get(key)
-    if hit is not None and hit[0](*(t.data_ptr() for t in views + ptrs)):
-        return gradients(values, float(scale), q, k)
+    if hit is not None and hit[0](*(values[n].data_ptr() for n in hit[1])):
+        return
     try:  # no directory to write the kernel source to (or another OSError): the vendor's backward serves the call
-        kernel = compile_kernel("attention_bwd", AttentionBwdRequest(q.shape[-1], DTYPES[q.dtype], bool(is_causal)),
-                                opts)
+        kernel = compile_kernel(template, request, opts)
         launcher = kernel.launcher
     except OSError as e:
         raise Unsupported(f"could not build the kernel: {e}") from e
-    for n, t in zip(("q", "k", "v", "do"), views):
-        values[n] = Tma(t, tuple(t.shape), tuple(t.stride()))
-    args = launcher.ordered(values)
-    grid = values["BH"] * values["NB"]  # one CTA per (batch, kv-head) and launched KV block
-    idx = dev.index(q.device)
+    names = tuple(a.name for a in kernel.program.args if a.kind != "scalar")
+    args = launcher.ordered({**values, **{n: Tma(values[n], tuple(values[n].shape), tuple(values[n].stride()))
+                                          for n in _VIEWS}})
+    idx = dev.index(device)
     try:
         launcher(grid, args, idx)
     except OSError as e:
         raise Unsupported(f"could not compile the kernel: {e}") from e
-    in_place = grad_out is not None and all(a.data_ptr() == b.data_ptr() for a, b in zip(views, (q, k, v, grad_out)))
     if in_place:
-        _BOUND.remember(key, launcher, grid, args, idx)
-    return gradients(values, float(scale), q, k)
+        _BOUND.remember(key, launcher, grid, args, idx, names)
+
+
+def _checked(config: str | None, d: int, causal: bool, dq_mode: str) -> str:
+    config = config or choose_config(d, causal, dq_mode)
+    if not serves(config, d, dq_mode):
+        raise ValueError(f"attention backward config {config!r} serves head dims "
+                         f"{CONFIG_HEAD_DIMS.get(config, {}).get(dq_mode, ())} in the {dq_mode} form, not {d}; use "
+                         f"one of {sorted(c for c in CONFIGS if serves(c, d, dq_mode))}")
+    return config
+
+
+def backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: float, config: str | None = None,
+             dq_mode: str | None = None, dq_config: str | None = None):
+    """(dq, dk, dv), [B, H, S, D] each (dk/dv with k's heads), of ``(out, lse) = attention(q, k, v, is_causal,
+    scale)`` by the generated kernels; ``grad_out`` or ``grad_lse`` may be None (no gradient into it). ``dq_mode``
+    "atomic" or "separate" forces a form (None: ``choose_dq_mode``); ``config`` / ``dq_config`` name the main and
+    the dQ kernel's configs (None: chosen). Raises ``Unsupported`` where ``support_reason`` gives a reason (or for
+    the atomic form under deterministic algorithms)."""
+    why = support_reason(q, k, v, out, lse, grad_out, is_causal, scale)
+    if why:
+        raise Unsupported(why)
+    dq_mode = choose_dq_mode(dq_mode)
+    D, causal, scale = q.shape[-1], bool(is_causal), float(scale)
+    config = _checked(config, D, causal, dq_mode)
+    if dq_mode == "separate":
+        dq_config = dq_config or choose_dq_config(D, causal)
+        if not dq_serves(dq_config, D):
+            raise ValueError(f"attention backward dq_config {dq_config!r} does not serve head dim {D}; use one of "
+                             f"{sorted(c for c in DQ_CONFIGS if dq_serves(c, D))}")
+    elif dq_config is not None:
+        raise ValueError(f"dq_config={dq_config!r} is for the separate form; pass dq_mode='separate' with it")
+    opts = CONFIGS[config]
+    form = "none" if dq_mode == "separate" else "atomic"
+    delta, lse2 = preprocess(out, grad_out, lse, grad_lse)
+    values = kernel_values(q, k, v, grad_out, delta, lse2, causal, scale, opts.block_n, POISON, dq=form)
+    in_place = grad_out is not None and all(values[n].data_ptr() == t.data_ptr() for n, t in zip(_VIEWS,
+                                                                                                 (q, k, v, grad_out)))
+    call = _key(grad_out, grad_lse, q, k, v, out, lse, causal, scale)
+    # one CTA per (batch, kv-head) and launched KV block
+    _launch("attention_bwd", AttentionBwdRequest(D, DTYPES[q.dtype], causal, dq=form), opts, values,
+            values["BH"] * values["NB"], call + ("main", config, form), in_place, q.device)
+    if dq_mode == "atomic":
+        return gradients(values, scale, q, k)
+    dq_opts = DQ_CONFIGS[dq_config]
+    dq_values = dq_host.kernel_values(q, k, v, grad_out, delta, lse2, causal, scale, POISON, views=values)
+    # one CTA per (batch, q-head) and block of queries
+    _launch("attention_bwd_dq", AttentionBwdDqRequest(D, DTYPES[q.dtype], causal), dq_opts, dq_values,
+            dq_values["BH"] * dq_host.q_tiles(q.shape[2], dq_opts.block_m), call + ("dq", dq_config), in_place,
+            q.device)
+    B, Hkv, Skv, _ = k.shape
+    return dq_host.gradient(dq_values, q), values["dk"].view(B, Hkv, Skv, D), values["dv"].view(B, Hkv, Skv, D)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import attention, attention_bwd, gemm
+from . import attention, attention_bwd, attention_bwd_dq, gemm
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,7 @@ TEMPLATES: dict[str, Template] = {
     "gemm": Template("gemm", gemm.GemmRequest, gemm.build),
     "attention": Template("attention", attention.AttentionRequest, attention.build),
     "attention_bwd": Template("attention_bwd", attention_bwd.AttentionBwdRequest, attention_bwd.build),
+    "attention_bwd_dq": Template("attention_bwd_dq", attention_bwd_dq.AttentionBwdDqRequest, attention_bwd_dq.build),
 }
 
 

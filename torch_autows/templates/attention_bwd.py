@@ -10,9 +10,11 @@ preprocess (``runtime/attention_bwd.py``):
     S^T = K Q^T   dP^T = V dO^T   P^T = exp2(mask(S^T * c) - lse2)   dS^T = P^T (dP^T - delta)
     dV += P^T dO   dK += dS^T Q   dQ_acc[h, m] += (dS^T)^T K   (dS^T through SMEM: smem_store, then a trans view)
 
-and at the end dK *= scale. dQ_acc [B*Hq*Sq, tile_d] f32 is added to atomically (several KV blocks add to one Q
-block); the postprocess turns scale * dQ_acc into dQ. Tensors are read through the forward's 2-D row views (rows
-``b*rb + h*rh + s``, columns ``h*ch + d``): q, k, v and do each with their own (rb, rh, ch), dk and dv written
+and at the end dK *= scale. With ``dq="none"`` (the separate form, deterministic) dQ is left out: no dS SMEM tile,
+no dQ mma, no adds, 4 GEMMs a step; the attention_bwd_dq template computes dQ. Otherwise dQ_acc [B*Hq*Sq, tile_d]
+f32 is added to atomically (several KV blocks add to one Q block); the postprocess turns scale * dQ_acc into dQ.
+Tensors are read through the forward's 2-D row views (rows ``b*rb + h*rh + s``, columns ``h*ch + d``): q, k, v
+and do each with their own (rb, rh, ch), dk and dv written
 through pointers with (dk_rb, dk_rh, dk_ch) and rows of D + (Hkv-1)*dk_ch elements. Rows past a head's end are
 other heads' rows, so every padded score must give P = 0: the mask keeps key < Skv, query < Sq and (causal,
 top-left) key <= query, and lse2/delta are read with a bound (0 past the head), so no NaN enters. dK/dV rows
@@ -43,6 +45,9 @@ from ..ir import Arg, Grid, Options, Program, TileType, Value, op
 HEAD_DIMS = (64, 128)
 #: Operand dtypes: bf16/fp16 for the GPU; f32 for the CPU interpreter's exact checks (codegen takes 16-bit only).
 DTYPES = ("bf16", "fp16", "f32")
+#: What the kernel does with dQ: "atomic" adds each step's dS K into the fp32 workspace dq_acc; "none" leaves dQ
+#: out (no dS SMEM tile, no dQ mma, no adds: 4 GEMMs a step) for the separate dQ kernel (templates/attention_bwd_dq.py).
+DQ_FORMS = ("atomic", "none")
 
 
 @dataclass(frozen=True)
@@ -50,8 +55,12 @@ class AttentionBwdRequest:
     d: int
     dtype: str = "bf16"
     causal: bool = False
+    dq: str = "atomic"  # DQ_FORMS
 
     def __post_init__(self):
+        if self.dq not in DQ_FORMS:
+            raise ValueError(f"attention_bwd template: dq={self.dq!r}; use one of {DQ_FORMS} ('none': dQ by the "
+                             f"attention_bwd_dq template)")
         if self.dtype not in DTYPES:
             raise ValueError(f"attention_bwd template: dtype {self.dtype!r} not served; use one of {DTYPES}")
         if self.d not in HEAD_DIMS:
@@ -70,7 +79,7 @@ def build(req: AttentionBwdRequest, opts: Options) -> Program:
     args = (Arg("q", "tensor", dt, ("BHSq", "D")), Arg("k", "tensor", dt, ("BHSkv", "D")),
             Arg("v", "tensor", dt, ("BHSkv", "D")), Arg("do", "tensor", dt, ("BHSq", "D")),
             Arg("lse2", "ptr", "f32", ("BHSq",)), Arg("delta", "ptr", "f32", ("BHSq",)),
-            Arg("dq_acc", "ptr", "f32", ("BHSq", "D"), out=True),
+            *((Arg("dq_acc", "ptr", "f32", ("BHSq", "D"), out=True),) if req.dq == "atomic" else ()),
             Arg("dk", "ptr", dt, ("BHSkv", "D"), out=True), Arg("dv", "ptr", dt, ("BHSkv", "D"), out=True),
             Arg("Sq", "scalar", "i32"), Arg("Skv", "scalar", "i32"), Arg("Hq", "scalar", "i32"),
             Arg("Hkv", "scalar", "i32"), Arg("G", "scalar", "i32"), Arg("qk_scale", "scalar", "f32"),
@@ -90,6 +99,10 @@ def build(req: AttentionBwdRequest, opts: Options) -> Program:
     do_at = ("%s*do_rb+%s*do_rh+%s*%d" % (b, h, m, BM), "%s*do_ch" % h)
     vec = {"offset": row, "size": "(%s*Hq+%s)*Sq+Sq" % (b, h)}
     st_t, kd_t, col_t = T("f32", (BN, BM)), T("f32", (BN, D)), T("f32", (1, BM))
+    dq_ops = (op("smem_store", [Value("dss", T(dt, (BN, BM), "smem"))], ["ds16"]),
+              op("trans", [Value("ds", T(dt, (BM, BN), "smem"))], ["dss"]),
+              op("mma", [Value("dq", T("f32", (BM, D)))], ["ds", "k"]))
+    dq_add = (op("atomic_add_ptr", [], ["dq"], arg="dq_acc", row=row, col=0, ld=D, rows_valid="Sq-%s*%d" % (m, BM)),)
     loop_body = (
         op("load", [Value("q", T(dt, (BM, D), "smem"))], arg="q", coords=q_at),
         op("load", [Value("do", T(dt, (BM, D), "smem"))], arg="do", coords=do_at),
@@ -111,11 +124,9 @@ def build(req: AttentionBwdRequest, opts: Options) -> Program:
         op("sub", [Value("dd", st_t)], ["dpt", "dr"]),
         op("mul", [Value("dst", st_t)], ["pt", "dd"]),
         op("cast", [Value("ds16", T(dt, (BN, BM)))], ["dst"]),
-        op("smem_store", [Value("dss", T(dt, (BN, BM), "smem"))], ["ds16"]),
-        op("trans", [Value("ds", T(dt, (BM, BN), "smem"))], ["dss"]),
-        op("mma", [Value("dq", T("f32", (BM, D)))], ["ds", "k"]),
+        *(dq_ops if req.dq == "atomic" else ()),
         op("mma", [Value("dk_new", kd_t)], ["ds16", "q", "dk"]),  # after dQ: it runs under dQ's adds
-        op("atomic_add_ptr", [], ["dq"], arg="dq_acc", row=row, col=0, ld=D, rows_valid="Sq-%s*%d" % (m, BM)),
+        *(dq_add if req.dq == "atomic" else ()),
         op("yield", [], ["dk_new", "dv_new"]),
     )
     dk_row = "%s*dk_rb+%s*dk_rh+pid_n*%d" % (b, kvh, BN)
@@ -133,7 +144,7 @@ def build(req: AttentionBwdRequest, opts: Options) -> Program:
         op("cast", [Value("dv16", T(dt, (BN, D)))], ["dv_f"]),
         op("store_ptr", [], ["dv16"], arg="dv", **out),
     )
-    name = f"attn_bwd_{dt}_d{req.d}_{BM}x{BN}" + ("_causal" if req.causal else "")
+    name = f"attn_bwd_{dt}_d{req.d}_{BM}x{BN}" + ("_causal" if req.causal else "") + ("_nodq" * (req.dq == "none"))
     grid = Grid((("pid_bh", "BH"), ("pid_n", "NB")), persistent=False, group=1)
     return Program(name, args, grid, opts, body, template="attention_bwd")
 
@@ -174,30 +185,39 @@ def _rows(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
 
 
 def kernel_values(q, k, v, grad_out, delta, lse2, causal: bool, scale: float, block_n: int,
-                  fill: float | None = None) -> dict:
+                  fill: float | None = None, dq: str = "atomic") -> dict:
     """A value per argument name of the attention_bwd template. dK/dV are new [B, Hkv, Skv, D] tensors (their
     2-D views under "dk"/"dv"), left uninitialised (``fill``: filled, as the interpreter's poison) except the rows
     of the KV blocks the kernel is not launched for (causal, keys at or past Sq), which are zero; the dQ
-    workspace is zero. ``grad_out`` None: zeros (only a gradient into lse flows)."""
+    workspace is zero (``dq="none"``: the kernel without dQ, no workspace). ``grad_out`` None: zeros (only a
+    gradient into lse flows)."""
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
+    make = torch.empty if fill is None else (lambda *s, **kw: torch.full(s, fill, **kw))
+    dk, dv = (make(B, Hkv, Skv, D, dtype=k.dtype, device=k.device) for _ in range(2))
+    NB = kv_blocks(Sq, Skv, block_n, causal)
+    dk[:, :, NB * block_n:] = 0
+    dv[:, :, NB * block_n:] = 0
+    vals = {**row_views(q, k, v, grad_out), "lse2": lse2, "delta": delta,
+            **({"dq_acc": torch.zeros(B * Hq * Sq, D, dtype=torch.float32, device=q.device)} if dq == "atomic" else {}),
+            "dk": dk.view(B * Hkv * Skv, D), "dv": dv.view(B * Hkv * Skv, D),
+            "Sq": Sq, "Skv": Skv, "Hq": Hq, "Hkv": Hkv, "G": Hq // Hkv, "qk_scale": scale * LOG2E, "scale": scale,
+            "BH": B * Hkv, "NB": NB}
+    vals.update(dk_rb=Hkv * Skv, dk_rh=Skv, dk_ch=0)
+    return vals
+
+
+def row_views(q, k, v, grad_out) -> dict:
+    """The 2-D row views of q, k, v and dO under their argument names and their (rb, rh, ch) scalars (k and v share
+    one triple: v or both are copied where their layouts differ). ``grad_out`` None: zeros."""
     if grad_out is None:
         grad_out = torch.zeros_like(q)
     (q2, qs), (k2, ks), (v2, vs), (do2, ds) = (_rows(t) for t in (q, k, v, grad_out))
     if vs != ks:
         k2, ks = _rows(k.contiguous())
         v2, vs = _rows(v.contiguous())
-    make = torch.empty if fill is None else (lambda *s, **kw: torch.full(s, fill, **kw))
-    dk, dv = (make(B, Hkv, Skv, D, dtype=k.dtype, device=k.device) for _ in range(2))
-    NB = kv_blocks(Sq, Skv, block_n, causal)
-    dk[:, :, NB * block_n:] = 0
-    dv[:, :, NB * block_n:] = 0
-    vals = {"q": q2, "k": k2, "v": v2, "do": do2, "lse2": lse2, "delta": delta,
-            "dq_acc": torch.zeros(B * Hq * Sq, D, dtype=torch.float32, device=q.device),
-            "dk": dk.view(B * Hkv * Skv, D), "dv": dv.view(B * Hkv * Skv, D),
-            "Sq": Sq, "Skv": Skv, "Hq": Hq, "Hkv": Hkv, "G": Hq // Hkv, "qk_scale": scale * LOG2E, "scale": scale,
-            "BH": B * Hkv, "NB": NB}
-    for pre, s in (("q", qs), ("kv", ks), ("do", ds), ("dk", (Hkv * Skv, Skv, 0))):
+    vals = {"q": q2, "k": k2, "v": v2, "do": do2}
+    for pre, s in (("q", qs), ("kv", ks), ("do", ds)):
         vals.update(zip((f"{pre}_rb", f"{pre}_rh", f"{pre}_ch"), s))
     return vals
 
