@@ -173,6 +173,8 @@ def test_runtime_configs_and_refusals():
         rt.gemm(x, w.t(), None, torch.float32, config="decs_64x128_m16_s1", residual=torch.randn(4, 32))
     with pytest.raises(Unsupported, match="does not serve activation 'gelu_tanh': a swap-AB tile"):
         rt.gemm(x, w.t(), None, torch.float32, config="decs_64x128_m16_s1", activation="gelu_tanh")
+    with pytest.raises(Unsupported, match="contiguous .M, N. output; out has strides .64, 1."):
+        rt.gemm(x, w.t(), None, torch.float32, config="decs_64x128_m16_s1", out=torch.empty(4, 64)[:, :32])
     assert not rt.serves_swap("decs_64x128_m16_s1", trans_a=False, trans_b=False, batched=True)
     assert rt.serves_swap("dec_64x128_s1", trans_a=True, trans_b=False, batched=True)
     assert not any(o.kind == "store" for o in walk(build(LINEAR, rt.CONFIGS["decs_64x128_m64_s4"]).body))

@@ -265,6 +265,9 @@ def gemm(a, b, bias, out_dtype, config: str | None = None, out: torch.Tensor | N
                               f"(nn.Linear's layout); got a {'transposed' if ta else 'row-major'} a and a "
                               f"{'transposed' if tb else 'row-major'} b; name a config without swap_ab, or "
                               f"config='auto'")
+        if out is not None and out.dim() == 2 and out.shape[0] > 1 and out.stride() != (out.shape[1], 1):
+            raise Unsupported(f"config {config} is swap-AB: it stores C by pointers into a contiguous [M, N] output; "
+                              f"out has strides {tuple(out.stride())}; pass a contiguous out or none")
     why = support_reason(a, b, bias, out_dtype, residual) or _out_reason(out)
     if why:
         raise Unsupported(why)
