@@ -39,10 +39,13 @@ def cases():
     for config, opts in rt_gemm.CONFIGS.items():
         for dt, f32, ta, tb, bias in itertools.product(("bf16", "fp16"), (False, True), (False, True),
                                                        (False, True), (False, True)):
+            if not rt_gemm.serves_swap(config, trans_a=ta, trans_b=tb):  # swap-AB: nn.Linear's layout only
+                continue
             # as runtime.gemm.gemm: M, N, K are run-time scalars, the request leaves them at 1
             req = GemmRequest(1, 1, 1, dt, "f32" if f32 else dt, ta, tb, bias)
             out.append((f"gemm/{config}/{req}", build_gemm, req, opts))
-        for dt, f32, batch in itertools.product(("bf16", "fp16"), (False, True), (2, 8) if opts.split_k == 1 else ()):
+        bmm = opts.split_k == 1 and rt_gemm.serves_swap(config, trans_a=False, trans_b=False, batched=True)
+        for dt, f32, batch in itertools.product(("bf16", "fp16"), (False, True), (2, 8) if bmm else ()):
             # as runtime.gemm.bmm: the batch is compiled into the grid
             req = GemmRequest(1, 1, 1, dt, "f32" if f32 else dt, False, False, False, batch)
             out.append((f"gemm/{config}/{req}", build_gemm, req, opts))

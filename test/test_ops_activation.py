@@ -113,7 +113,10 @@ def test_runtime_configs_and_refusals():
     # the tanh form is served by every config: the heuristic's pick is the plain GEMM's
     assert rt.choose_config(4096, 4096, 4096, activation="gelu_tanh") == rt.choose_config(4096, 4096, 4096)
     assert rt.choose_config(8, 4096, 4096, activation="gelu_tanh") == rt.choose_config(8, 4096, 4096)
-    assert [c for c in rt.CONFIGS if not rt.serves_activation(c, "gelu_tanh")] == ["ws_np_128x256"]
+    assert [c for c, o in rt.CONFIGS.items() if not rt.serves_activation(c, "gelu_tanh") and not o.swap_ab] \
+        == ["ws_np_128x256"]
+    assert not any(rt.serves_activation(c, act) for c, o in rt.CONFIGS.items() if o.swap_ab
+                   for act in ("gelu_tanh", "gelu"))  # the swap-AB epilogue stores the biased product only
     assert not rt.serves_activation("ws_p_128x256", "gelu") and rt.serves_activation("ws_p_128x128", "gelu")
     a, b = torch.randn(4, 8), torch.randn(8, 16)
     with pytest.raises(Unsupported, match="does not serve activation 'gelu': its registers would spill"):

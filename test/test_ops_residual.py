@@ -89,8 +89,9 @@ def test_configs_that_serve_a_residual():
         for n in (4096, 14336, 128256):
             assert rt.CONFIGS[rt.choose_config(m, n, 4096, residual=True)].block_n <= 128
     assert rt.CONFIGS[rt.choose_config(1, 1024, 4096, residual=True)].split_k > 1  # split-K serves it too
-    assert [c for c in rt.CONFIGS if not rt.serves_residual(c)] == ["ws_p_128x256", "ws_np_128x256",
-                                                                    "dec_256x64_s1", "dec_256x64_s2"]
+    assert [c for c, o in rt.CONFIGS.items() if not rt.serves_residual(c) and not o.swap_ab] == [
+        "ws_p_128x256", "ws_np_128x256", "ws_pp2_64x256", "dec_256x64_s1", "dec_256x64_s2"]
+    assert not any(rt.serves_residual(c) for c, o in rt.CONFIGS.items() if o.swap_ab)  # swap-AB: the product only
     a, b, r = torch.randn(4, 8), torch.randn(8, 16), torch.randn(4, 16)
     with pytest.raises(Unsupported, match="ws_p_128x256 .256-wide tiles. does not serve a residual"):
         rt.gemm(a, b, None, torch.float32, config="ws_p_128x256", residual=r)

@@ -35,7 +35,7 @@ def _positive(text: str) -> int:
 
 
 def _gemm(args) -> int:
-    from .runtime.gemm import CONFIGS, choose_config
+    from .runtime.gemm import CONFIGS, choose_config, serves_swap
     from .runtime.launch import compile_kernel
     from .templates.gemm import GemmRequest
 
@@ -44,6 +44,10 @@ def _gemm(args) -> int:
     config = args.config or heuristic
     if config not in CONFIGS:
         print(f"unknown config {config!r}; choose one of {sorted(CONFIGS)}", file=sys.stderr)
+        return 2
+    if not serves_swap(config, trans_a=args.trans_a, trans_b=args.trans_b, batched=args.batch > 1):
+        print(f"config {config!r} is swap-AB: it serves nn.Linear's layout only (--trans-b, no --trans-a, "
+              f"batch 1)", file=sys.stderr)
         return 2
     req = GemmRequest(args.m, args.n, args.k, args.dtype, args.out_dtype, args.trans_a, args.trans_b, args.bias,
                       args.batch)

@@ -10,7 +10,7 @@ from programs import assert_in_order
 from torch_autows.codegen import gluon
 from torch_autows.codegen.compile import compile_offline, summary
 from torch_autows.passes import pipeline
-from torch_autows.runtime.gemm import CONFIGS, choose_config
+from torch_autows.runtime.gemm import CONFIGS, choose_config, serves_swap
 from torch_autows.templates.gemm import GemmRequest, build
 
 GEMM_SET = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 4096, 4096), (8192, 14336, 4096), (8192, 4096, 14336),
@@ -37,7 +37,9 @@ def test_heuristic_counts_waves():
 
 
 @pytest.mark.parametrize("config,variant", [(c, v) for c, v in itertools.product(CONFIGS, VARIANTS)
-                                            if VARIANTS[v][3] == 1 or CONFIGS[c].split_k == 1])  # bmm: no split-K
+                                            if (VARIANTS[v][3] == 1 or CONFIGS[c].split_k == 1)  # bmm: no split-K
+                                            and serves_swap(c, trans_a=VARIANTS[v][0], trans_b=VARIANTS[v][1],
+                                                            batched=VARIANTS[v][3] > 1)])  # swap-AB: nt only
 def test_compiles_to_sm90a_with_ws_structure(config, variant):
     ta, tb, bias, batch, dt, odt = VARIANTS[variant]
     program = pipeline.run(build(GemmRequest(4096, 4096, 4096, dt, odt, ta, tb, bias, batch), CONFIGS[config]))

@@ -13,7 +13,7 @@ import torch
 
 from torch_autows.interp import POLICIES, interpret_report, make_instance, run_partitioned, run_sequential
 from torch_autows.passes import pipeline
-from torch_autows.runtime.gemm import CONFIGS
+from torch_autows.runtime.gemm import CONFIGS, serves_swap
 from torch_autows.templates.gemm import GemmRequest, build
 
 VARIANTS = {
@@ -26,8 +26,14 @@ VARIANTS = {
 SEEDS = 20
 
 
-@pytest.mark.parametrize("config,variant", [(c, v) for c in CONFIGS for v in VARIANTS  # bmm never splits K
-                                            if "batch" not in VARIANTS[v] or CONFIGS[c].split_k == 1])
+def _served(config: str, variant: str) -> bool:
+    """bmm never splits K; a swap-AB config serves nn.Linear's layout (a row-major, b transposed) only."""
+    kw = VARIANTS[variant]
+    return ("batch" not in kw or CONFIGS[config].split_k == 1) and serves_swap(
+        config, trans_a=kw.get("trans_a", False), trans_b=kw.get("trans_b", False), batched="batch" in kw)
+
+
+@pytest.mark.parametrize("config,variant", [(c, v) for c in CONFIGS for v in VARIANTS if _served(c, v)])
 def test_config_matches_torch_under_every_policy(config, variant):
     before = build(GemmRequest(1, 1, 1, **VARIANTS[variant]), CONFIGS[config])
     after = pipeline.run(before)
@@ -43,7 +49,7 @@ def test_config_matches_torch_under_every_policy(config, variant):
 
 def test_interpret_report_for_every_config():
     for opts in CONFIGS.values():
-        before = build(GemmRequest(1, 1, 1, bias=True), opts)
+        before = build(GemmRequest(1, 1, 1, bias=True, trans_b=opts.swap_ab), opts)
         ok, report = interpret_report(before, pipeline.run(before), seeds=2)
         assert ok, report
         assert "result: OK" in report and "partitioned adversarial" in report and "max |err| vs torch 0" in report

@@ -160,11 +160,18 @@ def _store_ptr(ctx, o, indent):
     t = next(r.type for op_ in walk(ctx.part.body) for r in op_.results if r.name == x)
     bm, bn = t.shape
     n = v(x)
-    return [f"{n}_r = gl.arange(0, {bm}, layout={ctx._slice(1, L)})",
-            f"{n}_c = gl.arange(0, {bn}, layout={ctx._slice(0, L)})",
-            f"{n}_p = {o.attr('arg')}_ptr + (({expr(o.attr('row'))} + {n}_r).to(gl.int64) * ({expr(o.attr('ld'))}))"
-            f"[:, None] + ({expr(o.attr('col', 0))} + {n}_c)[None, :]",
-            f"gl.store({n}_p, {n}, mask={_store_mask(n, o)})"]
+    rows, cols = f"({expr(o.attr('row'))} + {n}_r)", f"({expr(o.attr('col', 0))} + {n}_c)"
+    if o.attr("transposed"):  # element (r, c) to (col + c) * ld + row + r: the tile's rows walk the target's columns
+        addr = f"({cols}.to(gl.int64) * ({expr(o.attr('ld'))}))[None, :] + {rows}[:, None]"
+    else:
+        addr = f"({rows}.to(gl.int64) * ({expr(o.attr('ld'))}))[:, None] + {cols}[None, :]"
+    lines = [f"{n}_r = gl.arange(0, {bm}, layout={ctx._slice(1, L)})",
+             f"{n}_c = gl.arange(0, {bn}, layout={ctx._slice(0, L)})",
+             f"{n}_p = {o.attr('arg')}_ptr + {addr}",
+             f"gl.store({n}_p, {n}, mask={_store_mask(n, o)})"]
+    if o.attr("pred"):  # after a split_reduce: only the CTA that summed the parts stores the tile
+        return [f"if {v(o.attr('pred'))}_last:"] + ["    " + ln for ln in lines]
+    return lines
 
 
 @emitter("atomic_add_ptr")

@@ -8,7 +8,9 @@
     div0       where(b == 0, 0, a / where(b == 0, 1, b))
     lse        where(l == 0, -inf, (m + log2(where(l == 0, 1, l))) * ln 2)
     store_ptr  rows row + r (r < rows_valid), columns col + c (c < cols_valid, if given), of a row-major pointer
-               with leading dim ``ld``
+               with leading dim ``ld``; ``transposed``: element (r, c) to offset (col + c) * ld + row + r instead (the
+               swap-AB GEMM's [BN, BM] tile of C^T into C); with ``pred`` (after split_reduce) only the summing CTA
+               stores
     store_vec  ptr[offset + i] for i < valid
     atomic_add_ptr  store_ptr's elements, added (f32) instead of stored, in one indivisible step
     smem_store the register tile itself (the partitioned interpreter puts it in its SMEM slot)
@@ -20,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from ..ir import format_op
-from .ops import TORCH_DTYPE, InterpError, note_write, semantics
+from .ops import TORCH_DTYPE, InterpError, note_write, semantics, skipped
 
 NEG_INF = float("-inf")
 
@@ -88,16 +90,21 @@ def _scatter(ctx, o, offs: torch.Tensor, vals: torch.Tensor, add: bool = False) 
 
 def _tile_offsets(ctx, o, bm: int, bn: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(flat offsets, keep mask) of a [bm, bn] pointer tile: rows ``row + r`` (r < rows_valid), columns ``col + c``
-    (c < cols_valid, if given), leading dim ``ld`` (store_ptr, atomic_add_ptr)."""
+    (c < cols_valid, if given), leading dim ``ld`` (store_ptr, atomic_add_ptr); ``transposed`` (store_ptr): the
+    tile's row index walks the target's columns and its column index the target's rows."""
     r, c = torch.arange(bm), torch.arange(bn)
     keep = (r < int(ctx.eval(o.attr("rows_valid"))))[:, None] & (c < int(ctx.eval(o.attr("cols_valid", bn))))[None, :]
-    col = int(ctx.eval(o.attr("col", 0)))
-    offs = (int(ctx.eval(o.attr("row"))) + r)[:, None] * int(ctx.eval(o.attr("ld"))) + col + c[None, :]
-    return offs, keep
+    rows, cols = int(ctx.eval(o.attr("row"))) + r, int(ctx.eval(o.attr("col", 0))) + c
+    ld = int(ctx.eval(o.attr("ld")))
+    if o.attr("transposed"):
+        return cols[None, :] * ld + rows[:, None], keep
+    return rows[:, None] * ld + cols[None, :], keep
 
 
 @semantics("store_ptr")
 def _store_ptr(ctx, o, args):
+    if skipped(ctx, o):  # after a split_reduce: a CTA that did not sum the parts stores nothing
+        return
     x = args[0]
     offs, keep = _tile_offsets(ctx, o, *x.shape)
     _scatter(ctx, o, offs[keep].reshape(-1), x[keep].reshape(-1))

@@ -213,6 +213,10 @@ class Options:
     # tile's operands in walk order through one ring; one consumer's epilogue runs under the other's main loop
     # (passes/data_partition replicates the tile, partition_schedule shares the tiles; 1: every consumer, every tile)
     tile_consumers: int = 1
+    # GEMM template (templates/gemm.py): compute C^T's tile, W^T X^T, so that a few activation rows fill wgmma's N slot
+    # (block_m rows of C become the accumulator's columns, 8..64) and the weight tile is wgmma's A (block_n rows);
+    # the epilogue stores the [block_n, block_m] accumulator transposed (store_ptr ``transposed``). Decode only.
+    swap_ab: bool = False
 
     def items(self) -> list[tuple[str, Any]]:
         return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]

@@ -69,6 +69,9 @@ OPS: dict[str, OpKind] = _kinds(
     # made by passes/split_k: the partial accumulator tiles in, the sums of the split's parts out (in the last
     # CTA), one result per operand
     OpKind("split_reduce", (1, None), (1, None), axes="elementwise", row_attrs=(("rows_valid", "bound"),)),
+    # a masked pointer store of a register tile: rows row + r (r < rows_valid), columns col + c (c < cols_valid) of a
+    # row-major tensor with leading dim ``ld``; ``transposed``: element (r, c) goes to (col + c) * ld + row + r (the
+    # swap-AB GEMM's tile of C^T into C), so the tile's rows, which a data partition shifts, stay its rows
     OpKind("store_ptr", _UNARY, _NONE, output=True, row_attrs=(("row", "offset"), ("rows_valid", "bound"))),
     OpKind("store_vec", _UNARY, _NONE, output=True, row_attrs=(("offset", "offset"), ("valid", "bound"))),
     # store_ptr's addressing, but an atomic fp32 add into the target (attention backward's dQ workspace)

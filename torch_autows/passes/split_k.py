@@ -13,9 +13,9 @@ normaliser) is refused with a PassError: its parts do not add.
 Guarantees (S > 1): the grid gains an outermost index ``pid_k`` of extent S; the loop runs the CTA's range
 ``[pid_k*per, min(steps, (pid_k+1)*per))`` with ``per = cdiv(steps, S)``; right after the loop, one
 ``split_reduce`` op takes every accumulator (A of them, in the loop's order; a swiglu GEMM carries two) and
-returns their sums, and every ``store`` gets ``pred`` = the first split_reduce result. The Program gains the
-args ``ws`` (f32 workspace of A*S partial tiles per output tile) and ``locks`` (one i32 counter per output
-tile, zero between launches).
+returns their sums, and every output op (``store``, ``store_ptr``) gets ``pred`` = the first split_reduce result.
+The Program gains the args ``ws`` (f32 workspace of A*S partial tiles per output tile) and ``locks`` (one i32
+counter per output tile, zero between launches).
 
 ``split_reduce`` semantics (codegen and interpreter agree): the CTA writes its partial tiles to its slots of
 ``ws`` (accumulator i, part p of output tile t at tile ``t*A*S + i*S + p``); then one thread adds 1 to the
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..ir import Arg, Op, Program, Value, defs, op, walk
+from ..ir import OPS, Arg, Op, Program, Value, defs, op, walk
 from . import PassError
 
 
@@ -80,12 +80,16 @@ def run(program: Program, options=None) -> Program:
         raise PassError(f"split_k: {program.name} walks a {len(program.grid.tiles)}-D grid of tiles; split_k takes "
                         f"2-D grids (rows x columns of one output)")
     rows = next((o.results[0].type.shape[0] for o in walk(program.body) if o.kind == "zeros"), None)
-    store = next((o for o in walk(program.body) if o.kind == "store"), None)
+    store = next((o for o in walk(program.body) if o.kind in ("store", "store_ptr")), None)
     if rows is None or store is None:
         raise PassError(f"split_k: {program.name} has no accumulator tile or no store to guard")
-    # rows of the tile that exist (the output's first dim minus the tile's first row): the rest of the
-    # workspace slot is neither written nor read (a decode GEMM has a few rows of a 64-row tile)
-    rows_valid = f"{program.arg(store.attr('arg')).dims[0]}-({store.attr('coords')[0]})"
+    # rows of the tile that exist (the output's first dim minus the tile's first row; a pointer store says it:
+    # the swap-AB tile's rows are C's columns): the rest of the workspace slot is neither written nor read (a
+    # decode GEMM has a few rows of a 64-row tile)
+    if store.kind == "store_ptr":
+        rows_valid = str(store.attr("rows_valid"))
+    else:
+        rows_valid = f"{program.arg(store.attr('arg')).dims[0]}-({store.attr('coords')[0]})"
     if len({r.type for r in loop.results}) != 1:
         raise PassError(f"split_k: the accumulators of {program.name} differ in type "
                         f"({', '.join(str(r.type) for r in loop.results)}); they share one workspace layout")
@@ -99,7 +103,7 @@ def run(program: Program, options=None) -> Program:
                                   locks="locks", rows_valid=rows_valid)]
             continue
         o = replace(o, operands=tuple(reduced.get(x, x) for x in o.operands))
-        if o.kind == "store":
+        if OPS[o.kind].output:  # a TMA or a pointer store
             o = o.with_attrs(pred=first)
         body.append(o)
     n = len(loop.results)

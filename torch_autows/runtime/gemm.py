@@ -29,6 +29,7 @@ from .gemm_configs import (  # noqa: F401  (re-exported: runtime.gemm is where c
     decode_time,
     serves_activation,
     serves_residual,
+    serves_swap,
 )
 from .launch import BoundCache, Tma, compile_kernel
 
@@ -124,8 +125,10 @@ def replay(hit, inputs: list, out, out_dtype, after: list = ()):
 
 
 def _launch(req: GemmRequest, config: str, a2, b2, c2, bias, M, N, K, device, key, shape, residual=None):
-    tensors = {"a": a2, "b": b2, "c": c2}
-    ptrs = {n: t for n, t in (("bias", bias), ("r", residual)) if t is not None}
+    # a swap-AB kernel stores C through a pointer (its tile is C^T's), every other through a TMA descriptor
+    swap = CONFIGS[config].swap_ab
+    tensors = {"a": a2, "b": b2} if swap else {"a": a2, "b": b2, "c": c2}
+    ptrs = {n: t for n, t in (("c", c2 if swap else None), ("bias", bias), ("r", residual)) if t is not None}
     launch_template(req, CONFIGS[config], tensors, ptrs, M, N, K, device, _BOUND, key, shape)
 
 
@@ -246,11 +249,25 @@ def gemm(a, b, bias, out_dtype, config: str | None = None, out: torch.Tensor | N
         if c is not None:
             return c
     if residual is not None and config not in (None, "auto") and not serves_residual(config):
-        raise Unsupported(f"config {config} ({CONFIGS[config].block_n}-wide tiles) does not serve a residual: R's "
-                          f"registers would spill; name a config at most {RESIDUAL_BLOCK_N} wide, or config='auto'")
+        raise Unsupported(f"config {config} ({CONFIGS[config].block_n}-wide tiles"
+                          f"{', swap-AB' if CONFIGS[config].swap_ab else ''}) does not serve a residual: R's registers "
+                          f"would spill (a swap-AB tile stores the product only); name a config at most "
+                          f"{RESIDUAL_BLOCK_N} wide without swap_ab, or config='auto'")
     if config not in (None, "auto") and not serves_activation(config, activation):
-        raise Unsupported(f"config {config} does not serve activation {activation!r}: its registers would spill "
+        why = "a swap-AB tile stores the (biased) product only" if CONFIGS[config].swap_ab else \
+            "its registers would spill"
+        raise Unsupported(f"config {config} does not serve activation {activation!r}: {why} "
                           f"(runtime.gemm.serves_activation); name a config that serves it, or config='auto'")
+    if config not in (None, "auto") and CONFIGS[config].swap_ab and a.dim() == 2 and b.dim() == 2:
+        ta, tb = _tma_view(a, *a.shape)[0], _tma_view(b, *b.shape)[0]
+        if not serves_swap(config, trans_a=ta, trans_b=tb):
+            raise Unsupported(f"config {config} is swap-AB: it serves a row-major a and b = w.t() of a row-major w "
+                              f"(nn.Linear's layout); got a {'transposed' if ta else 'row-major'} a and a "
+                              f"{'transposed' if tb else 'row-major'} b; name a config without swap_ab, or "
+                              f"config='auto'")
+        if out is not None and out.dim() == 2 and out.shape[0] > 1 and out.stride() != (out.shape[1], 1):
+            raise Unsupported(f"config {config} is swap-AB: it stores C by pointers into a contiguous [M, N] output; "
+                              f"out has strides {tuple(out.stride())}; pass a contiguous out or none")
     why = support_reason(a, b, bias, out_dtype, residual) or _out_reason(out)
     if why:
         raise Unsupported(why)
@@ -296,6 +313,9 @@ def bmm(a, b, out_dtype, config: str | None = None, out: torch.Tensor | None = N
     config = None if config == "auto" else config
     cfg = config or choose_config(B * M, N, K, split=False)
     o = CONFIGS[cfg]
+    if not serves_swap(cfg, trans_a=False, trans_b=False, batched=True):
+        raise Unsupported(f"config {cfg} is swap-AB, which serves 2-D GEMMs of nn.Linear's layout only; name a "
+                          f"config without swap_ab for bmm")
     if o.split_k > 1:
         raise Unsupported(f"config {cfg} splits K across CTAs, which serves 2-D GEMMs only; name a config with "
                           f"split 1 for bmm")

@@ -66,6 +66,25 @@ def decode_name(prefix: str, pick: tuple[int, int, int]) -> str:
 
 CONFIGS.update(decode_configs("dec", DECODE_TILES))
 
+#: Swap-AB decode tiles (``Options.swap_ab``, templates/gemm.py): the weight's [block_n, block_k] tile is wgmma's A
+#: operand (one consumer warpgroup: 64 rows, or 128 as two m64 blocks) and the activations' [bmx, block_k] tile its
+#: B (wgmma N = bmx), so M <= bmx rows pad bmx, not 64. Served: nn.Linear's layout (``x @ w.t()``, nt) with or without
+#: a bias, operand or f32 output, split-K 1..4; nothing else (``serves_swap``). Compiled offline for sm_90a with no
+#: spills (test/codegen/test_swap_codegen.py). Not picked by ``choose_config`` until measured on the GPU
+#: (bench/results/sweeps/decode_swap.py); ``config=`` names them.
+SWAP_TILES = ((64, 128, (1, 2, 3, 4)), (128, 128, (1, 2, 3, 4)))  # (block_n, block_k, splits)
+SWAP_ROWS = (16, 64)  # bmx: the activation rows of a tile (wgmma N)
+
+
+def swap_configs(prefix: str, tiles, rows) -> dict[str, Options]:
+    """The swap-AB decode configs, named ``<prefix>_<bn>x<bk>_m<bmx>_s<s>``."""
+    return {f"{prefix}_{bn}x{bk}_m{bmx}_s{s}": Options(block_m=bmx, block_n=bn, block_k=bk, stages=12,
+                                                       data_partition=1, persistent=True, split_k=s, swap_ab=True)
+            for bn, bk, splits in tiles for bmx in rows for s in splits}
+
+
+CONFIGS.update(swap_configs("decs", SWAP_TILES, SWAP_ROWS))
+
 
 #: Throughput of a 128x128 tile relative to 128x256 when both fill every SM: 644 against 706 TFLOP/s at
 #: 4096^3 on the H200 (sweeps/2026-11-30-h200-gemm-configs.json, both at 3.9 waves).
@@ -115,13 +134,22 @@ RESIDUAL_BLOCK_N = 128
 
 
 def serves_residual(config: str) -> bool:
-    """Whether ``config`` serves the residual epilogue (its tile is at most ``RESIDUAL_BLOCK_N`` wide)."""
-    return CONFIGS[config].block_n <= RESIDUAL_BLOCK_N
+    """Whether ``config`` serves the residual epilogue (its tile is at most ``RESIDUAL_BLOCK_N`` wide; not swap-AB)."""
+    return CONFIGS[config].block_n <= RESIDUAL_BLOCK_N and not CONFIGS[config].swap_ab
+
+
+def serves_swap(config: str, *, trans_a: bool, trans_b: bool, batched: bool = False, epilogue: str = "none") -> bool:
+    """Whether ``config`` serves a GEMM of that layout and kind: a swap-AB config only nn.Linear's (A row-major, B a
+    transposed view), 2-D, no swiglu (templates.gemm.swap_reason); every other config all of them."""
+    return not CONFIGS[config].swap_ab or (not trans_a and trans_b and not batched and epilogue == "none")
 
 
 def serves_activation(config: str, activation: str) -> bool:
     """Whether ``config`` applies ``activation`` in its epilogue without spills (offline sm_90a): the exact gelu on
-    128-wide tiles; the tanh form on every config but ws_np_128x256 (16 bytes with a bias and fp32 output)."""
+    128-wide tiles; the tanh form on every config but ws_np_128x256 (16 bytes with a bias and fp32 output); none on
+    the swap-AB configs (the swapped epilogue stores the biased product only)."""
+    if activation != "none" and CONFIGS[config].swap_ab:
+        return False
     if activation == "gelu":
         return CONFIGS[config].block_n <= RESIDUAL_BLOCK_N
     return activation == "none" or config != "ws_np_128x256"

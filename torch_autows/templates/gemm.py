@@ -27,6 +27,19 @@ the activation belongs to the linear layer and a residual adds after it, but no 
 kernel, so activation + residual and activation + swiglu are refused. After split_k the activation reads the
 reduced sum (a non-linear op applied once, by the CTA that stores; the other CTAs compute on zeros and store
 nothing).
+
+Swap-AB (``Options.swap_ab``; decode: M of 1..64 rows against a large weight): wgmma's M slot is 64 rows per
+warpgroup, so a tile of a few activation rows there is mostly zero padding (75-98% of the A tile in SMEM and of
+each wgmma at M <= 16). Swapped, the Program computes the tile of C^T = B^T A^T: the weight's [BN, BK] tile (B^T,
+memory [N, K] row-major: nn.Linear's ``w``, i.e. ``trans_b``) is wgmma's A operand, the activations' [BM, BK] tile
+(A row-major, BM = ``block_m`` in 8..64) transposed in SMEM is the B operand (wgmma's N = BM), the accumulator is
+[BN, BM], and the epilogue stores it transposed into C [M, N] with ``store_ptr`` (``transposed``: accumulator row r,
+column c -> C[col + c, row + r], masked at the M and N edges); the bias is per N, i.e. per accumulator row. Only
+that layout is served (``swap_ab`` with ``trans_a``, without ``trans_b``, batched, residual, swiglu or an activation
+is refused); split_k splits it like any sum (its workspace slots are accumulator-shaped, [BN, BM]).
+It is an ``Options`` field, not a ``GemmRequest`` one: the request is what to compute (the same numbers either way),
+Options how; a config (runtime.gemm_configs) then names the whole kernel, ``config=`` needs nothing beside it, and
+the kernel cache key (request, options) tells the two kernels apart.
 """
 from __future__ import annotations
 
@@ -85,8 +98,63 @@ class GemmRequest:
         return f"GemmRequest({', '.join(fields)})"
 
 
+def swap_reason(req: GemmRequest) -> str | None:
+    """Why ``req`` cannot run swapped (``Options.swap_ab``), None where it can: the swapped tile serves
+    ``act @ w.t() (+ bias)`` with ``act`` row-major and ``w`` [N, K] row-major (nn.Linear) only."""
+    if req.trans_a or not req.trans_b:
+        return (f"layout {'t' if req.trans_a else 'n'}{'t' if req.trans_b else 'n'}: a swap_ab tile reads A "
+                f"row-major and B as a transposed view (nn.Linear's x @ w.t(), layout nt); use a config without "
+                f"swap_ab or make the operands so")
+    for what, unserved in (("batch > 1", req.batch > 1), ("a residual", req.residual),
+                           (f"epilogue {req.epilogue!r}", req.epilogue != "none"),
+                           (f"activation {req.activation!r}", req.activation != "none")):
+        if unserved:
+            return f"{what}: a swap_ab tile stores the (biased) product only; use a config without swap_ab"
+    return None
+
+
+def _build_swapped(req: GemmRequest, opts: Options) -> Program:
+    """The swap-AB Program (module docstring): a [BN, BM] tile of C^T, stored transposed into C."""
+    why = swap_reason(req)
+    if why:
+        raise ValueError(f"gemm template: {why}")
+    BM, BN, BK = opts.block_m, opts.block_n, opts.block_k
+    dt, odt = req.dtype, req.out_dtype or req.dtype
+    T = TileType
+    args = [Arg("a", "tensor", dt, ("M", "K")), Arg("b", "tensor", dt, ("N", "K")),
+            Arg("c", "ptr", odt, ("M", "N"), out=True)]
+    if req.bias:
+        args.append(Arg("bias", "ptr", dt, ("N",)))
+    args += [Arg("M", "scalar", "i32"), Arg("N", "scalar", "i32"), Arg("K", "scalar", "i32")]
+    acc_t = T("f32", (BN, BM))
+    loop_body = [op("load", [Value("w", T(dt, (BN, BK), "smem"))], arg="b", coords=("pid_n*%d" % BN, "k*%d" % BK)),
+                 op("load", [Value("x", T(dt, (BM, BK), "smem"))], arg="a", coords=("pid_m*%d" % BM, "k*%d" % BK)),
+                 op("trans", [Value("x_t", T(dt, (BK, BM), "smem"))], ["x"]),
+                 op("mma", [Value("acc_next", acc_t)], ["w", "x_t", "acc"]),
+                 op("yield", [], ["acc_next"])]
+    body = [op("zeros", [Value("acc0", acc_t)]),
+            op("loop", [Value("acc_out", acc_t)], ["acc0"], loop_body, var="k", lb=0, ub="cdiv(K,%d)" % BK,
+               iter_args=("acc",))]
+    last = "acc_out"
+    if req.bias:  # per N: per accumulator row
+        body += [op("load_vec", [Value("bias_v", T("f32", (BN,)))], arg="bias", offset="pid_n*%d" % BN, size="N"),
+                 op("expand", [Value("bias_col", T("f32", (BN, 1)))], ["bias_v"], axis=1),
+                 op("add", [Value("acc_bias", acc_t)], [last, "bias_col"])]
+        last = "acc_bias"
+    body += [op("cast", [Value("out", T(odt, (BN, BM)))], [last]),
+             op("store_ptr", [], ["out"], arg="c", row="pid_n*%d" % BN, col="pid_m*%d" % BM, ld="N",
+                rows_valid="N-pid_n*%d" % BN, cols_valid="M-pid_m*%d" % BM, transposed=True)]
+    name = f"gemm_{dt}_nt_{BM}x{BN}x{BK}_swap" + ("_bias" if req.bias else "")
+    grid = Grid((("pid_m", "cdiv(M,%d)" % BM), ("pid_n", "cdiv(N,%d)" % BN)), opts.persistent, opts.group_m,
+                opts.serpentine)
+    return Program(name, tuple(args), grid, opts, tuple(body), template="gemm")
+
+
 def build(req: GemmRequest, opts: Options) -> Program:
-    """The Program of one output tile [BM, BN]; K loop of cdiv(K, BK) steps with a carried accumulator."""
+    """The Program of one output tile [BM, BN]; K loop of cdiv(K, BK) steps with a carried accumulator
+    (``opts.swap_ab``: the tile of C^T, module docstring)."""
+    if opts.swap_ab:
+        return _build_swapped(req, opts)
     BM, BN, BK = opts.block_m, opts.block_n, opts.block_k
     dt, odt = req.dtype, req.out_dtype or req.dtype
     batched = req.batch > 1
