@@ -250,6 +250,29 @@ def gemm_swiglu(a: Tensor, w_gate: Tensor, w_up: Tensor) -> Tensor:
         return _kernels.gemm_swiglu(a, w_gate, w_up).contiguous()
 
 
+def gemm_swiglu_into(out: Tensor, a: Tensor, w_gate: Tensor, w_up: Tensor) -> None:
+    """``out[...] = silu(a @ w_gate) * (a @ w_up)`` for checked 2-D arguments (the compiled graph's direct call,
+    ``extern_kernels.autows_mm_swiglu``): the generated kernel into a contiguous ``out``; the vendor's path (two
+    cuBLAS GEMMs and one fused product) where runtime.choice finds it faster; torch with the reason logged where
+    the kernel cannot serve the call. Same paths as ``ops.gemm_swiglu``, without its checks and autograd layers."""
+    op = "gemm_swiglu"
+    rt = _kernels.runtime_module("swiglu")
+    if rt is None or not config.gemm or not out.is_contiguous() or out.dtype != a.dtype:
+        out.copy_(_kernels.gemm_swiglu(a, w_gate, w_up, out.dtype))
+        return
+    try:
+        served = rt.gemm_swiglu(a, w_gate, w_up, out.dtype, out=out)
+    except Unsupported as e:
+        note_fallback(op, str(e))
+        out.copy_(_kernels.torch_gemm_swiglu(a, w_gate, w_up, out.dtype))
+        return
+    if served is not None:
+        note_served(op)
+    else:  # runtime.choice: the vendor's path is faster for this shape
+        note_vendor(op)
+        rt.vendor_swiglu(a, w_gate, w_up, out)
+
+
 @gemm_swiglu.register_fake
 def _gemm_swiglu_fake(a, w_gate, w_up):
     _kernels.check_gemm_swiglu(a, w_gate, w_up, dtypes=_kernels.OP_DTYPES)
