@@ -155,18 +155,13 @@ def _lse(ctx, o, indent):
 
 @emitter("store_ptr")
 def _store_ptr(ctx, o, indent):
-    x = o.operands[0]
-    L = ctx.layouts[x]
-    t = next(r.type for op_ in walk(ctx.part.body) for r in op_.results if r.name == x)
-    bm, bn = t.shape
-    n = v(x)
+    n, index = _tile_index(ctx, o)
     rows, cols = f"({expr(o.attr('row'))} + {n}_r)", f"({expr(o.attr('col', 0))} + {n}_c)"
     if o.attr("transposed"):  # element (r, c) to (col + c) * ld + row + r: the tile's rows walk the target's columns
         addr = f"({cols}.to(gl.int64) * ({expr(o.attr('ld'))}))[None, :] + {rows}[:, None]"
     else:
         addr = f"({rows}.to(gl.int64) * ({expr(o.attr('ld'))}))[:, None] + {cols}[None, :]"
-    lines = [f"{n}_r = gl.arange(0, {bm}, layout={ctx._slice(1, L)})",
-             f"{n}_c = gl.arange(0, {bn}, layout={ctx._slice(0, L)})",
+    lines = [*index,
              f"{n}_p = {o.attr('arg')}_ptr + {addr}",
              f"gl.store({n}_p, {n}, mask={_store_mask(n, o)})"]
     if o.attr("pred"):  # after a split_reduce: only the CTA that summed the parts stores the tile
@@ -180,16 +175,23 @@ def _atomic_add_ptr(ctx, o, indent):
     # tile's first row is a 64-bit scalar base and the elements i32 offsets from it: with ``ld`` a constant, a thread's
     # offsets differ by constants and share one address register (per-element 64-bit addresses, as store_ptr
     # computes them, hold two registers per element and spill in the backward's loop)
-    x = o.operands[0]
-    L = ctx.layouts[x]
-    t = next(r.type for op_ in walk(ctx.part.body) for r in op_.results if r.name == x)
-    bm, bn = t.shape
-    n, ld = v(x), expr(o.attr("ld"))
-    return [f"{n}_r = gl.arange(0, {bm}, layout={ctx._slice(1, L)})",
-            f"{n}_c = gl.arange(0, {bn}, layout={ctx._slice(0, L)})",
+    n, index = _tile_index(ctx, o)
+    ld = expr(o.attr("ld"))
+    return [*index,
             f"{n}_base = {o.attr('arg')}_ptr + ({expr(o.attr('row'))}).to(gl.int64) * ({ld})",
             f"{n}_p = {n}_base + ({n}_r * ({ld}))[:, None] + ({expr(o.attr('col', 0))} + {n}_c)[None, :]",
             f"gl.atomic_add({n}_p, {n}, mask={_store_mask(n, o)}, sem=\"relaxed\", scope=\"gpu\")"]
+
+
+def _tile_index(ctx, o) -> tuple[str, list[str]]:
+    """The stored register tile's name and the lines of its row and column indices (``<name>_r``, ``<name>_c``) in
+    its layout's slices: what store_ptr and atomic_add_ptr address elements from."""
+    x = o.operands[0]
+    L = ctx.layouts[x]
+    bm, bn = next(r.type for op_ in walk(ctx.part.body) for r in op_.results if r.name == x).shape
+    n = v(x)
+    return n, [f"{n}_r = gl.arange(0, {bm}, layout={ctx._slice(1, L)})",
+               f"{n}_c = gl.arange(0, {bn}, layout={ctx._slice(0, L)})"]
 
 
 def _store_mask(n: str, o) -> str:

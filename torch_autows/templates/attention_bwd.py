@@ -73,22 +73,25 @@ def q_blocks(BM: int, BN: int, causal: bool) -> tuple[str, str]:
     return lo, "(cdiv(Sq,%d)-%s)" % (BM, lo)
 
 
+def backward_args(dt: str, outs: tuple, out_views: str) -> tuple:
+    """The arguments both backward kernels take, in order: q, k, v, dO (descriptors), lse2 and delta (f32 row
+    vectors), ``outs``, the lengths, head counts and scales, then the 2-D row views' (rb, rh, ch) of q, k/v, dO and
+    ``out_views`` (the written gradients'), and BH."""
+    views = [Arg(f"{t}_{s}", "scalar", "i32") for t in ("q", "kv", "do", out_views) for s in ("rb", "rh", "ch")]
+    return (Arg("q", "tensor", dt, ("BHSq", "D")), Arg("k", "tensor", dt, ("BHSkv", "D")),
+            Arg("v", "tensor", dt, ("BHSkv", "D")), Arg("do", "tensor", dt, ("BHSq", "D")),
+            Arg("lse2", "ptr", "f32", ("BHSq",)), Arg("delta", "ptr", "f32", ("BHSq",)), *outs,
+            Arg("Sq", "scalar", "i32"), Arg("Skv", "scalar", "i32"), Arg("Hq", "scalar", "i32"),
+            Arg("Hkv", "scalar", "i32"), Arg("G", "scalar", "i32"), Arg("qk_scale", "scalar", "f32"),
+            Arg("scale", "scalar", "f32"), *views, Arg("BH", "scalar", "i32"))
+
+
 def build(req: AttentionBwdRequest, opts: Options) -> Program:
     BM, BN, D, dt = opts.block_m, opts.block_n, req.d, req.dtype
     T = TileType
-    args = (Arg("q", "tensor", dt, ("BHSq", "D")), Arg("k", "tensor", dt, ("BHSkv", "D")),
-            Arg("v", "tensor", dt, ("BHSkv", "D")), Arg("do", "tensor", dt, ("BHSq", "D")),
-            Arg("lse2", "ptr", "f32", ("BHSq",)), Arg("delta", "ptr", "f32", ("BHSq",)),
-            *((Arg("dq_acc", "ptr", "f32", ("BHSq", "D"), out=True),) if req.dq == "atomic" else ()),
-            Arg("dk", "ptr", dt, ("BHSkv", "D"), out=True), Arg("dv", "ptr", dt, ("BHSkv", "D"), out=True),
-            Arg("Sq", "scalar", "i32"), Arg("Skv", "scalar", "i32"), Arg("Hq", "scalar", "i32"),
-            Arg("Hkv", "scalar", "i32"), Arg("G", "scalar", "i32"), Arg("qk_scale", "scalar", "f32"),
-            Arg("scale", "scalar", "f32"),
-            Arg("q_rb", "scalar", "i32"), Arg("q_rh", "scalar", "i32"), Arg("q_ch", "scalar", "i32"),
-            Arg("kv_rb", "scalar", "i32"), Arg("kv_rh", "scalar", "i32"), Arg("kv_ch", "scalar", "i32"),
-            Arg("do_rb", "scalar", "i32"), Arg("do_rh", "scalar", "i32"), Arg("do_ch", "scalar", "i32"),
-            Arg("dk_rb", "scalar", "i32"), Arg("dk_rh", "scalar", "i32"), Arg("dk_ch", "scalar", "i32"),
-            Arg("BH", "scalar", "i32"), Arg("NB", "scalar", "i32"))
+    outs = (*((Arg("dq_acc", "ptr", "f32", ("BHSq", "D"), out=True),) if req.dq == "atomic" else ()),
+            Arg("dk", "ptr", dt, ("BHSkv", "D"), out=True), Arg("dv", "ptr", dt, ("BHSkv", "D"), out=True))
+    args = backward_args(dt, outs, "dk") + (Arg("NB", "scalar", "i32"),)
     b, kvh = "(pid_bh//Hkv)", "(pid_bh%Hkv)"
     lo, per_head = q_blocks(BM, BN, req.causal)
     h = "(%s*G+j//%s)" % (kvh, per_head)  # the q-head of step j

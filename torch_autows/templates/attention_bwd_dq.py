@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from ..ir import Arg, Grid, Options, Program, TileType, Value, op
-from .attention_bwd import DTYPES, HEAD_DIMS, LOG2E, row_views
+from .attention_bwd import DTYPES, HEAD_DIMS, LOG2E, backward_args, row_views
 
 
 @dataclass(frozen=True)
@@ -45,18 +45,7 @@ class AttentionBwdDqRequest:
 def build(req: AttentionBwdDqRequest, opts: Options) -> Program:
     BM, BN, D, dt = opts.block_m, opts.block_n, req.d, req.dtype
     T = TileType
-    args = (Arg("q", "tensor", dt, ("BHSq", "D")), Arg("k", "tensor", dt, ("BHSkv", "D")),
-            Arg("v", "tensor", dt, ("BHSkv", "D")), Arg("do", "tensor", dt, ("BHSq", "D")),
-            Arg("lse2", "ptr", "f32", ("BHSq",)), Arg("delta", "ptr", "f32", ("BHSq",)),
-            Arg("dq", "ptr", dt, ("BHSq", "D"), out=True),
-            Arg("Sq", "scalar", "i32"), Arg("Skv", "scalar", "i32"), Arg("Hq", "scalar", "i32"),
-            Arg("Hkv", "scalar", "i32"), Arg("G", "scalar", "i32"), Arg("qk_scale", "scalar", "f32"),
-            Arg("scale", "scalar", "f32"),
-            Arg("q_rb", "scalar", "i32"), Arg("q_rh", "scalar", "i32"), Arg("q_ch", "scalar", "i32"),
-            Arg("kv_rb", "scalar", "i32"), Arg("kv_rh", "scalar", "i32"), Arg("kv_ch", "scalar", "i32"),
-            Arg("do_rb", "scalar", "i32"), Arg("do_rh", "scalar", "i32"), Arg("do_ch", "scalar", "i32"),
-            Arg("dq_rb", "scalar", "i32"), Arg("dq_rh", "scalar", "i32"), Arg("dq_ch", "scalar", "i32"),
-            Arg("BH", "scalar", "i32"))
+    args = backward_args(dt, (Arg("dq", "ptr", dt, ("BHSq", "D"), out=True),), "dq")
     # causal tiles differ in length: the longest (last Q blocks) first, as the forward
     mi = "(cdiv(Sq,%d)-1-pid_m)" % BM if req.causal else "pid_m"
     b, h = "(pid_bh//Hq)", "(pid_bh%Hq)"
