@@ -8,7 +8,9 @@ the same whatever the count, and a failure names family, index and seed: rerun i
 Sizes stay moderate and the flags that pick a compiled kernel (dtype, out dtype, operand layout, bias, causal,
 raw_max by the sign of the scale, head dim) are drawn from a few coupled choices, so a sweep compiles about 30
 kernels and most draws are launches: fp16 and fp32 output GEMMs keep row-major operands, non-positive
-attention scales only with bf16, no sequence long enough for the 192-row attention configs.
+attention scales only with bf16, no sequence long enough for the 192-row attention configs. The attention
+backward family (240 cases by default) draws only calls the generated backward serves and takes each kernel's
+default config: its ~24 kernels are every (dtype, head dim, causal, form) the runtime compiles.
 """
 from __future__ import annotations
 
@@ -20,12 +22,17 @@ import random
 import torch
 
 N = int(os.environ.get("TORCH_AUTOWS_SWEEP_N", "500"))
+#: The attention backward's count (issue 17: >= 200 configurations); TORCH_AUTOWS_SWEEP_N sets it too.
+BWD_N = int(os.environ.get("TORCH_AUTOWS_SWEEP_N", "240"))
 SEED = int(os.environ.get("TORCH_AUTOWS_SWEEP_SEED", "0"))
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 #: Relative norm error allowed, by the dtype of the output (the references are fp32 from the same inputs).
 TOL = {torch.bfloat16: 1e-2, torch.float16: 1e-2, torch.float32: 2e-3}
 #: log-sum-exp: |lse - ref| <= LSE_ATOL + LSE_RTOL * |ref| (test_attention_gpu's bounds).
 LSE_ATOL, LSE_RTOL = 2e-2, 1e-3
+#: Gradients (test_attention_bwd_gpu's rule): relative norm error <= max(2 x the vendor's own, BWD_FLOOR), plus
+#: BWD_ATOL per element (a gradient that is zero in exact arithmetic comes out as rounding noise).
+BWD_FLOOR, BWD_ATOL = 1e-2, 1e-4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +150,29 @@ def attention_cases(n: int = N, seed: int = SEED) -> list[Case]:
     return out
 
 
+def attention_bwd_cases(n: int = BWD_N, seed: int = SEED) -> list[Case]:
+    """runtime.attention_bwd draws, every one served on sm_90: d 64/128, bf16/fp16, B 1..3, Hkv 1..4 with GQA groups
+    1/2/4/8, Sq = Skv or not with block-edge and odd lengths up to 1100, causal, default or positive scale,
+    q / kv / dO / out each [B, H, S, D] or a [B, S, H, D] view, a gradient into lse in ~30% (always when there is
+    none into out, ~10%), dQ by atomic adds or by the separate kernel (``dq_mode``)."""
+    out = []
+    edges = (1, 2, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257, 383, 384, 385)
+    for i in range(n):
+        r = _rng("attention_bwd", seed, i)
+        hkv, g = r.randint(1, 4), r.choice([1, 2, 4, 8])
+        sq, skv = (_len(r, 1100, edges) if r.random() < 0.25 else _len(r, 400, edges) for _ in range(2))
+        skv = sq if r.random() < 0.3 else skv  # self-attention (the only causal shape cuDNN's backward takes)
+        dout = r.random() >= 0.1
+        p = dict(b=r.randint(1, 3), hq=hkv * g, hkv=hkv, sq=sq, skv=skv, d=r.choice([64, 128]),
+                 dtype=r.choices(["bf16", "fp16"], [60, 40])[0], causal=r.random() < 0.5,
+                 scale=r.choices([None, round(r.uniform(0.03, 0.3), 4)], [70, 30])[0],
+                 **{f"{t}_layout": r.choices(["bhsd", "bshd"], [65, 35])[0] for t in ("q", "kv", "do", "out")},
+                 dout=dout, dlse=not dout or r.random() < 0.25,
+                 dq_mode=r.choice(["atomic", "separate"]), nonfinite=None, tseed=r.getrandbits(62))
+        out.append(Case("attention_bwd", seed, i, p))
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- inputs
 
 
@@ -228,6 +258,27 @@ def attention_inputs(case: Case, device="cpu", fill: bool = True):
     return q, k, v, case.scale if case.scale is not None else 1.0 / math.sqrt(case.d)
 
 
+def attention_bwd_inputs(case: Case, device="cpu", fill: bool = True):
+    """(grad_out or None, grad_lse or None, q, k, v, out, lse, scale) of an attention backward case. out and lse are
+    the fp32 reference forward's (``attention_reference``; out rounded to the dtype): the backward is checked on its
+    own, whatever the generated forward gives (the forward sweep checks that)."""
+    gen, dt = _gen(case, device), DTYPES[case.dtype]
+    q = _heads(case.b, case.hq, case.sq, case.d, case.q_layout, dt, gen, device, fill)
+    k = _heads(case.b, case.hkv, case.skv, case.d, case.kv_layout, dt, gen, device, fill)
+    v = _heads(case.b, case.hkv, case.skv, case.d, case.kv_layout, dt, gen, device, fill)
+    do = _heads(case.b, case.hq, case.sq, case.d, case.do_layout, dt, gen, device, fill) if case.dout else None
+    dlse = _randn(case.b, case.hq, case.sq, gen=gen, device=device, dtype=torch.float32, fill=fill) \
+        if case.dlse else None
+    scale = case.scale if case.scale is not None else 1.0 / math.sqrt(case.d)
+    out = _heads(case.b, case.hq, case.sq, case.d, case.out_layout, dt, gen, device, fill=False)
+    lse = torch.empty(case.b, case.hq, case.sq, device=device)
+    if fill:
+        ref, ref_lse = attention_reference(q, k, v, case.causal, scale)
+        out.copy_(ref)
+        lse.copy_(ref_lse)
+    return do, dlse, q, k, v, out, lse, scale
+
+
 def poisoned(shape, dtype, device, bshd: bool = False) -> torch.Tensor:
     """An out= tensor full of NaN (a [B, H, S, D] ``bshd`` one is a transposed [B, S, H, D] allocation)."""
     if bshd:
@@ -256,6 +307,18 @@ def attention_reference(q, k, v, is_causal: bool, scale: float) -> tuple[torch.T
         keep = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
         s = s.masked_fill(~keep, float("-inf"))
     return torch.matmul(torch.softmax(s, dim=-1), v.float()), torch.logsumexp(s, dim=-1)
+
+
+def attention_bwd_reference(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: float):
+    """fp32 (dq, dk, dv): attention_grad's math backward on fp32 copies, k/v expanded to q's heads and the gradients
+    summed back per group (what test_attention_bwd_gpu compares against). grad_out or grad_lse may be None."""
+    from torch_autows import attention_grad as ag
+
+    f = lambda t: None if t is None else t.float()
+    g = ag._group(q, k)
+    dq, dk, dv = ag._math_backward(f(grad_out), f(grad_lse), f(q), ag._expand_kv(f(k), g), ag._expand_kv(f(v), g),
+                                   f(out), f(lse), is_causal, scale)
+    return dq, ag._reduce_kv(dk, g), ag._reduce_kv(dv, g)
 
 
 # ---------------------------------------------------------------------------------------------- comparison
@@ -290,6 +353,35 @@ def compare(out, ref, tol: float, *, name: str = "out", dtype=None, atol: float 
         return None
     err = ((o - r).norm() / r.norm().clamp_min(1e-6)).item() if o.numel() else 0.0
     return None if err <= tol else f"{name}: relative norm error {err:.3g} > {tol}"
+
+
+def _rel(x, ref) -> float:
+    return ((x.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-6)).item()
+
+
+def compare_grads(got, ref, vendor, like, *, name: str) -> list[str]:
+    """What is wrong with ``got`` = (dq, dk, dv) against the fp32 ``ref``: each of ``like``'s (q, k, v) shape and
+    dtype, finite (the inputs are: a NaN is a row the kernel did not write or one it computed), exactly zero where
+    ``ref`` is, else a norm error <= max(2 x the ``vendor`` gradient's, BWD_FLOOR) x |ref| + BWD_ATOL x sqrt(size)."""
+    fails = []
+    if not isinstance(got, (tuple, list)) or len(got) != 3:
+        return [f"{name} returned {type(got).__name__}, not (dq, dk, dv)"]
+    for g, x, r, w, t in zip(("dq", "dk", "dv"), got, ref, vendor, like):
+        what = f"{name} {g}"
+        if not isinstance(x, torch.Tensor) or tuple(x.shape) != tuple(t.shape) or x.dtype != t.dtype:
+            desc = f"{x.dtype}{list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+            fails.append(f"{what} is {desc}, expected {t.dtype}{list(t.shape)}")
+        elif not torch.isfinite(x).all():
+            fails.append(f"{what}: non-finite at {_where(~torch.isfinite(x))} (finite inputs)")
+        elif r.norm() == 0:  # dV with no gradient into out
+            if x.abs().max().item() != 0:
+                fails.append(f"{what}: nonzero (max {x.float().abs().max().item():.3g}) where the gradient is 0")
+        else:
+            tol = max(2 * _rel(w, r), BWD_FLOOR)
+            if (x.float() - r.float()).norm().item() > tol * r.float().norm().item() + BWD_ATOL * x.numel() ** 0.5:
+                fails.append(f"{what}: relative norm error {_rel(x, r):.3g} > {tol:.3g} (2 x the vendor's "
+                             f"{_rel(w, r):.3g}, at least {BWD_FLOOR}) + {BWD_ATOL} per element")
+    return fails
 
 
 # ---------------------------------------------------------------------------------------------- one case
@@ -354,13 +446,43 @@ def run_attention(case: Case, device) -> tuple[list[str], bool]:
     return [f for f in fails if f], served
 
 
-RUNNERS = {"gemm": (gemm_cases, run_gemm), "bmm": (bmm_cases, run_bmm), "attention": (attention_cases, run_attention)}
+def run_attention_bwd(case: Case, device) -> tuple[list[str], bool]:
+    """(what failed, whether the generated backward serves it): attention_grad.attention_backward with
+    ``config.attention_backward = "autows"`` (the form chosen per call), and where the runtime serves the call
+    ``runtime.attention_bwd.backward`` in the case's ``dq_mode`` with ``POISON`` = NaN (dK/dV, and the separate
+    form's dQ, filled with NaN before the launch: an element the kernel does not write shows). Both against the fp32
+    reference with the vendor's gradients (``vendor_backward``) on the same inputs setting the tolerance."""
+    from torch_autows import attention_grad as ag
+    from torch_autows import config
+    from torch_autows.runtime import attention_bwd as rt
+
+    args = attention_bwd_inputs(case, device)
+    go, _, q, k, v, out, lse, scale = args
+    ref, vendor = attention_bwd_reference(*args[:-1], case.causal, scale), ag.vendor_backward(*args[:-1],
+                                                                                              case.causal, scale)
+    with config.patch(attention_backward="autows"):
+        fails = compare_grads(ag.attention_backward(*args[:-1], case.causal, scale), ref, vendor, (q, k, v),
+                              name="attention_backward")
+    served = rt.support_reason(q, k, v, out, lse, go, case.causal, scale) is None
+    if served:
+        poison, rt.POISON = rt.POISON, float("nan")
+        try:
+            got = rt.backward(*args[:-1], case.causal, scale, dq_mode=case.dq_mode)
+        finally:
+            rt.POISON = poison
+        fails += compare_grads(got, ref, vendor, (q, k, v), name=f"runtime backward ({case.dq_mode} dQ, NaN-poisoned)")
+    return fails, served
 
 
-def sweep(family: str, n: int = N, seed: int = SEED, device="cuda", cases=None) -> tuple[list[str], str]:
-    """Run ``n`` cases of one family: (failure messages, each naming its case and seed; the summary line)."""
+RUNNERS = {"gemm": (gemm_cases, run_gemm), "bmm": (bmm_cases, run_bmm), "attention": (attention_cases, run_attention),
+           "attention_bwd": (attention_bwd_cases, run_attention_bwd)}
+
+
+def sweep(family: str, n: int | None = None, seed: int = SEED, device="cuda", cases=None) -> tuple[list[str], str]:
+    """Run ``n`` cases of one family (None: its default count, N or BWD_N), or ``cases``: (failure messages, each
+    naming its case and seed; the summary line)."""
     make, run = RUNNERS[family]
-    cases = make(n, seed) if cases is None else cases
+    cases = cases if cases is not None else make(seed=seed) if n is None else make(n, seed)
     failures, served, nonfinite = [], 0, 0
     for case in cases:
         try:

@@ -9,8 +9,9 @@ import sweep_cases as sc
 import torch
 import torch.nn.functional as F
 
-from torch_autows import ops
+from torch_autows import attention_grad, ops
 from torch_autows.runtime import attention as rt_attention
+from torch_autows.runtime import attention_bwd as rt_bwd
 from torch_autows.runtime import device as dev
 from torch_autows.runtime import gemm as rt_gemm
 
@@ -141,7 +142,8 @@ def test_compare_catches_what_it_must():
 
 def _small(family, n=300, limit=3e6, finite=False):
     size = {"gemm": lambda c: c.m * c.n * c.k, "bmm": lambda c: c.b * c.m * c.n * c.k,
-            "attention": lambda c: c.b * c.hq * c.sq * c.skv * c.d}[family]
+            "attention": lambda c: c.b * c.hq * c.sq * c.skv * c.d,
+            "attention_bwd": lambda c: c.b * c.hq * c.sq * c.skv * c.d}[family]
     cases = [c for c in sc.RUNNERS[family][0](n, 0) if size(c) <= limit and not (finite and c.nonfinite)]
     return cases[:24]
 
@@ -149,7 +151,7 @@ def _small(family, n=300, limit=3e6, finite=False):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_runners_pass_on_cpu(family):
     cases = _small(family, finite=family == "attention")  # attention NaN cases run only where the kernel serves
-    assert family == "attention" or any(c.nonfinite for c in cases)
+    assert family in ("attention", "attention_bwd") or any(c.nonfinite for c in cases)  # the backward: finite
     failures, line = sc.sweep(family, device="cpu", cases=cases)
     assert not failures, "\n".join(failures)
     assert line.startswith(f"sweep {family}: {len(cases)} configs, 0 failures (seed 0; 0 servable")
@@ -170,3 +172,170 @@ def test_runners_report_a_broken_op_with_its_seed(monkeypatch):
     failures, line = sc.sweep("attention", device="cpu", cases=_small("attention")[:2])
     assert "2 failures" in line and "raised ZeroDivisionError" in failures[0]
 
+
+
+# ---------------------------------------------------------------------------------------------- attention backward
+
+
+def test_attention_bwd_draws_cover_issue_17():
+    """The 240 default draws cover every axis issue 17 names, each more than a few times."""
+    a = sc.attention_bwd_cases()
+    assert len(a) == sc.BWD_N == 240 and len({tuple(c.p.items()) for c in a}) == 240
+
+    def many(pred, least=10):
+        return sum(bool(pred(c)) for c in a) >= least
+
+    assert {c.dtype for c in a} == {"bf16", "fp16"} and {c.d for c in a} == {64, 128}
+    assert {c.dq_mode for c in a} == {"atomic", "separate"} and many(lambda c: c.dq_mode == "separate", 80)
+    assert many(lambda c: c.causal, 80) and many(lambda c: not c.causal, 80)
+    assert {c.hq // c.hkv for c in a} == {1, 2, 4, 8} and {c.hkv for c in a} == {1, 2, 3, 4}
+    for causal in (True, False):  # Sq > Skv, Sq < Skv and Sq = Skv, with and without the causal mask
+        assert many(lambda c, cz=causal: c.causal == cz and c.sq > c.skv)
+        assert many(lambda c, cz=causal: c.causal == cz and c.sq < c.skv)
+        assert many(lambda c, cz=causal: c.causal == cz and c.sq == c.skv)
+    assert many(lambda c: c.sq % 2 and c.skv % 2 and min(c.sq, c.skv) > 128)  # odd lengths off the tiles
+    assert many(lambda c: 1 in (c.sq, c.skv), 5) and many(lambda c: max(c.sq, c.skv) > 1000, 5)
+    assert many(lambda c: {c.sq, c.skv} & {63, 65, 127, 129, 255, 257}, 20)  # block edges +-1
+    for t in ("q", "kv", "do", "out"):
+        assert many(lambda c, t=t: getattr(c, f"{t}_layout") == "bshd", 40), t
+    assert many(lambda c: c.dlse and c.dout, 20) and many(lambda c: not c.dout, 10)
+    assert all(c.dlse for c in a if not c.dout)  # some gradient always flows
+    assert many(lambda c: c.scale is None, 100) and many(lambda c: c.scale, 40)
+    assert all(c.scale is None or 0 < c.scale <= 0.3 for c in a) and not any(c.nonfinite for c in a)
+
+
+def test_attention_bwd_inputs_are_seeded_and_out_lse_are_the_reference_forward():
+    c = next(c for c in sc.attention_bwd_cases(60, 5) if c.dout and c.dlse and c.hq != c.hkv
+             and c.q_layout == "bshd" and c.out_layout == "bshd" and c.sq * c.skv < 1e5)
+    first, again = sc.attention_bwd_inputs(c), sc.attention_bwd_inputs(c)
+    assert all(torch.equal(x, y) for x, y in zip(first[:-1], again[:-1])) and first[-1] == again[-1]
+    do, dlse, q, k, v, out, lse, scale = first
+    assert q.shape == out.shape == do.shape == (c.b, c.hq, c.sq, c.d) and k.shape == v.shape == (c.b, c.hkv, c.skv, c.d)
+    assert q.dtype == out.dtype == do.dtype == sc.DTYPES[c.dtype] and dlse.shape == lse.shape == (c.b, c.hq, c.sq)
+    assert not q.is_contiguous() and not out.is_contiguous() and out.transpose(1, 2).is_contiguous()  # [B, S, H, D]
+    ref, ref_lse = sc.attention_reference(q, k, v, c.causal, scale)
+    assert torch.equal(out, ref.to(out.dtype)) and torch.equal(lse, ref_lse)
+
+
+def test_attention_bwd_draws_are_served_within_the_compile_budget(monkeypatch):
+    """Every draw is served by the generated backward (by its own support check, as on the H200), and the sweep
+    compiles at most 24 kernels: main kernel per (dtype, d, causal, form) in the case's form and the public path's
+    (atomic), dQ kernel per (dtype, d, causal)."""
+    monkeypatch.setattr(dev, "sm90_reason", lambda device, check_device=True: None)
+    variants = set()
+    for c in sc.attention_bwd_cases():
+        do, dlse, q, k, v, out, lse, scale = sc.attention_bwd_inputs(c, fill=False)
+        assert rt_bwd.support_reason(q, k, v, out, lse, do, c.causal, scale) is None, c.describe()
+        for form in {c.dq_mode, "atomic"}:
+            variants.add(("main", c.dtype, c.d, c.causal, form, rt_bwd.choose_config(c.d, c.causal, form)))
+        if c.dq_mode == "separate":
+            variants.add(("dq", c.dtype, c.d, c.causal, rt_bwd.choose_dq_config(c.d, c.causal)))
+    assert len(variants) <= 24, sorted(variants, key=str)
+
+
+def _softmax_attention(q, k, v, causal, scale):
+    """Explicit softmax attention (GQA by repeated k/v heads, top-left causal): (out, lse), differentiable."""
+    g = q.shape[1] // k.shape[1]
+    s = q @ k.repeat_interleave(g, 1).transpose(-2, -1) * scale
+    if causal:
+        s = s.masked_fill(~torch.ones(q.shape[2], k.shape[2], dtype=torch.bool).tril(), float("-inf"))
+    return torch.softmax(s, -1) @ v.repeat_interleave(g, 1), s.logsumexp(-1)
+
+
+@pytest.mark.parametrize("hq,hkv,sq,skv,causal,dout,dlse,bshd", [
+    (4, 2, 5, 9, True, True, True, False), (8, 1, 9, 5, True, True, False, True),
+    (2, 2, 7, 7, False, False, True, False), (4, 4, 1, 6, True, True, True, True),
+    (6, 3, 6, 1, False, True, False, False)])
+def test_attention_bwd_reference_is_autograd(hq, hkv, sq, skv, causal, dout, dlse, bshd):
+    """The fp32 reference (math backward, GQA expand/sum) equals torch.autograd through an explicit fp64 softmax
+    attention of sum(out * dO) + sum(lse * dlse), and the gradient check accepts autograd's own gradients."""
+    g = torch.Generator().manual_seed(hq * 100 + sq * 10 + skv)
+
+    def mk(h, s):
+        t = torch.randn(2, s, h, 8, generator=g, dtype=torch.float64)
+        return (t.transpose(1, 2) if bshd else t.transpose(1, 2).contiguous()).requires_grad_()
+
+    q, k, v = mk(hq, sq), mk(hkv, skv), mk(hkv, skv)
+    go = torch.randn(2, hq, sq, 8, generator=g, dtype=torch.float64) if dout else None
+    gl = torch.randn(2, hq, sq, generator=g, dtype=torch.float64) if dlse else None
+    out, lse = _softmax_attention(q, k, v, causal, 0.4)
+    loss = (out * go).sum() if dout else 0
+    want = torch.autograd.grad(loss + ((lse * gl).sum() if dlse else 0), (q, k, v), allow_unused=True)
+    want = [torch.zeros_like(t) if w is None else w for w, t in zip(want, (q, k, v))]
+    got = sc.attention_bwd_reference(go, gl, q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), causal,
+                                     0.4)
+    for x, w in zip(got, want):
+        assert x.dtype == torch.float32 and x.shape == w.shape
+        torch.testing.assert_close(x, w.float(), atol=1e-5, rtol=1e-5)
+    assert sc.compare_grads([w.float() for w in want], got, got, [t.float() for t in (q, k, v)], name="x") == []
+
+
+def test_compare_grads_catches_what_it_must():
+    torch.manual_seed(0)
+    like = [torch.empty(2, 4, 16, 8, dtype=torch.bfloat16), *(torch.empty(2, 2, 32, 8, dtype=torch.bfloat16),) * 2]
+    ref = [torch.randn(t.shape) for t in like]
+    ok = [r.to(torch.bfloat16) for r in ref]
+    assert sc.compare_grads(ok, ref, ok, like, name="bwd") == []
+
+    def with_dq(dq, vendor=ok):
+        return sc.compare_grads([dq, *ok[1:]], ref, vendor, like, name="bwd")
+
+    noisy = (ref[0] * 1.02).to(torch.bfloat16)  # 2% off: over the 1e-2 floor ...
+    assert "bwd dq: relative norm error" in with_dq(noisy)[0]
+    vendor = [(ref[0] * 0.985).to(torch.bfloat16), *ok[1:]]  # ... within 2 x a vendor error of 1.5%
+    assert with_dq(noisy, vendor) == []
+    unwritten = ok[0].clone()
+    unwritten[1, 3, 7] = float("nan")  # a poisoned row the kernel did not write
+    assert "bwd dq: non-finite at 8 elements, first at (1, 3, 7, 0)" in with_dq(unwritten)[0]
+    assert "expected torch.bfloat16[2, 4, 16, 8]" in with_dq(ok[0].half())[0]
+    assert "expected" in with_dq(ok[0][:, :2])[0]
+    zero = [ok[0], ok[1], torch.zeros_like(ok[2])]  # dV with no gradient into out: exactly 0 or wrong
+    ref_zero = [ref[0], ref[1], torch.zeros_like(ref[2])]
+    assert sc.compare_grads(zero, ref_zero, zero, like, name="bwd") == []
+    zero[2][0, 0, 0, 0] = 1e-3
+    assert "bwd dv: nonzero" in sc.compare_grads(zero, ref_zero, zero, like, name="bwd")[0]
+    assert "not (dq, dk, dv)" in sc.compare_grads(None, ref, ok, like, name="bwd")[0]
+
+
+def _small_bwd(n=3, **want):
+    return [c for c in _small("attention_bwd", n=120) if all(getattr(c, k) == v for k, v in want.items())][:n]
+
+
+def test_attention_bwd_runner_reports_a_broken_backward(monkeypatch):
+    backward = attention_grad.attention_backward
+
+    def off(*a, **kw):
+        dq, dk, dv = backward(*a, **kw)
+        return dq * 1.1, dk, dv
+
+    monkeypatch.setattr(attention_grad, "attention_backward", off)
+    failures, line = sc.sweep("attention_bwd", device="cpu", cases=_small_bwd())
+    assert "3 failures" in line and len(failures) == 3
+    assert "TORCH_AUTOWS_SWEEP_SEED=0" in failures[0] and "attention_backward dq: relative norm error" in failures[0]
+
+
+@pytest.mark.parametrize("mode", ["atomic", "separate"])
+def test_attention_bwd_runner_runs_the_runtime_poisoned_in_the_case_form(mode, monkeypatch):
+    """Where the runtime serves a case (faked here: CPU), the runner calls it in the case's dq_mode with POISON NaN
+    (restored after) and reports what the kernel left unwritten."""
+    seen, hole = [], [False]
+
+    def fake(*args, dq_mode=None, **kw):
+        seen.append((dq_mode, rt_bwd.POISON))
+        dq, dk, dv = attention_grad.vendor_backward(*args)
+        if hole[0] and rt_bwd.POISON is not None:  # the poison fills what the kernel leaves
+            dk = dk.clone()
+            dk[0, 0, -1] = rt_bwd.POISON  # the last key row never written
+        return dq, dk, dv
+
+    monkeypatch.setattr(rt_bwd, "support_reason", lambda *a, **kw: None)
+    monkeypatch.setattr(rt_bwd, "backward", fake)
+    cases = _small_bwd(2, dq_mode=mode)
+    failures, line = sc.sweep("attention_bwd", device="cpu", cases=cases)
+    assert not failures and "0 failures (seed 0; 2 servable" in line
+    # the public path (its form chosen per call, unpoisoned) and the runner's own call in the case's form, poisoned
+    assert [(m, "nan" if p != p else p) for m, p in seen] == [(None, None), (mode, "nan")] * 2
+    assert rt_bwd.POISON is None
+    hole[0] = True
+    failures, line = sc.sweep("attention_bwd", device="cpu", cases=cases)
+    assert "2 failures" in line and f"runtime backward ({mode} dQ, NaN-poisoned) dk: non-finite" in failures[0]
