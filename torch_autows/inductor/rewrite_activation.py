@@ -226,9 +226,7 @@ def find_activation_sites(graph: fx.Graph) -> list[ActivationSite]:
         site.reason = site.reason or _why_not(site)
         if site.reason is None:
             a, b, bias = (val(x) if x is not None else None for x in site.operands())
-            site.reason = support.gemm_reason(a, b, bias, None, activation=site.activation)
-            if site.reason is None:
-                site.vendor = support.gemm_choice(a, b, bias, activation=site.activation).vendor_reason
+            site.reason, site.vendor = support.gemm_verdict(a, b, bias, activation=site.activation)
         sites.append(site)
     return sites
 

@@ -90,9 +90,7 @@ def find_gemm_sites(graph: fx.Graph) -> list[GemmSite]:
             sites.append(s)
     for s in sites:
         if s.reason is None:
-            s.reason = support.gemm_reason(val(s.a), val(s.b), val(s.bias), None)
-        if s.reason is None:
-            s.vendor = support.gemm_choice(val(s.a), val(s.b), val(s.bias)).vendor_reason
+            s.reason, s.vendor = support.gemm_verdict(val(s.a), val(s.b), val(s.bias))
     return sites
 
 

@@ -128,10 +128,7 @@ def find_residual_sites(graph: fx.Graph) -> list[ResidualSite]:
         site.reason = _why_not(site)
         if site.reason is None:
             a, b, bias = (val(x) if x is not None else None for x in site.operands())
-            res = _residual_2d(site)
-            site.reason = support.gemm_reason(a, b, bias, None, residual=res)
-            if site.reason is None:
-                site.vendor = support.gemm_choice(a, b, bias, residual=res).vendor_reason
+            site.reason, site.vendor = support.gemm_verdict(a, b, bias, residual=_residual_2d(site))
         sites.append(site)
     return sites
 

@@ -140,9 +140,7 @@ def find_swiglu_sites(graph: fx.Graph) -> list[SwigluSite]:
         s.reason = _check(s)
         if s.reason is None:
             a, wg, wu = s.gate.args[0], s.gate.args[1], s.up.args[1]
-            s.reason = support.swiglu_reason(val(a), val(wg), val(wu))
-            if s.reason is None:
-                s.vendor = support.swiglu_choice(val(a), val(wg), val(wu)).vendor_reason
+            s.reason, s.vendor = support.swiglu_verdict(val(a), val(wg), val(wu))
         sites.append(s)
     return sites
 

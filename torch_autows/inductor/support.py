@@ -279,6 +279,24 @@ def swiglu_choice(a: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> 
     return _site_choice(lambda: rt.site_decision(a, w_gate, w_up), lambda: choice.gemm_prior(m, n, k), a, w_gate, w_up)
 
 
+def gemm_verdict(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
+                 residual: torch.Tensor | None = None, activation: str = "none") -> tuple[str | None, str | None]:
+    """What a rewrite records on a GEMM site: (why autows cannot serve it, why the vendor's kernel is chosen), each
+    None where it does not apply; the choice is made only for a site that can be served."""
+    reason = gemm_reason(a, b, bias, None, residual=residual, activation=activation)
+    if reason is not None:
+        return reason, None
+    return None, gemm_choice(a, b, bias, residual=residual, activation=activation).vendor_reason
+
+
+def swiglu_verdict(a: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> tuple[str | None, str | None]:
+    """``gemm_verdict`` for a SwiGLU site."""
+    reason = swiglu_reason(a, w_gate, w_up)
+    if reason is not None:
+        return reason, None
+    return None, swiglu_choice(a, w_gate, w_up).vendor_reason
+
+
 def attention_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
                      scale: float | None) -> SiteChoice:
     """The side of a servable attention site; the vendor is SDPA's fused pick (ops.torch_attention)."""
