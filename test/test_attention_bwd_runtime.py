@@ -174,11 +174,13 @@ def test_traced_calls_become_the_backward_op(sm90, monkeypatch):
     assert [tuple(x.meta["val"].shape) for x in (dq, dk, dv)] == [(2, 8, 64, 64), (2, 2, 70, 64), (2, 2, 70, 64)]
 
 
-def test_traced_calls_it_refuses_stay_with_the_vendor(sm90):
+def test_traced_calls_it_refuses_stay_with_the_vendor(sm90, caplog):
     q, k, v, out, lse, go = _call(d=96, hkv=8, sq=64, skv=64)
-    with config.patch(attention_backward="autows"):
+    with config.patch(attention_backward="autows"), caplog.at_level(logging.WARNING, logger="torch_autows"):
         assert attention_grad.generated_backward(go, None, q, k, v, out, lse, False, 0.125) is None
     assert fallback.counters["attention_backward.fallback"] == 1
+    lines = [r.getMessage() for r in caplog.records if "attention_backward" in r.getMessage()]
+    assert len(lines) == 1 and "head_dim 96" in lines[0]
 
 
 def test_backward_op_on_cpu_is_the_vendors(caplog):

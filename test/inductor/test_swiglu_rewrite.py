@@ -3,6 +3,8 @@
 Face's ACT2FN uses it, x * sigmoid(x)); near misses and training graphs stay unfused with a reason."""
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 import torch._inductor.config as ic
@@ -129,7 +131,7 @@ def test_symbolic_3d_rows_reshape_with_graph_sizes(swiglu_pretend, monkeypatch):
 
 
 
-def test_lowered_to_a_direct_extern_call(swiglu_pretend):
+def test_lowered_to_a_direct_extern_call(swiglu_pretend, caplog):
     """The fused site is a direct ``extern_kernels.autows_mm_swiglu(a, w_gate, w_up, out=buf)`` call in the output
     code, not the custom op through the dispatcher (on the H200 that path cost about 20 us more host time a call than
     Inductor's three launches in the decode MLP). On CPU tensors it computes torch's result with the reason logged."""
@@ -140,11 +142,12 @@ def test_lowered_to_a_direct_extern_call(swiglu_pretend):
     torch.manual_seed(0)
     model = MLP().to(torch.bfloat16)
     x = torch.randn(2, 5, 32, dtype=torch.bfloat16)
-    with torch.no_grad(), ic.patch(api.inductor_options()):
+    with torch.no_grad(), ic.patch(api.inductor_options()), caplog.at_level(logging.WARNING, logger="torch_autows"):
         got, code = run_and_get_code(torch.compile(model), x)
         ref = model(x)
     src = "\n".join(code)
     assert src.count("extern_kernels.autows_mm_swiglu(") == 1, src
     assert "torch.ops.autows.gemm_swiglu" not in src
     assert fallback.counters["gemm_swiglu.fallback"] >= 1
+    assert any("gemm_swiglu" in r.getMessage() and "cpu" in r.getMessage() for r in caplog.records), caplog.text
     torch.testing.assert_close(got, ref, atol=2e-2, rtol=2e-2)
