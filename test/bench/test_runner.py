@@ -60,7 +60,7 @@ def _skip(case, inp):
 def _autows(serve: bool):
     def bind(case, inp):
         def fn():
-            (fallback.note_served if serve else lambda op: fallback.note_fallback(op, "test"))("gemm")
+            (fallback.note_served if serve else lambda op: fallback.note_fallback(op, "shape not served"))("gemm")
             return inp["a"] @ inp["b"]
 
         return Bound(fn, counters=("gemm",))
@@ -110,7 +110,7 @@ def test_run_case_records_every_outcome(fake_bench):
     assert rows["wrong"]["ms"] is None
     assert rows["bind-crash"]["error"] == "RuntimeError: PassManager::run failed reproducer follows"
     assert rows["run-crash"]["error"].startswith("RuntimeError")
-    assert rows["autows-fallback"]["error"] == "fell back to torch"
+    assert rows["autows-fallback"]["error"] == "fell back to torch: shape not served"  # the logged reason
     assert rows["autows"]["error"] is None and rows["autows"]["tflops"] > 0
     assert len(fake_bench) == 3 * 2  # only the two passing peers are timed, 3 rounds each
 

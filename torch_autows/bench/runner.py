@@ -91,6 +91,14 @@ def _autows_counts(ops: tuple[str, ...]) -> dict:
     return {op: counters[f"{op}.autows"] for op in ops}
 
 
+def _fallback_reasons(ops: tuple[str, ...]) -> str:
+    """``": <reason>; ..."`` for the fallback reasons logged so far in the process for ``ops`` ("" if none)."""
+    from torch_autows.runtime.fallback import _logged
+
+    why = sorted({str(k[1]) for k in _logged if isinstance(k, tuple) and len(k) == 2 and k[0] in ops})
+    return (": " + "; ".join(why)) if why else ""
+
+
 def _sync() -> None:
     import torch
 
@@ -107,7 +115,7 @@ def check(b: Bound, ref: Ref | None, tol: float) -> tuple[Any, float | None, str
         b.fn()
     _sync()
     if before is not None and _autows_counts(b.counters) == before:
-        raise CheckFailed("fell back to torch")
+        raise CheckFailed("fell back to torch" + _fallback_reasons(b.counters))
     notes = [n for n in (b.note, b.inspect() if b.inspect else None) if n]
     if b.out is not None:
         b.out.fill_(float("nan"))
