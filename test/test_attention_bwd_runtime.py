@@ -86,7 +86,7 @@ def test_deterministic_mode_takes_the_separate_form(sm90, deterministic):
 
 def test_dq_mode_choice_and_configs():
     assert not torch.are_deterministic_algorithms_enabled()
-    assert attention_bwd.choose_dq_mode() == "atomic" and attention_bwd.choose_dq_mode("separate") == "separate"
+    assert attention_bwd.choose_dq_mode() == "separate" and attention_bwd.choose_dq_mode("atomic") == "atomic"
     with pytest.raises(ValueError, match="dq_mode='fast'; use one of"):
         attention_bwd.choose_dq_mode("fast")
     for d in (64, 128):
@@ -201,7 +201,7 @@ def test_backward_op_on_cpu_is_the_vendors(caplog):
     torch.library.opcheck(torch.ops.autows.attention_backward.default, (go, None, q, k, v, out, lse, True, 0.25))
 
 
-@pytest.mark.parametrize("dq_mode,grids", [(None, [2]), ("separate", [2, 4])])
+@pytest.mark.parametrize("dq_mode,grids", [("atomic", [2]), (None, [2, 4])])
 def test_backward_glue_runs_the_kernel_it_compiles(monkeypatch, dq_mode, grids):
     """``backward`` end to end on CPU with the launch replaced by the interpreter running the compiled Program: the
     argument order, the 2-D views (q in [B, S, H, D]), the grid (B*Hkv x launched KV blocks; the separate form's dQ

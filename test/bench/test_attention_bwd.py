@@ -23,7 +23,7 @@ def test_dry_run_lists_the_forward_grid_at_d64_d128_and_the_peers(capsys):
     for name in ("s512-d64", "s16384-d128-causal", "gqa32x8-s8192-d128"):
         assert f"  {name} " in out
     assert "d96" not in out and "d256" not in out
-    for peer in ("cudnn", "fa2", "flex", "autows", "autows-separate"):
+    for peer in ("cudnn", "fa2", "flex", "autows", "autows-atomic"):
         assert f"  {peer} " in out
     assert "<date>-<gpu>-attention-bwd.json" in out
 
@@ -152,13 +152,13 @@ def test_run_case_on_cpu(cpu, monkeypatch, causal):
     peers = {p.name: p for p in pab.all_peers()[0]}
     case = _case(causal)
     suite = pab.suite([case], [Peer("math", math_bind), Peer("wrong", wrong_bind), peers["cudnn"], peers["fa2"],
-                               peers["autows"], peers["autows-separate"]])
+                               peers["autows"], peers["autows-atomic"]])
     rows = {r["impl"]: r for r in runner.run_case(suite, case)}
     assert rows["math"]["error"] is None and 1e-4 < rows["math"]["rel_err"] < 1e-2, rows["math"]
     assert rows["math"]["tflops"] == pytest.approx(case.flops / 1e-5 / 1e12)
     assert len(bound["b"].calls) == 1 and bound["b"].fn in timed  # checked once; timed without the check
     assert rows["wrong"]["error"].startswith("dk rel_err") and rows["wrong"]["tflops"] is None
-    for name in ("cudnn", "fa2", "autows", "autows-separate"):
+    for name in ("cudnn", "fa2", "autows", "autows-atomic"):
         assert rows[name]["error"] and rows[name]["tflops"] is None, rows[name]
     assert "cudnn forward" in rows["cudnn"]["error"] and "flash forward" in rows["fa2"]["error"]
     assert [r["work"] for r in rows.values()] == ["attention-bwd"] * 6

@@ -83,7 +83,7 @@ def test_backward_random(c, poisoned):
     for name, x, r, w, like in zip(("dq", "dk", "dv"), got, ref, vendor, (q, k, v)):
         assert x.shape == like.shape and x.dtype == like.dtype, name
         assert not x.isnan().any(), f"{name}: NaN (a row the kernel did not write, or a NaN it computed)"
-        if r.norm() == 0:  # dV with no gradient into out: exactly 0; else (Sq = Skv = 1: dS = dP - delta) rounding noise
+        if r.norm() == 0:  # dV without a gradient into out: exactly 0; else (Sq = Skv = 1: dS = dP - delta) noise
             assert x.float().abs().max().item() <= (0 if go is None and name == "dv" else 1e-4), name
             continue
         # relative, plus an absolute floor far below a gradient entry of O(0.01-1): a gradient that is zero in exact

@@ -278,3 +278,22 @@ def test_sdpa_zero_scale_reason(pretend, capture):
     (gm,) = capture(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, scale=0.0), *_qkv())
     (site,) = find_attention_sites(gm.graph)
     assert "scale=0.0" in site.reason and "uniform" in site.reason and "not a constant" not in site.reason
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_generated_backward_keeps_a_vendor_site_in_the_graph(grad, pretend, capture):
+    """With ``config.attention_backward = "autows"`` a site whose forward goes to the vendor still becomes the op
+    when it needs gradients (its autograd runs the generated backward; the forward runs the vendor's kernel inside);
+    without gradients it stays Inductor's."""
+    from torch_autows import config
+
+    q, k, v = (t.requires_grad_(grad) for t in _qkv(torch.bfloat16))
+    with config.patch(choice="vendor", attention_backward="autows"):
+        (gm,) = capture(sdpa_causal, q, k, v)
+        (site,) = find_attention_sites(gm.graph)
+    assert (site.vendor is None) == grad
+    if grad:
+        assert "generated backward is asked for" in site.choice.why and "forced by config.choice" in site.choice.why
+    with config.patch(choice="vendor"):
+        (gm,) = capture(sdpa_causal, q, k, v)
+        assert "the vendor's kernel is chosen" in find_attention_sites(gm.graph)[0].vendor

@@ -1,5 +1,5 @@
 """Attention-backward peers: cuDNN's and FA2's backward kernels, compiled flex_attention's backward, autows (in
-both dQ forms: atomic, and separate as ``autows-separate``).
+both dQ forms: the chosen one, separate, as ``autows``, and atomic as ``autows-atomic``).
 
 Every peer times only the backward: dQ, dK, dV from q, k, v, dO and the forward's out and lse, which are
 computed once per case outside the timing, by the forward the peer's backward belongs to (cuDNN's backward
@@ -219,8 +219,8 @@ def _bind_autows(case, inp, dq_mode: str | None = None, who: str = "autows") -> 
                   who, None if src == "cudnn" else "out/lse of the flash forward")
 
 
-def _bind_autows_separate(case, inp) -> Bound:
-    return _bind_autows(case, inp, "separate", "autows-separate")
+def _bind_autows_atomic(case, inp) -> Bound:
+    return _bind_autows(case, inp, "atomic", "autows-atomic")
 
 
 def all_peers() -> tuple[list[Peer], list[str]]:
@@ -230,10 +230,11 @@ def all_peers() -> tuple[list[Peer], list[str]]:
                   "out/lse (attention_grad._flash_backward)"),
              Peer("flex", _bind_flex, "torch.compile(flex_attention): torch.autograd.grad on the saved graph, "
                   "causal via create_block_mask"),
-             Peer("autows", _bind_autows, "torch_autows.runtime.attention_bwd.backward: pre + main kernel + post, "
-                  "what a user gets (fails where it raises Unsupported)"),
-             Peer("autows-separate", _bind_autows_separate, "the same with dq_mode='separate': pre + main kernel "
-                  "without dQ + the dQ kernel (no atomics; what deterministic mode runs)")]
+             Peer("autows", _bind_autows, "torch_autows.runtime.attention_bwd.backward, what a user gets (the "
+                  "separate form: pre + main kernel without dQ + the dQ kernel, no atomics); fails where it raises "
+                  "Unsupported"),
+             Peer("autows-atomic", _bind_autows_atomic, "the same with dq_mode='atomic': pre + main kernel with "
+                  "dQ by fp32 atomic adds + post")]
     return peers, []
 
 

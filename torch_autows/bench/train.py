@@ -101,7 +101,8 @@ def _bind_autows(case, inp, backend=None) -> Bound:
 
 def _bind_autows_bwd(case, inp) -> Bound:
     """As ``autows``, with the generated attention backward (``config.attention_backward = "autows"``): its
-    backward graph calls ``autows::attention_backward`` where the checks pass."""
+    backward graph calls ``autows::attention_backward`` where the checks pass, also at a site whose forward the
+    choice gives to the vendor (inductor.support.attention_choice)."""
     from torch_autows import config
 
     autows = autows_backend()

@@ -307,5 +307,11 @@ def attention_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causa
     if q.dtype == torch.float32:
         return SiteChoice(True)
     d, skv = _hint(q.shape[-1]), _hint(k.shape[-2])
-    return _site_choice(lambda: rt.site_decision(q, k, v, is_causal, scale, ops.torch_attention),
+    side = _site_choice(lambda: rt.site_decision(q, k, v, is_causal, scale, ops.torch_attention),
                         lambda: choice.attention_prior(d, is_causal, skv), q, k, v)
+    if not side.use_ours and config.attention_backward == "autows" and any(t.requires_grad for t in (q, k, v)):
+        # the op must be in the graph for its autograd (the generated backward) to run; its forward still runs the
+        # vendor's kernel, as the runtime choice says (ops.run_attention), and saves that kernel's out and lse
+        return SiteChoice(True, f"the generated backward is asked for (config.attention_backward = 'autows'); "
+                                f"the forward runs the vendor's kernel ({side.why})")
+    return side
