@@ -236,3 +236,57 @@ def test_compile_time_choice_measures_on_real_tensors_under_a_fake_mode(monkeypa
     with FakeTensorMode():
         sc = target._site_choice(decide, lambda: True, a)
     assert seen == [False] and not sc.use_ours and "measured" in sc.vendor_reason
+
+
+def test_candidate_configs_are_timed_in_every_round_and_the_fastest_kept(measure, monkeypatch):
+    """A dict of our candidate configs: each is timed in each interleaved round beside the vendor; the one of least
+    median is ours, compared with the vendor by the every-round rule, and its name is recorded and read back."""
+    import triton.testing
+
+    ms = {"dec_a": [1.0, 1.1, 1.0], "decs_b": [0.7, 0.71, 0.69], "vendor": [0.9, 0.9, 0.9]}
+    calls = []
+
+    def do_bench(fn, **kw):
+        calls.append(fn.side)
+        return ms[fn.side][sum(c == fn.side for c in calls) - 1]
+
+    monkeypatch.setattr(triton.testing, "do_bench", do_bench)
+
+    def side(name):
+        def run():
+            return None
+        run.side = name
+        return run
+
+    d = choice.decide(KEY, {"dec_a": side("dec_a"), "decs_b": side("decs_b")}, side("vendor"), prior=False, device=CUDA)
+    assert calls == ["dec_a", "decs_b", "vendor"] * choice.ROUNDS
+    assert d.use_ours and d.config == "decs_b" and d.ours_ms == 0.70 and "autows decs_b" in d.describe()
+    choice.reset()  # a new process reads the config from the disk
+    assert choice.decide(KEY, {}, side("vendor"), prior=False, device=CUDA).config == "decs_b"
+
+
+def test_gemm_runs_the_config_the_measurement_kept_where_the_call_allows_it(monkeypatch):
+    from torch_autows.runtime import gemm as rtg
+
+    seen = []
+    monkeypatch.setattr(rtg, "support_reason", lambda *a: None)
+    monkeypatch.setattr(rtg, "_launch", lambda req, cfg, *a: seen.append(cfg))
+    monkeypatch.setattr(rtg, "_decide", lambda *a: choice.Decision(True, "measured", 1.0, 2.0, 0.0,
+                                                                   "decs_64x128_m16_s1"))
+    rtg._BOUND.clear()
+    x, w = torch.randn(4, 64).bfloat16(), torch.randn(96, 64).bfloat16()
+    rtg.gemm(x, w.t(), None, torch.bfloat16)  # nn.Linear's layout: the swap-AB config serves it
+    rtg.gemm(x, w.t().contiguous(), None, torch.bfloat16)  # a row-major b: the heuristic's config
+    rtg._BOUND.clear()
+    assert seen == ["decs_64x128_m16_s1", rtg.choose_config(4, 96, 64)]
+
+
+def test_decode_candidates():
+    from torch_autows.runtime import gemm_configs as gc
+
+    assert gc.decode_candidates(8, 4096, 4096, swap=True) == [gc.choose_config(8, 4096, 4096), "decs_64x128_m16_s1",
+                                                               "decs_128x128_m16_s1"]
+    assert gc.decode_candidates(64, 4096, 4096, swap=True)[1:] == ["decs_64x128_m64_s1", "decs_128x128_m64_s1"]
+    assert gc.decode_candidates(8, 4096, 4096, swap=False) == [gc.choose_config(8, 4096, 4096)]
+    assert gc.decode_candidates(128, 4096, 4096, swap=True) == [gc.choose_config(128, 4096, 4096)]
+    assert all(c in gc.CONFIGS for m in (1, 32, 64) for c in gc.decode_candidates(m, 6144, 4096, swap=True))

@@ -57,13 +57,17 @@ class Decision:
     ours_ms: float | None = None
     vendor_ms: float | None = None
     spread: float | None = None
+    #: The fastest of our candidate configs where several were measured (``decide``'s dict ``run_ours``); None:
+    #: the runtime's heuristic config.
+    config: str | None = None
 
     def describe(self) -> str:
         side = "autows" if self.use_ours else "vendor"
         if self.ours_ms is None or self.vendor_ms is None:
             return f"{side} ({self.source})"
-        return (f"{side} ({self.source}: autows {self.ours_ms * 1e3:.1f} us, vendor {self.vendor_ms * 1e3:.1f} us, "
-                f"{self.vendor_ms / self.ours_ms:.2f}x, spread {100 * (self.spread or 0):.1f}%)")
+        cfg = f" {self.config}" if self.config else ""
+        return (f"{side} ({self.source}: autows{cfg} {self.ours_ms * 1e3:.1f} us, vendor {self.vendor_ms * 1e3:.1f} "
+                f"us, {self.vendor_ms / self.ours_ms:.2f}x, spread {100 * (self.spread or 0):.1f}%)")
 
 
 #: Every decision this process made or read, by decision key (``explain()`` and tests read it).
@@ -86,10 +90,12 @@ def bucket(n: int) -> int:
 # --- the decision ---
 
 
-def decide(key: tuple, run_ours: Callable[[], object], run_vendor: Callable[[], object] | None,
-           prior: bool, device: torch.device) -> Decision:
+def decide(key: tuple, run_ours: Callable[[], object] | dict[str, Callable[[], object]],
+           run_vendor: Callable[[], object] | None, prior: bool, device: torch.device) -> Decision:
     """The decision for ``key`` (see the module doc). ``run_ours`` / ``run_vendor`` compute the site on its real
-    tensors (writing scratch outputs); ``prior`` is the cost rule's answer; ``run_vendor`` None: no vendor kernel."""
+    tensors (writing scratch outputs); ``run_ours`` may be a dict of candidate configs' runs, of which a
+    measurement keeps the fastest (``Decision.config``); ``prior`` is the cost rule's answer; ``run_vendor`` None:
+    no vendor kernel."""
     with _lock:
         m = mode()
         if m in ("autows", "vendor") or run_vendor is None:  # not recorded: the mode may change
@@ -121,17 +127,24 @@ _burst = {"start": 0.0, "end": 0.0, "n": 0, "shown": False}
 
 def _measure(run_ours, run_vendor) -> Decision:
     """Both sides timed in ``ROUNDS`` interleaved rounds (median of each round, L2 flushed before every run);
-    ours is kept only where it beats the vendor in every round by more than ``MIN_MARGIN``."""
+    ours is kept only where it beats the vendor in every round by more than ``MIN_MARGIN``. With candidate
+    configs (a dict ``run_ours``) each is timed in every round too, and the one of least median is ours."""
     from triton.testing import do_bench
 
     t0 = time.perf_counter()
     if t0 - _burst["end"] > 2.0:  # a new burst of measurements (one compile's first run, say)
         _burst.update(start=t0, n=0, shown=False)
-    run_ours(), run_vendor()  # compile / warm both before timing
-    ours, vendor = [], []
+    cands = run_ours if isinstance(run_ours, dict) else {None: run_ours}
+    for run in (*cands.values(), run_vendor):  # compile / warm every side before timing
+        run()
+    times: dict = {c: [] for c in cands}
+    vendor = []
     for _ in range(ROUNDS):
-        ours.append(do_bench(run_ours, warmup=WARMUP_MS, rep=REP_MS, return_mode="median"))
+        for c, run in cands.items():
+            times[c].append(do_bench(run, warmup=WARMUP_MS, rep=REP_MS, return_mode="median"))
         vendor.append(do_bench(run_vendor, warmup=WARMUP_MS, rep=REP_MS, return_mode="median"))
+    best = min(cands, key=lambda c: sorted(times[c])[ROUNDS // 2])
+    ours = times[best]
     o, v = sorted(ours)[ROUNDS // 2], sorted(vendor)[ROUNDS // 2]
     # Paired by round (interleaved, so drift hits both alike): ours is kept only if it wins every round by
     # more than MIN_MARGIN; the spread reported is that of the per-round ratios.
@@ -144,7 +157,7 @@ def _measure(run_ours, run_vendor) -> Decision:
         log.warning("autows: measuring generated kernels against the vendor's at each new site shape (%d so far, "
                     "%.1f s); decisions are cached under %s (TORCH_AUTOWS_CHOICE=prior skips measuring)",
                     _burst["n"], now - _burst["start"], _decisions_dir() or "memory only")
-    return Decision(ratios[0] > 1 + MIN_MARGIN, "measured", o, v, spread)
+    return Decision(ratios[0] > 1 + MIN_MARGIN, "measured", o, v, spread, best)
 
 
 def materialize(t: torch.Tensor) -> torch.Tensor:
@@ -244,7 +257,10 @@ def _read(key: tuple, device: torch.device) -> Decision | None:
             raise ValueError("the entry names another key")
         if not isinstance(rec["use_ours"], bool):
             raise ValueError("use_ours is not a bool")
-        return Decision(rec["use_ours"], "cache", rec.get("ours_ms"), rec.get("vendor_ms"), rec.get("spread"))
+        if not isinstance(rec.get("config"), (str, type(None))):
+            raise ValueError("config is not a name")
+        return Decision(rec["use_ours"], "cache", rec.get("ours_ms"), rec.get("vendor_ms"), rec.get("spread"),
+                        rec.get("config"))
     except (ValueError, KeyError, TypeError) as e:
         diagnostics.faults.log_once(("choice", path), "autows: ignoring a corrupted choice cache entry %s (%s); "
                                     "measuring again", path, e)
@@ -257,7 +273,7 @@ def _write(key: tuple, device: torch.device, d: Decision) -> None:
     if path is None:
         return
     rec = {"key": full, "use_ours": d.use_ours, "ours_ms": d.ours_ms, "vendor_ms": d.vendor_ms,
-           "spread": d.spread}
+           "spread": d.spread, "config": d.config}
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
     except OSError:

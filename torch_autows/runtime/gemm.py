@@ -23,6 +23,7 @@ from .gemm_configs import (  # noqa: F401  (re-exported: runtime.gemm is where c
     DECODE_TILES,
     RESIDUAL_BLOCK_N,
     choose_config,
+    decode_candidates,
     decode_configs,
     decode_name,
     decode_pick,
@@ -30,6 +31,7 @@ from .gemm_configs import (  # noqa: F401  (re-exported: runtime.gemm is where c
     serves_activation,
     serves_residual,
     serves_swap,
+    swap_serves,
 )
 from .launch import BoundCache, Tma, compile_kernel
 
@@ -211,8 +213,14 @@ def _decide(op, a, b, bias, out_dtype, m, n, k, layout, residual=None, activatio
 
     fn = bmm if op == "bmm" else functools.partial(gemm, bias=bias, residual=residual, activation=activation)
 
-    def ours():
-        return fn(a, b, out_dtype=out_dtype, config="auto", out=out("ours"))
+    def ours(cfg="auto"):
+        return fn(a, b, out_dtype=out_dtype, config=cfg, out=out("ours"))
+
+    if op == "mm" and residual is None and activation == "none":
+        cands = decode_candidates(m, n, k, swap_serves(trans_a=layout[0], trans_b=layout[1]))
+    else:
+        cands = []
+    runs = {c: functools.partial(ours, c) for c in cands} if len(cands) > 1 else ours
 
     def vendor():
         # A residual site is timed against the GEMM alone: torch.compile's default adds the residual inside
@@ -222,7 +230,19 @@ def _decide(op, a, b, bias, out_dtype, m, n, k, layout, residual=None, activatio
         # which made a losing fusion look like a win).
         return vendor_gemm(a, b, bias, out("vendor"), activation)
 
-    return choice.decide(key, ours, vendor if out_dtype == a.dtype else None, choice.gemm_prior(m, n, k), a.device)
+    return choice.decide(key, runs, vendor if out_dtype == a.dtype else None, choice.gemm_prior(m, n, k), a.device)
+
+
+def _measured_config(d: choice.Decision, ta: bool, tb: bool, out, m: int, n: int) -> str | None:
+    """The config the measured decision ``d`` kept, where this call can run it (a swap-AB config needs the layout
+    it was measured on and a contiguous ``out``); None: the heuristic's."""
+    cfg = d.config
+    if cfg not in CONFIGS:
+        return None
+    if CONFIGS[cfg].swap_ab and (not serves_swap(cfg, trans_a=ta, trans_b=tb) or (
+            out is not None and m > 1 and out.stride() != (n, 1))):
+        return None
+    return cfg
 
 
 def _out_shape(a, b) -> tuple:
@@ -275,10 +295,12 @@ def gemm(a, b, bias, out_dtype, config: str | None = None, out: torch.Tensor | N
     N = b.shape[1]
     ta, _ = _tma_view(a, M, K)
     tb, _ = _tma_view(b, K, N)
-    if config is None and not _decide("mm", a, b, bias, out_dtype, M, N, K, (ta, tb), residual,
-                                            activation).use_ours:
-        _BOUND.put(key, VENDOR)
-        return None
+    if config is None:
+        d = _decide("mm", a, b, bias, out_dtype, M, N, K, (ta, tb), residual, activation)
+        if not d.use_ours:
+            _BOUND.put(key, VENDOR)
+            return None
+        config = _measured_config(d, ta, tb, out, M, N)
     config = None if config == "auto" else config
     a2 = a.t() if ta else a
     b2 = b.t() if tb else b

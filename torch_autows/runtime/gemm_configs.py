@@ -70,8 +70,12 @@ CONFIGS.update(decode_configs("dec", DECODE_TILES))
 #: operand (one consumer warpgroup: 64 rows, or 128 as two m64 blocks) and the activations' [bmx, block_k] tile its
 #: B (wgmma N = bmx), so M <= bmx rows pad bmx, not 64. Served: nn.Linear's layout (``x @ w.t()``, nt) with or without
 #: a bias, operand or f32 output, split-K 1..4; nothing else (``serves_swap``). Compiled offline for sm_90a with no
-#: spills (test/codegen/test_swap_codegen.py). Not picked by ``choose_config`` until measured on the GPU
-#: (bench/results/sweeps/decode_swap.py); ``config=`` names them.
+#: spills (test/codegen/test_swap_codegen.py). Measured on the H200 (sweeps/2026-12-01-h200-decode-swap.json, the
+#: Llama-3 decode shapes at M 1-64): split 1 is the fastest swap config at every shape; 16 rows beat 64 up to M = 32;
+#: the 64- or 128-wide tile wins by shape (up to 10% apart) in a way no rule of N, K and SMs fitted; the best of
+#: them 0.96-1.09x cuBLAS (geomean 1.02), against 0.81-1.08x for ``choose_config``'s dec_* pick. So the heuristic
+#: does not pick them; ``decode_candidates`` offers them to the measured choice (runtime.choice), which keeps the
+#: fastest per site.
 SWAP_TILES = ((64, 128, (1, 2, 3, 4)), (128, 128, (1, 2, 3, 4)))  # (block_n, block_k, splits)
 SWAP_ROWS = (16, 64)  # bmx: the activation rows of a tile (wgmma N)
 
@@ -84,6 +88,17 @@ def swap_configs(prefix: str, tiles, rows) -> dict[str, Options]:
 
 
 CONFIGS.update(swap_configs("decs", SWAP_TILES, SWAP_ROWS))
+
+
+def decode_candidates(m: int, n: int, k: int, swap: bool) -> list[str]:
+    """The configs the measured choice times for an M x N x K GEMM: ``choose_config``'s pick, and where ``swap``
+    (the call is one ``serves_swap`` takes) and M <= 64 the two unsplit swap-AB tiles of the row count that won the
+    sweep at that M (16 rows up to M = 32, else 64)."""
+    out = [choose_config(m, n, k)]
+    if swap and m <= 64:
+        bmx = 16 if m <= 32 else 64
+        out += [f"decs_{bn}x128_m{bmx}_s1" for bn in (64, 128)]
+    return out
 
 
 #: Throughput of a 128x128 tile relative to 128x256 when both fill every SM: 644 against 706 TFLOP/s at
@@ -141,7 +156,13 @@ def serves_residual(config: str) -> bool:
 def serves_swap(config: str, *, trans_a: bool, trans_b: bool, batched: bool = False, epilogue: str = "none") -> bool:
     """Whether ``config`` serves a GEMM of that layout and kind: a swap-AB config only nn.Linear's (A row-major, B a
     transposed view), 2-D, no swiglu (templates.gemm.swap_reason); every other config all of them."""
-    return not CONFIGS[config].swap_ab or (not trans_a and trans_b and not batched and epilogue == "none")
+    return not CONFIGS[config].swap_ab or swap_serves(trans_a=trans_a, trans_b=trans_b, batched=batched,
+                                                      epilogue=epilogue)
+
+
+def swap_serves(*, trans_a: bool, trans_b: bool, batched: bool = False, epilogue: str = "none") -> bool:
+    """Whether the swap-AB configs serve a GEMM of that layout and kind (``serves_swap``)."""
+    return not trans_a and trans_b and not batched and epilogue == "none"
 
 
 def serves_activation(config: str, activation: str) -> bool:
