@@ -1,6 +1,7 @@
 """Decode peers: GEMMs of a few rows against Llama-3 weights, and a SwiGLU MLP through the backend.
 
-GEMM cases (``DecodeCase``): cuBLAS (``torch.mm``, peer ``default``), what a user of ``torch_autows.ops.gemm``
+GEMM cases (``DecodeCase``), in nn.Linear's layout as a model's decode runs them: ``x @ w.t()`` with the weight
+``w`` [N, K] row-major. cuBLAS (``torch.mm``, peer ``default``), what a user of ``torch_autows.ops.gemm``
 gets (``autows``: the measured choice of runtime.choice, our kernel or cuBLAS), and autows's generated kernel
 forced (``autows-kernel``: ``config.choice = "autows"``; our own variant, not a peer in the ratio). Rows also
 report the effective bandwidth: bytes of A, B and C over the time; the run's meta holds the copy ceiling (a
@@ -25,7 +26,9 @@ def make_inputs(case) -> dict:
     import torch
 
     if isinstance(case, DecodeCase):
-        return _gemm_inputs(case)
+        inp = _gemm_inputs(case)
+        inp["b"] = inp["b"].t().contiguous().t()  # the same values, as the transposed view of a [N, K] weight
+        return inp
     torch.manual_seed(0)
     mlp = _mlp(case).to(DEVICE, torch.bfloat16)
     x = torch.randn(case.rows, case.hidden, device=DEVICE, dtype=torch.bfloat16)
