@@ -28,7 +28,7 @@ from torch_autows.templates.attention_bwd_dq import build as build_dq
 SPILLS = {("bwd_64x128_dp2", 128, False): 916, ("bwd_64x128_dp2", 128, True): 1484,
           ("bwd_64x64_dp1", 128, False): 748, ("bwd_64x64_dp1", 128, True): 1184}
 
-CASES = [c for c in itertools.product(CONFIGS, (64, 128), (False, True), ("bf16", "fp16")) if serves(c[0], c[1])]
+CASES = [c for c in itertools.product(CONFIGS, (64, 128), (False, True), ("bf16", "fp16")) if serves(c[0], c[1], "atomic")]
 
 
 SEPARATE = [("main", *c) for c in itertools.product(CONFIGS, (64, 128), (False, True), ("bf16", "fp16"))
@@ -114,7 +114,8 @@ def test_two_chains_of_64_keys_take_a_warpgroup_each():
 
 def test_choose_config_serves_every_head_dim():
     for d, causal in itertools.product((64, 128), (False, True)):
-        assert serves(choose_config(d, causal), d)
+        assert serves(choose_config(d, causal), d)  # the default form (separate)
+        assert serves(choose_config(d, causal, "atomic"), d, "atomic")
 
 
 @pytest.mark.parametrize("config,d,causal,dtype", CASES)

@@ -66,7 +66,7 @@ DQ_CONFIGS: dict[str, Options] = {
 DQ_CONFIG_HEAD_DIMS: dict[str, tuple[int, ...]] = {"dq_128x128_dp2": (64, 128), "dq_128x64_dp2": (64, 128)}
 
 
-def serves(config: str, d: int, dq_mode: str = "atomic") -> bool:
+def serves(config: str, d: int, dq_mode: str = "separate") -> bool:
     """Whether main-kernel ``config`` runs head dim ``d`` in form ``dq_mode``."""
     return d in CONFIG_HEAD_DIMS.get(config, {}).get(dq_mode, ())
 
