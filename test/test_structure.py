@@ -28,8 +28,10 @@ LAYERS = [
 
 # Inside torch_autows.inductor, the same rule, low to high.
 INDUCTOR_LAYERS = [
-    ["masks", "support", "externs"],            # mask analysis; "can autows serve this?"; the extern kernels
-    ["lowering", "rewrite_attention"],          # the ops' lowerings; the attention rewrite (Dynamo graph)
+    ["masks", "support", "externs", "attention_nodes"],  # mask analysis; "can autows serve this?"; the extern
+                                                # kernels; the attention matcher's node predicates (and val)
+    ["lowering", "attention_sites", "rewrite_attention"],  # the ops' lowerings; the attention sites and their
+                                                # rewrite (Dynamo graph)
     ["rewrite_gemm"],                           # the post-grad GEMM rewrite (uses the lowerings, val())
     ["rewrite_swiglu", "rewrite_residual", "rewrite_activation"],  # post-grad SwiGLU, residual, GELU fusions
     ["graph_passes"],                           # the CustomGraphPass objects and their cache key

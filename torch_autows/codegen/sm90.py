@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from ..ir import walk
 from .context import expr, v
-from .emitters import _ago, _as, emitter
+from .emit_base import _as, emitter
+from .emit_memory import _ago
 
 IMPORTS = ("from triton.experimental.gluon.language.nvidia.hopper import ("
            "fence_async_shared, mbarrier, tma, warpgroup_mma,\n"

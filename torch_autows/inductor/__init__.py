@@ -5,8 +5,10 @@ Modules, low to high (a module imports only from its own line or lower ones; tes
     masks.py              which explicit mask tensors are provably causal (so the site can be served)
     support.py            "can autows serve this?" checks shared by the rewrites, the choices and explain()
     externs.py            ``extern_kernels.autows_{mm,addmm,bmm,mm_residual,attention}``, the kernels Inductor calls
+    attention_nodes.py    one-node recognisers of the attention matcher (scaling, cast, mask, softmax); ``val``
     lowering.py           the ops' Inductor lowerings: direct calls of the extern kernels (no dispatcher per call)
-    rewrite_attention.py  finds attention sites in the Dynamo (torch-level) graph and rewrites them to our op
+    attention_sites.py    finds attention sites (SDPA, explicit chains) in the Dynamo (torch-level) graph
+    rewrite_attention.py  rewrites the servable ones to our op
     rewrite_gemm.py       post-grad rewrite of aten.mm/addmm/bmm to our op (when max-autotune is off)
     rewrite_swiglu.py     post-grad fusion of a SwiGLU MLP's gate, up and silu-product into autows::gemm_swiglu
     graph_passes.py       the ``CustomGraphPass`` objects (cache-key uuid, chaining the user's passes)

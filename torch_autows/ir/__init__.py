@@ -10,7 +10,7 @@ The names above are re-exported here (``from torch_autows.ir import Program, wal
 except ``kinds()``: ``torch_autows.ir.kinds`` is the op table's module, so import the function from it
 (``from torch_autows.ir.kinds import kinds``).
 
-The invariants each pipeline stage must satisfy are not here but in ``torch_autows/verify.py``: they are
+The invariants each pipeline stage must satisfy are not here but in ``torch_autows/verify/``: they are
 named by the pipeline's stages (``passes.pipeline.STAGES``) and read passes' analyses, a higher layer.
 """
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The op table: one record per IR op kind, with the per-kind rules the passes, codegen, interpreter and verifier read.
 
-Adding an op kind means adding its ``OpKind`` here, a Gluon emitter (``codegen/emitters.py``, ``@emitter``) and
-an interpreter meaning (``interp/ops.py`` ``@semantics``, or a handler in ``interp/partitioned.py`` for the
-synchronisation ops); ``test/ir/test_ir_ops.py`` checks all three agree.
+Adding an op kind means adding its ``OpKind`` here, a Gluon emitter (``@emitter`` in a ``codegen/emit_*.py``) and
+an interpreter meaning (``interp/ops.py`` ``@semantics``, or a handler in ``interp/partitioned.py``'s ``HANDLERS``
+for the synchronisation ops); ``test/ir/test_ir_ops.py`` checks all three agree.
 
 Fields:
     operands, results  (min, max) counts; max None: any number (loop, yield)

@@ -1,0 +1,112 @@
+"""Emitters of register math: constants (``zeros``, ``full``), elementwise ops (``add``, ``sub``, ``mul``,
+``max``, ``mulc``, ``exp2``, ``silu``, ``gelu``, ``neg``, ``where``, ``cast``), reductions (``reduce_max``,
+``reduce_sum``), the attention epilogue's guarded math (``fin0``, ``div0``, ``lse``) and ``expand``."""
+from __future__ import annotations
+
+from .context import GL_DTYPE, expr, v
+from .emit_base import _as, emitter
+
+
+@emitter("zeros")
+def _zeros(ctx, o, indent):
+    r = o.results[0]
+    return [f"{v(r.name)} = gl.zeros({list(r.type.shape)}, {GL_DTYPE[r.type.dtype]}, {ctx.layouts[r.name]})"]
+
+
+def _float(x) -> str:
+    return f'float("{x}")' if isinstance(x, str) else repr(float(x))
+
+
+@emitter("full")
+def _full(ctx, o, indent):
+    r = o.results[0]
+    return [f"{v(r.name)} = gl.full({list(r.type.shape)}, {_float(o.attr('value'))}, {GL_DTYPE[r.type.dtype]}, "
+            f"{ctx.layouts[r.name]})"]
+
+
+@emitter("mulc")
+def _mulc(ctx, o, indent):
+    return [f"{v(o.results[0].name)} = {v(o.operands[0])} * {expr(o.attr('c'))}"]
+
+
+@emitter("reduce_max", "reduce_sum")
+def _reduce(ctx, o, indent):
+    fn = "gl.max" if o.kind == "reduce_max" else "gl.sum"
+    return [f"{v(o.results[0].name)} = {fn}({v(o.operands[0])}, axis={o.attr('axis')})"]
+
+
+@emitter("fin0")
+def _fin0(ctx, o, indent):
+    x = v(o.operands[0])
+    return [f"{v(o.results[0].name)} = gl.where({x} == float(\"-inf\"), 0.0, {x})  # fully masked row: no -inf - -inf"]
+
+
+@emitter("div0")
+def _div0(ctx, o, indent):
+    r = o.results[0]
+    a, b = (_as(ctx, x, ctx.layouts[r.name]) for x in o.operands)
+    return [f"{v(r.name)} = gl.where({b} == 0.0, 0.0, {a} / gl.where({b} == 0.0, 1.0, {b}))"]
+
+
+@emitter("lse")
+def _lse(ctx, o, indent):
+    m, l_ = (v(x) for x in o.operands)
+    return [f"{v(o.results[0].name)} = gl.where({l_} == 0.0, float(\"-inf\"), "
+            f"({m} + gl.log2(gl.where({l_} == 0.0, 1.0, {l_}))) * 0.6931471805599453)"]
+
+
+@emitter("expand")
+def _expand(ctx, o, indent):
+    return [f"{v(o.results[0].name)} = gl.expand_dims({v(o.operands[0])}, {o.attr('axis')})"]
+
+
+_BINARY = {"add": "{} + {}", "sub": "{} - {}", "mul": "{} * {}", "max": "gl.maximum({}, {})"}
+
+
+@emitter(*_BINARY)
+def _binary(ctx, o, indent):
+    r = o.results[0].name
+    L = ctx.layouts.get(r)
+    # a broadcast operand ([BM, 1] / [1, BN]) from another accumulator layout is moved into ours
+    args = [_as(ctx, x, L) if L and ctx.layouts.get(x, L).rsplit("_S", 1)[0] != L.rsplit("_S", 1)[0] else v(x)
+            for x in o.operands]
+    return [f"{v(r)} = " + _BINARY[o.kind].format(*args)]
+
+
+@emitter("exp2")
+def _exp2(ctx, o, indent):
+    return [f"{v(o.results[0].name)} = gl.exp2({v(o.operands[0])})"]
+
+
+@emitter("silu")
+def _silu(ctx, o, indent):  # x * sigmoid(x) = x / (1 + e^-x); e^-x = 2^(-x log2 e): inf for very negative x -> -0
+    x = v(o.operands[0])
+    return [f"{v(o.results[0].name)} = {x} / (1.0 + gl.exp2({x} * -1.4426950408889634))"]
+
+
+@emitter("gelu")
+def _gelu(ctx, o, indent):
+    # tanh form: 0.5 x (1 + tanh(u)) = x sigmoid(2u) = x / (1 + 2^(-2u log2 e)), u = sqrt(2/pi) (x + 0.044715 x^3)
+    # (Gluon has no tanh): large |u| gives x / 1 or x / inf = -0, never inf/inf. erf form: 0.5 x (1 + erf(x / sqrt 2))
+    x, r = v(o.operands[0]), v(o.results[0].name)
+    if o.attr("approximate") == "tanh":  # -2 log2(e) sqrt(2/pi) = -2.302208198144325
+        return [f"{r} = {x} / (1.0 + gl.exp2(({x} + 0.044715 * {x} * {x} * {x}) * -2.302208198144325))"]
+    if o.attr("approximate") == "none":
+        return [f"{r} = 0.5 * {x} * (1.0 + gl.erf({x} * 0.7071067811865476))"]
+    raise ValueError(f"gelu: approximate {o.attr('approximate')!r} has no emitter; use 'tanh' or 'none'")
+
+
+@emitter("neg")
+def _neg(ctx, o, indent):
+    return [f"{v(o.results[0].name)} = -{v(o.operands[0])}"]
+
+
+@emitter("where")
+def _where(ctx, o, indent):  # as interp: a nonzero condition keeps a; b takes a's dtype
+    c, a, b = (v(x) for x in o.operands)
+    return [f"{v(o.results[0].name)} = gl.where({c} != 0, {a}, {b}.to({GL_DTYPE[o.results[0].type.dtype]}))"]
+
+
+@emitter("cast")
+def _cast(ctx, o, indent):
+    return [f"{v(o.results[0].name)} = {v(o.operands[0])}.to({GL_DTYPE[o.results[0].type.dtype]})"]

@@ -1,0 +1,105 @@
+"""The partitioned interpreter's asynchronous work and its handlers (``partitioned.HANDLERS`` maps the op kinds to
+them): an async wgmma group (``Wgmma``: ``mma`` issues it, ``mma_wait`` or the ``pending`` bound retires it) and
+an async TMA store's read of its staging slot (``StoreRead``: ``store`` issues it, ``PartRun.store_wait`` ends
+it), with ``smem_store`` and ``trans``, which hand out slot references read at each use. ``pr`` is the running
+``partitioned.PartRun``."""
+from __future__ import annotations
+
+from ..ir import Op
+from .cta import SlotRef
+from .ops import InterpError, apply, skipped
+
+
+class Wgmma:
+    """An async wgmma group: operands are read (from SMEM) when it retires at a wgmma wait."""
+
+    def __init__(self, owner, op, step, args, refs):
+        self.owner, self.op, self.step, self.args, self.refs = owner, op, step, args, refs
+        self.value = None
+
+    def describe(self) -> str:
+        return f"async wgmma `{self.op.results[0].name} = mma(...)` issued by {self.owner.name} at #{self.step}"
+
+
+class StoreRead:
+    """An async TMA store reading its staging slot until the partition's next store_wait."""
+
+    def __init__(self, owner, op, step, key, tag, coords):
+        self.owner, self.op, self.step, self.key, self.tag, self.coords = owner, op, step, key, tag, coords
+        self.value = None
+
+    def describe(self) -> str:
+        return f"TMA store from {self.key[0]} issued by {self.owner.name} at #{self.step}"
+
+
+def _trans(pr, o: Op):
+    x = pr.raw(o.operands[0], o)
+    if isinstance(x, SlotRef):  # a free view of the slot: still read at the use
+        pr.env[o.results[0].name] = SlotRef(x.buf, x.slot, x.tag, x.group, not x.trans)
+    else:
+        pr.env[o.results[0].name] = apply(pr, o, [pr.value(x, o)])[0]
+
+
+def _mma(pr, o: Op):
+    vals = [pr.raw(x, o) for x in o.operands]
+    refs = []
+    for i, x in enumerate(vals):
+        if isinstance(x, SlotRef):
+            pr.cta.read_slot(x, pr.name, o)  # checked at issue and again at retire
+            refs.append(x)
+        elif isinstance(x, Wgmma) and not (i == 2 and x.owner is pr):
+            vals[i] = pr.value(x, o)  # only the accumulator may be a wgmma still in flight
+    grp = Wgmma(pr, o, pr.run.step, vals, refs)
+    for ref in refs:
+        pr.cta.smem.slots[(ref.buf, ref.slot)].reads.append(grp)
+    pr.wgmma.append(grp)
+    pr.env[o.results[0].name] = grp
+    if o.attr("wait", True) is not False:
+        pr.retire_until(o.attr("pending", 0), o)
+
+
+def _mma_wait(pr, o: Op):
+    pr.retire_until(o.attr("pending", 0), o)
+    pr.env[o.results[0].name] = pr.value(pr.raw(o.operands[0], o), o)
+
+
+def _store(pr, o: Op):
+    if skipped(pr, o):  # after a split_reduce, in a CTA that did not sum the parts
+        return
+    x = o.operands[0]
+    buf = next((b for b in pr.run.program.buffers if b.value == x and b.name.endswith("_stage")), None)
+    if buf is None:
+        raise InterpError(f"interp: store of %{x} has no staging buffer; run buffers/memory_plan first")
+    count = buf.count or 1
+    pr.store_wait(count - 1)  # tma.store_wait(count - 1): the store that last used this slot has read it
+    data = pr.value(pr.raw(x, o), o)
+    key = (buf.name, pr.counters[buf.name] % count)
+    pr.counters[buf.name] += 1
+    who = f"{pr.name}'s register store into {buf.name}"
+    pr.cta.check_write(key, who, pr.name, o)
+    tag = ("stage", pr.name, pr.run.step)
+    pr.cta.store_slot(key, data, tag)
+    yield None  # fence_async_shared(); then the TMA store is issued
+    if pr.cta.smem.slots[key].tag != tag:
+        pr.fail("overwrite", f"{buf.name} was overwritten between {pr.name}'s register store and its TMA store")
+    rec = StoreRead(pr, o, pr.run.step, key, tag, tuple(int(pr.eval(c)) for c in o.attr("coords")))
+    pr.cta.smem.slots[key].reads.append(rec)
+    pr.stores.append(rec)
+
+
+def _smem_store(pr, o: Op):
+    """A register tile into the partition's own SMEM buffer of the result (slot ``n % count`` of a per-partition
+    counter, as the codegen's ``<buf>_n``); overwriting bytes an unretired wgmma still reads is an ``overwrite``.
+    The result is a reference to the slot, read at each use."""
+    r = o.results[0].name
+    buf = next((b for b in pr.run.program.buffers if b.value == r), None)
+    if buf is None:
+        raise InterpError(f"interp: smem_store %{r} has no buffer; run buffers/memory_plan first")
+    count = buf.count or 1
+    key = (buf.name, pr.counters[buf.name] % count)
+    pr.counters[buf.name] += 1
+    data = pr.value(pr.raw(o.operands[0], o), o)
+    pr.cta.check_write(key, f"{pr.name}'s smem_store into {buf.name}[{key[1]}]", pr.name, o)
+    tag = ("smem_store", pr.name, pr.run.step)
+    pr.cta.store_slot(key, data, tag)
+    pr.env[r] = SlotRef(buf.name, key[1], tag, None)

@@ -1,0 +1,72 @@
+"""What a program's values may flow into, from the template and data_partition on: accumulating outputs add
+f32 into an f32 out arg nothing else touches (``_check_accumulate``), data-partition chains read only their own
+values and read-only loads (``_check_chains``), and split-K's parts, workspace and predicated stores agree
+(``_check_split``)."""
+from __future__ import annotations
+
+from ..ir import Program, defs, value_types, walk
+from ..ir.kinds import OPS, STRUCTURAL
+from .base import _fail
+
+
+def _check_accumulate(p: Program, stage: str):
+    """An accumulating output (``atomic_add_ptr``) adds an f32 tile into an f32 ``ptr`` out arg that no other op
+    of the program reads or writes: a read would see a sum other CTAs are still adding to, a plain store would race
+    the adds."""
+    types = value_types(p.body)
+    args = {a.name: a for a in p.args}
+    targets = {o.attr("arg"): o for o in walk(p.body) if OPS[o.kind].accumulates}
+    for name, o in targets.items():
+        a = args.get(name)
+        if a is None or a.kind != "ptr" or a.dtype != "f32" or not a.out:
+            _fail(stage, f"{o.kind} adds into {name!r}, which must be an f32 ptr out arg", o)
+        if types[o.operands[0]].dtype != "f32":
+            _fail(stage, f"{o.kind} adds a {types[o.operands[0]].dtype} tile; cast it to f32 first", o)
+    for o in walk(p.body):
+        if o.attr("arg") in targets and not OPS[o.kind].accumulates:
+            _fail(stage, f"{o.kind} touches {o.attr('arg')!r}, which atomic adds accumulate into: only adds may "
+                  f"touch it in the kernel (read the sum after it ends)", o)
+
+
+def _check_chains(p: Program, stage: str):
+    dmap = defs(p.body)
+    for o in walk(p.body):
+        if o.kind in STRUCTURAL or o.chain is None:
+            continue
+        for x in o.operands:
+            d = dmap.get(x)
+            if d is None or d.kind == "loop":
+                continue
+            if d.chain is None and d.kind != "load":
+                _fail(stage, f"chain {o.chain} reads %{x}, a shared value that is not a read-only load", o)
+            if d.chain is not None and d.chain != o.chain:
+                _fail(stage, f"chain {o.chain} reads %{x} of chain {d.chain}: chains must be independent", o)
+
+
+def _check_split(p: Program, stage: str):
+    """passes/split_k: each split_reduce's part count is the extent of its grid index (a counter target that
+    differs lets the last arriver sum parts not written yet, or never sum); its workspace and counters are
+    args of the right dtypes; a store's ``pred`` names a split_reduce result computed before it, and every
+    output op writing a value computed from one has a ``pred``."""
+    extents = dict(p.grid.tiles)
+    reduced: set[str] = set()
+    derived: set[str] = set()  # values computed from a split_reduce result: only the summing CTA may store them
+    for o in walk(p.body):
+        if any(x in derived for x in o.operands):
+            derived.update(r.name for r in o.results)
+            if OPS[o.kind].output and o.attr("pred") is None:
+                _fail(stage, f"{o.kind} writes a value computed from a split_reduce without its pred: every CTA "
+                      f"of the split would store", o)
+        if o.kind == "split_reduce":
+            if extents.get(o.attr("part")) != str(o.attr("splits")):
+                _fail(stage, f"split_reduce sums {o.attr('splits')} parts but grid index {o.attr('part')!r} has "
+                      f"extent {extents.get(o.attr('part'))!r}", o)
+            args = {a.name: a for a in p.args}
+            for name, dt in ((o.attr("ws"), "f32"), (o.attr("locks"), "i32")):
+                if name not in args or args[name].kind != "ptr" or args[name].dtype != dt:
+                    _fail(stage, f"split_reduce needs a ptr<{dt}> arg {name!r}", o)
+            reduced.add(o.results[0].name)  # the first result carries the summing CTA's flag (the stores' pred)
+            derived.update(r.name for r in o.results)
+        if o.attr("pred") is not None and o.attr("pred") not in reduced:
+            _fail(stage, f"{o.kind} is predicated on %{o.attr('pred')}, which is not a split_reduce result before it",
+                  o)

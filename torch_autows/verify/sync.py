@@ -1,0 +1,150 @@
+"""Synchronization, from code_partition on: ring barriers balance per partition and tile consumers seek their
+ring positions (``_check_code``), and ping-pong turns are consistent: each turn partition waits on its own
+barrier, passes to the next and takes the same turns per tile as the others (``_check_turns``, with
+``_turn_shape`` and ``_main_loop_turns``)."""
+from __future__ import annotations
+
+from ..ir import Program, walk
+from .base import _fail
+
+
+def _check_code(p: Program, stage: str):
+    groups = {g.name: g for g in p.groups}
+    for c in p.channels:
+        if c.group not in groups:
+            _fail(stage, f"channel {c.name} has no barrier group")
+    for pt in p.partitions:
+        if not pt.body:
+            _fail(stage, f"partition {pt.name} has no body")
+        count = {}
+        for o in walk(pt.body):
+            g = o.attr("group")
+            if g is None:
+                continue
+            if g not in groups:
+                _fail(stage, f"unknown barrier group {g}", o)
+            count.setdefault(g, {"acquire": 0, "wait_ready": 0, "release": 0, "advance": 0})
+            if o.kind in count[g]:
+                count[g][o.kind] += 1
+        for g, c in count.items():
+            if c["acquire"] + c["wait_ready"] != c["advance"]:
+                _fail(stage, f"{pt.name}: group {g} waits {c['acquire'] + c['wait_ready']} times per step but "
+                      f"advances {c['advance']} times: phases would drift")
+            if c["wait_ready"] != c["release"]:
+                _fail(stage, f"{pt.name}: group {g} is waited on {c['wait_ready']} times but released "
+                      f"{c['release']} times: a slot would never be freed")
+    sharing = {pt.name for pt in p.partitions if pt.tiles is not None}
+    for g in groups.values():
+        consumers = {pt.name for pt in p.partitions for o in walk(pt.body)
+                     if o.kind == "release" and o.attr("group") == g.name}
+        one_each = g.arrivals == 1 and consumers and consumers <= sharing  # a fill is its tile's consumer's
+        if len(consumers) != g.arrivals and not one_each:
+            _fail(stage, f"group {g.name} expects {g.arrivals} releasing partitions, found {sorted(consumers)}")
+    for pt in p.partitions:
+        body = pt.body[0].body if len(pt.body) == 1 and pt.body[0].kind == "tile_loop" else pt.body
+        seeks = [o for o in walk(body) if o.kind == "seek"]
+        waited = sorted({o.attr("group") for o in walk(body) if o.kind == "wait_ready"})
+        head = [o.attr("group") for o in body[:len(seeks)] if o.kind == "seek"]
+        if pt.tiles is None and seeks:
+            _fail(stage, f"{pt.name} walks every tile but seeks its ring position", seeks[0])
+        if pt.tiles is not None and (sorted(head) != waited or len(head) != len(seeks)):
+            _fail(stage, f"{pt.name} runs every {pt.tiles[1]}th tile: its tile body must start with one seek per ring "
+                  f"it reads ({waited}), found seeks of {[o.attr('group') for o in seeks]} (its counter would "
+                  f"stay at another consumer's fills)")
+
+
+def _turn_shape(ops, part: str, stage: str, scope: str = "mma") -> tuple:
+    """The turns one op list takes, loops (with their bounds) nested; scope "mma": every mma inside a turn, every
+    turn_wait followed by its turn_pass before anything else waits or a loop starts; scope "mainloop" (tile
+    consumers): every ring wait inside a turn taken in the tile body's own op list."""
+    if scope == "mainloop":
+        return _main_loop_turns(ops, part, stage)
+    shape: list = []
+    inside = None
+    for o in ops:
+        if o.kind == "turn_wait":
+            if inside is not None:
+                _fail(stage, f"{part} waits for a turn twice without passing it", o)
+            inside = o
+            shape.append("turn")
+        elif o.kind == "turn_pass":
+            if inside is None:
+                _fail(stage, f"{part} passes a turn it did not wait for", o)
+            inside = None
+        elif o.kind == "mma" and inside is None:
+            _fail(stage, f"{part} takes ping-pong turns but issues this mma outside a turn", o)
+        elif o.kind == "tile_loop":  # the whole body, per tile: its turns are the partition's
+            shape += _turn_shape(o.body, part, stage)
+        elif o.kind == "loop":
+            if inside is not None:
+                _fail(stage, f"{part} starts a loop inside a turn", o)
+            inner = _turn_shape(o.body, part, stage)
+            if inner:
+                shape.append((o.attr("lb"), o.attr("ub"), inner))
+    if inside is not None:
+        _fail(stage, f"{part} waits for a turn it never passes", inside)
+    return tuple(shape)
+
+
+def _main_loop_turns(ops, part: str, stage: str) -> tuple:
+    """Scope "mainloop": per tile one turn at the tile body's top level, every ``wait_ready`` between its
+    ``turn_wait`` and ``turn_pass`` (passes/code_partition); the turns it takes per tile."""
+    body = ops[0].body if len(ops) == 1 and ops[0].kind == "tile_loop" else ops
+    inside, shape = None, []
+    for o in body:
+        if o.kind in ("turn_wait", "turn_pass"):
+            if (o.kind == "turn_wait") == (inside is not None):
+                _fail(stage, f"{part}: turn_wait and turn_pass must alternate in its tile body", o)
+            inside = o if o.kind == "turn_wait" else None
+            shape += ["turn"] if o.kind == "turn_wait" else []
+            continue
+        nested = [x for x in walk((o,)) if x.kind in ("turn_wait", "turn_pass")]
+        if nested:
+            _fail(stage, f"{part}: a main-loop turn is taken in the tile body's own ops, not inside a loop", nested[0])
+        if inside is None and any(x.kind == "wait_ready" for x in walk((o,))):
+            _fail(stage, f"{part} shares the tiles but waits on a ring outside its turn: it could wait a lap early "
+                  f"(the other consumer's fills are not landed yet)", o)
+    if inside is not None:
+        _fail(stage, f"{part} waits for a turn it never passes", inside)
+    return tuple(shape)
+
+
+def _check_turns(p: Program, stage: str):
+    """passes/ping_pong: turn ops only with Program.turns; each of its partitions waits on its own barrier and
+    passes to the next, every mma inside a turn, wait and pass paired in each op list; all take the same turns
+    per tile (in loops with equal bounds), so no turn barrier is left a phase behind."""
+    t = p.turns
+    turn_ops = {pt.name: [o for o in walk(pt.body) if o.kind in ("turn_wait", "turn_pass")] for pt in p.partitions}
+    if t is None:
+        for name, ops in turn_ops.items():
+            if ops:
+                _fail(stage, f"{name} takes ping-pong turns, but the program has no turn barriers (Program.turns)",
+                      ops[0])
+        return
+    names = [pt.name for pt in p.partitions]
+    sharing = tuple(pt.name for pt in p.partitions if pt.tiles is not None)
+    if t.scope not in ("mma", "mainloop") or (t.scope == "mainloop") != bool(sharing) or \
+            (sharing and t.partitions != sharing):
+        _fail(stage, f"turns {t.name} (scope {t.scope!r}) over {t.partitions}: the tile consumers {sharing} take "
+              f"main-loop turns (scope 'mainloop', all of them in order), other programs mma turns (scope 'mma')")
+    if len(t.partitions) < 2 or len(set(t.partitions)) != t.count or not set(t.partitions) <= set(names):
+        _fail(stage, f"turns {t.name}: {t.partitions} must be two or more distinct partitions of {names}")
+    shapes = {}
+    for pt in p.partitions:
+        if pt.name not in t.partitions:
+            if turn_ops[pt.name]:
+                _fail(stage, f"{pt.name} takes turns but is not in turns {t.name} {t.partitions}",
+                      turn_ops[pt.name][0])
+            continue
+        me = t.partitions.index(pt.name)
+        for o in turn_ops[pt.name]:
+            want = {"turns": t.count, "me" if o.kind == "turn_wait" else "to": me if o.kind == "turn_wait"
+                    else (me + 1) % t.count}
+            if any(o.attr(k) != v for k, v in want.items()):
+                _fail(stage, f"{pt.name} is turn partition {me} of {t.count}: its {o.kind} needs {want}", o)
+        shapes[pt.name] = _turn_shape(pt.body, pt.name, stage, t.scope)
+        if not shapes[pt.name]:
+            _fail(stage, f"{pt.name} is in turns {t.name} but never takes a turn: the others would wait for it")
+    if len(set(shapes.values())) > 1:
+        _fail(stage, f"the partitions of turns {t.name} take different turns per tile ({shapes}): the turn "
+              f"barriers would drift a phase apart")
