@@ -28,7 +28,8 @@ from torch_autows.templates.attention_bwd_dq import build as build_dq
 SPILLS = {("bwd_64x128_dp2", 128, False): 916, ("bwd_64x128_dp2", 128, True): 1484,
           ("bwd_64x64_dp1", 128, False): 748, ("bwd_64x64_dp1", 128, True): 1184}
 
-CASES = [c for c in itertools.product(CONFIGS, (64, 128), (False, True), ("bf16", "fp16")) if serves(c[0], c[1], "atomic")]
+CASES = [c for c in itertools.product(CONFIGS, (64, 128), (False, True), ("bf16", "fp16"))
+         if serves(c[0], c[1], "atomic")]
 
 
 SEPARATE = [("main", *c) for c in itertools.product(CONFIGS, (64, 128), (False, True), ("bf16", "fp16"))
