@@ -277,16 +277,21 @@ def test_gemm_runs_the_config_the_measurement_kept_where_the_call_allows_it(monk
     x, w = torch.randn(4, 64).bfloat16(), torch.randn(96, 64).bfloat16()
     rtg.gemm(x, w.t(), None, torch.bfloat16)  # nn.Linear's layout: the swap-AB config serves it
     rtg.gemm(x, w.t().contiguous(), None, torch.bfloat16)  # a row-major b: the heuristic's config
+    monkeypatch.setattr(rtg, "_decide", lambda *a: choice.Decision(True, "forced"))  # nothing measured
+    rtg.gemm(x, w.t(), None, torch.bfloat16, out=torch.empty(4, 96).bfloat16())  # the heuristic's swap pick
+    rtg.gemm(x, w.t(), None, torch.bfloat16, residual=torch.randn(4, 96).bfloat16())  # a residual: not swap-AB
     rtg._BOUND.clear()
-    assert seen == ["decs_64x128_m16_s1", rtg.choose_config(4, 96, 64)]
+    assert seen == ["decs_64x128_m16_s1", rtg.choose_config(4, 96, 64), rtg.SWAP_PICK, rtg.choose_config(4, 96, 64)]
+    assert rtg.SWAP_PICK == "decs_64x128_m16_s1" and not rtg.choose_config(4, 96, 64).startswith("decs")
 
 
 def test_decode_candidates():
     from torch_autows.runtime import gemm_configs as gc
 
-    assert gc.decode_candidates(8, 4096, 4096, swap=True) == [gc.choose_config(8, 4096, 4096), "decs_64x128_m16_s1",
+    assert gc.decode_candidates(8, 4096, 4096, swap=True) == ["decs_64x128_m16_s1", gc.choose_config(8, 4096, 4096),
                                                                "decs_128x128_m16_s1"]
-    assert gc.decode_candidates(64, 4096, 4096, swap=True)[1:] == ["decs_64x128_m64_s1", "decs_128x128_m64_s1"]
+    assert gc.decode_candidates(64, 4096, 4096, swap=True) == [gc.choose_config(64, 4096, 4096), "decs_64x128_m64_s1",
+                                                               "decs_128x128_m64_s1"]
     assert gc.decode_candidates(8, 4096, 4096, swap=False) == [gc.choose_config(8, 4096, 4096)]
     assert gc.decode_candidates(128, 4096, 4096, swap=True) == [gc.choose_config(128, 4096, 4096)]
     assert all(c in gc.CONFIGS for m in (1, 32, 64) for c in gc.decode_candidates(m, 6144, 4096, swap=True))

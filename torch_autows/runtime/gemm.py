@@ -22,6 +22,7 @@ from .gemm_configs import (  # noqa: F401  (re-exported: runtime.gemm is where c
     CONFIGS,
     DECODE_TILES,
     RESIDUAL_BLOCK_N,
+    SWAP_PICK,
     choose_config,
     decode_candidates,
     decode_configs,
@@ -233,14 +234,14 @@ def _decide(op, a, b, bias, out_dtype, m, n, k, layout, residual=None, activatio
     return choice.decide(key, runs, vendor if out_dtype == a.dtype else None, choice.gemm_prior(m, n, k), a.device)
 
 
-def _measured_config(d: choice.Decision, ta: bool, tb: bool, out, m: int, n: int) -> str | None:
+def _measured_config(d: choice.Decision, ta: bool, tb: bool, out) -> str | None:
     """The config the measured decision ``d`` kept, where this call can run it (a swap-AB config needs the layout
     it was measured on and a contiguous ``out``); None: the heuristic's."""
     cfg = d.config
     if cfg not in CONFIGS:
         return None
     if CONFIGS[cfg].swap_ab and (not serves_swap(cfg, trans_a=ta, trans_b=tb) or (
-            out is not None and m > 1 and out.stride() != (n, 1))):
+            out is not None and not out.is_contiguous())):
         return None
     return cfg
 
@@ -285,7 +286,7 @@ def gemm(a, b, bias, out_dtype, config: str | None = None, out: torch.Tensor | N
                               f"(nn.Linear's layout); got a {'transposed' if ta else 'row-major'} a and a "
                               f"{'transposed' if tb else 'row-major'} b; name a config without swap_ab, or "
                               f"config='auto'")
-        if out is not None and out.dim() == 2 and out.shape[0] > 1 and out.stride() != (out.shape[1], 1):
+        if out is not None and not out.is_contiguous():
             raise Unsupported(f"config {config} is swap-AB: it stores C by pointers into a contiguous [M, N] output; "
                               f"out has strides {tuple(out.stride())}; pass a contiguous out or none")
     why = support_reason(a, b, bias, out_dtype, residual) or _out_reason(out)
@@ -300,12 +301,14 @@ def gemm(a, b, bias, out_dtype, config: str | None = None, out: torch.Tensor | N
         if not d.use_ours:
             _BOUND.put(key, VENDOR)
             return None
-        config = _measured_config(d, ta, tb, out, M, N)
+        config = _measured_config(d, ta, tb, out)
     config = None if config == "auto" else config
     a2 = a.t() if ta else a
     b2 = b.t() if tb else b
     c = out if out is not None else torch.empty((M, N), device=a.device, dtype=out_dtype)
-    config = config or choose_config(M, N, K, residual=residual is not None, activation=activation)
+    swap = residual is None and swap_serves(trans_a=ta, trans_b=tb, epilogue=activation) and (
+        out is None or out.is_contiguous())
+    config = config or choose_config(M, N, K, residual=residual is not None, activation=activation, swap=swap)
     # Kernels take M, N, K at run time: the request that keys the compiled kernel leaves them at 1.
     req = GemmRequest(1, 1, 1, DTYPES[a.dtype], DTYPES[out_dtype], ta, tb, bias is not None,
                       residual=residual is not None, activation=activation)

@@ -90,15 +90,21 @@ def swap_configs(prefix: str, tiles, rows) -> dict[str, Options]:
 CONFIGS.update(swap_configs("decs", SWAP_TILES, SWAP_ROWS))
 
 
+#: The swap-AB config ``choose_config`` takes for up to 32 rows where it serves the call: on the H200 sweep's 28
+#: shapes of M 1-32 (sweeps/2026-12-01-h200-decode-swap.json) 0.92-1.08x cuBLAS, geomean 1.005, against the dec_*
+#: pick's 0.81-0.98x, geomean 0.915; the single best swap config there (the 128-wide tile wins on 8 of them).
+SWAP_PICK = "decs_64x128_m16_s1"
+
+
 def decode_candidates(m: int, n: int, k: int, swap: bool) -> list[str]:
-    """The configs the measured choice times for an M x N x K GEMM: ``choose_config``'s pick, and where ``swap``
-    (the call is one ``serves_swap`` takes) and M <= 64 the two unsplit swap-AB tiles of the row count that won the
-    sweep at that M (16 rows up to M = 32, else 64)."""
-    out = [choose_config(m, n, k)]
+    """The configs the measured choice times for an M x N x K GEMM: ``choose_config``'s pick (with and without
+    ``swap``), and where ``swap`` (the call is one ``serves_swap`` takes) and M <= 64 the two unsplit swap-AB tiles of
+    the row count that won the sweep at that M (16 rows up to M = 32, else 64). Each config once."""
+    out = [choose_config(m, n, k, swap=swap), choose_config(m, n, k)]
     if swap and m <= 64:
         bmx = 16 if m <= 32 else 64
         out += [f"decs_{bn}x128_m{bmx}_s1" for bn in (64, 128)]
-    return out
+    return list(dict.fromkeys(out))
 
 
 #: Throughput of a 128x128 tile relative to 128x256 when both fill every SM: 644 against 706 TFLOP/s at
@@ -129,12 +135,15 @@ def decode_time(m: int, n: int, k: int, bn: int, bk: int, s: int, sms: int = 132
 
 
 def choose_config(m: int, n: int, k: int, sms: int = 132, split: bool = True, residual: bool = False,
-                  activation: str = "none") -> str:
+                  activation: str = "none", swap: bool = False) -> str:
     """The config for an M x N x K GEMM: decode tiles (``decode_time``'s least) up to 128 rows, else the
     large-GEMM choice below. ``split=False`` is for batched GEMMs: no split-K (split_k takes 2-D grids), and
     only tiles whose K step divides K (a batch's rows are flattened, so no tile may straddle two).
     ``residual``, ``activation``: only the configs that serve that epilogue (``serves_residual``,
-    ``serves_activation``)."""
+    ``serves_activation``). ``swap``: the call is one the swap-AB configs serve (``swap_serves``, a contiguous
+    output); then up to 32 rows take ``SWAP_PICK`` (see there)."""
+    if swap and m <= 32 and not residual and activation == "none":
+        return SWAP_PICK
     residual = residual or activation == "gelu"  # both take the 128-wide tiles only (serves_activation)
     if m <= 128:
         tiles = tuple(t for t in DECODE_TILES if t[0] <= RESIDUAL_BLOCK_N) if residual else DECODE_TILES
