@@ -33,11 +33,12 @@ def measure(monkeypatch, tmp_path):
     choice.reset()
 
 
-def _timed(monkeypatch, ours_ms, vendor_ms):
-    """do_bench returns fixed medians per side (one list of rounds each); counts the calls."""
+def _timed(monkeypatch, ours_ms, vendor_ms, **more_ms):
+    """do_bench returns fixed medians per side (one list of rounds each; ``more_ms``: further sides by name);
+    counts the calls. Returns the "ours" and "vendor" runs, the calls, and a maker of runs of the other sides."""
     import triton.testing
 
-    seq = {"ours": list(ours_ms), "vendor": list(vendor_ms)}
+    seq = {"ours": list(ours_ms), "vendor": list(vendor_ms), **more_ms}
     calls = []
 
     def do_bench(fn, **kw):
@@ -53,17 +54,17 @@ def _timed(monkeypatch, ours_ms, vendor_ms):
         run.side = name
         return run
 
-    return side("ours"), side("vendor"), calls
+    return side("ours"), side("vendor"), calls, side
 
 
 def test_measured_rule_keeps_the_vendor_unless_ours_wins_every_round(measure, monkeypatch):
-    ours, vendor, calls = _timed(monkeypatch, [0.90, 0.95, 1.00], [1.0, 1.0, 1.0])  # ~5% faster, one round tied
+    ours, vendor, calls, _ = _timed(monkeypatch, [0.90, 0.95, 1.00], [1.0, 1.0, 1.0])  # ~5% faster, one round tied
     d = choice.decide(KEY, ours, vendor, prior=True, device=CUDA)
     assert not d.use_ours and d.source == "measured"
     assert d.spread == pytest.approx((1 / 0.90 - 1.0) / (1 / 0.95))
     assert calls == ["ours", "vendor"] * choice.ROUNDS  # interleaved rounds
     choice.reset()
-    ours, vendor, _ = _timed(monkeypatch, [0.80, 0.81, 0.80], [1.0, 1.0, 1.01])
+    ours, vendor, _, _ = _timed(monkeypatch, [0.80, 0.81, 0.80], [1.0, 1.0, 1.01])
     key2 = (*KEY[:-1], 8192)
     d = choice.decide(key2, ours, vendor, prior=False, device=CUDA)
     assert d.use_ours and d.ours_ms == 0.80 and d.vendor_ms == 1.0
@@ -71,7 +72,7 @@ def test_measured_rule_keeps_the_vendor_unless_ours_wins_every_round(measure, mo
 
 
 def test_second_process_reads_the_disk_and_measures_nothing(measure, monkeypatch):
-    ours, vendor, calls = _timed(monkeypatch, [1.0] * 3, [2.0] * 3)
+    ours, vendor, calls, _ = _timed(monkeypatch, [1.0] * 3, [2.0] * 3)
     assert choice.decide(KEY, ours, vendor, prior=False, device=CUDA).use_ours
     assert counters["choice.measured"] == 1
     choice.reset()  # a new process: nothing in memory
@@ -114,7 +115,7 @@ def test_sources_hash_changes_with_a_kernel_source(tmp_path, monkeypatch, change
 @pytest.mark.parametrize("garbage", [b"\x00\x01garbage", b"", b'{"key": "another", "use_ours": true}',
                                      b'{"use_ours": "yes"}'])
 def test_a_corrupted_entry_is_logged_once_ignored_and_measured_again(measure, monkeypatch, caplog, garbage):
-    ours, vendor, calls = _timed(monkeypatch, [1.0] * 6, [2.0] * 6)
+    ours, vendor, calls, _ = _timed(monkeypatch, [1.0] * 6, [2.0] * 6)
     path = choice._path(choice._full_key(KEY, CUDA))
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
@@ -173,13 +174,13 @@ print("ok")
 
 def test_capture_answers_with_the_prior_and_records_nothing(measure, monkeypatch):
     monkeypatch.setattr(choice, "_capturing", lambda device: True)
-    ours, vendor, calls = _timed(monkeypatch, [1.0] * 3, [2.0] * 3)
+    ours, vendor, calls, _ = _timed(monkeypatch, [1.0] * 3, [2.0] * 3)
     d = choice.decide(KEY, ours, vendor, prior=False, device=CUDA)
     assert d == choice.Decision(False, "prior") and calls == [] and choice.records == {}
 
 
 def test_forced_modes_and_no_vendor(measure, monkeypatch):
-    ours, vendor, calls = _timed(monkeypatch, [1.0] * 3, [2.0] * 3)
+    ours, vendor, calls, _ = _timed(monkeypatch, [1.0] * 3, [2.0] * 3)
     monkeypatch.setattr(config, "choice", "vendor")
     assert not choice.decide(KEY, ours, vendor, prior=True, device=CUDA).use_ours
     assert choice.decide(KEY, ours, None, prior=False, device=CUDA).use_ours  # nothing to compare with
@@ -241,28 +242,12 @@ def test_compile_time_choice_measures_on_real_tensors_under_a_fake_mode(monkeypa
 def test_candidate_configs_are_timed_in_every_round_and_the_fastest_kept(measure, monkeypatch):
     """A dict of our candidate configs: each is timed in each interleaved round beside the vendor; the one of least
     median is ours, compared with the vendor by the every-round rule, and its name is recorded and read back."""
-    import triton.testing
-
-    ms = {"dec_a": [1.0, 1.1, 1.0], "decs_b": [0.7, 0.71, 0.69], "vendor": [0.9, 0.9, 0.9]}
-    calls = []
-
-    def do_bench(fn, **kw):
-        calls.append(fn.side)
-        return ms[fn.side][sum(c == fn.side for c in calls) - 1]
-
-    monkeypatch.setattr(triton.testing, "do_bench", do_bench)
-
-    def side(name):
-        def run():
-            return None
-        run.side = name
-        return run
-
-    d = choice.decide(KEY, {"dec_a": side("dec_a"), "decs_b": side("decs_b")}, side("vendor"), prior=False, device=CUDA)
+    _, vendor, calls, side = _timed(monkeypatch, [], [0.9, 0.9, 0.9], dec_a=[1.0, 1.1, 1.0], decs_b=[0.7, 0.71, 0.69])
+    d = choice.decide(KEY, {"dec_a": side("dec_a"), "decs_b": side("decs_b")}, vendor, prior=False, device=CUDA)
     assert calls == ["dec_a", "decs_b", "vendor"] * choice.ROUNDS
     assert d.use_ours and d.config == "decs_b" and d.ours_ms == 0.70 and "autows decs_b" in d.describe()
     choice.reset()  # a new process reads the config from the disk
-    assert choice.decide(KEY, {}, side("vendor"), prior=False, device=CUDA).config == "decs_b"
+    assert choice.decide(KEY, {}, vendor, prior=False, device=CUDA).config == "decs_b"
 
 
 def test_gemm_runs_the_config_the_measurement_kept_where_the_call_allows_it(monkeypatch):
