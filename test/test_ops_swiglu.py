@@ -93,3 +93,30 @@ def test_vendor_choice_runs_what_compile_default_runs(monkeypatch):
     out = torch_autows.ops.gemm_swiglu(a, wg, wu)
     assert calls == [torch.Size([3, 8])] and fallback.counters["gemm_swiglu.vendor"] == 1
     torch.testing.assert_close(out, torch.nn.functional.silu(a @ wg) * (a @ wu))
+
+
+def test_swap_ab_config_where_the_measurement_kept_it_and_the_layout_allows(monkeypatch):
+    """runtime.swiglu runs the config the measured choice kept: a swap-AB one for nn.Linear weights (C through a
+    pointer, its tile being C^T's), the heuristic's for row-major weights; a named swap config on row-major weights
+    is refused with what to do."""
+    from torch_autows.runtime import choice
+    from torch_autows.runtime import swiglu as rs
+    from torch_autows.runtime.fallback import Unsupported
+
+    seen = []
+    monkeypatch.setattr(rs, "support_reason", lambda *a, **k: None)
+    monkeypatch.setattr(rs, "launch_template", lambda req, o, tensors, ptrs, *a, **k: seen.append(
+        (o.swap_ab, sorted(tensors), sorted(ptrs))))
+    monkeypatch.setattr(rs, "_decide", lambda *a: choice.Decision(True, "measured", 1.0, 2.0, 0.0,
+                                                                  "swiglu_decs_64x128_m16_s1"))
+    rs._BOUND.clear()
+    x, wg, wu = torch.randn(4, 64).bfloat16(), torch.randn(96, 64).bfloat16(), torch.randn(96, 64).bfloat16()
+    rs.gemm_swiglu(x, wg.t(), wu.t(), torch.bfloat16)
+    rs.gemm_swiglu(x, wg.t().contiguous(), wu.t().contiguous(), torch.bfloat16)
+    with pytest.raises(Unsupported, match="swiglu_decs_64x128_m16_s1 is swap-AB.*nn.Linear's layout"):
+        rs.gemm_swiglu(x, wg.t().contiguous(), wu.t().contiguous(), torch.bfloat16, config="swiglu_decs_64x128_m16_s1")
+    rs._BOUND.clear()
+    assert seen == [(True, ["a", "b", "bu"], ["c"]), (False, ["a", "b", "bu", "c"], [])]
+    assert rs.decode_candidates(8, 14336, 4096, swap=True)[1:] == ["swiglu_decs_64x128_m16_s1",
+                                                                    "swiglu_decs_128x128_m16_s1"]
+    assert rs.decode_candidates(8, 14336, 4096, swap=False) == [rs.choose_config(8, 14336, 4096)]

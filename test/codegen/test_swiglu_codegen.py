@@ -18,15 +18,23 @@ VARIANTS = {  # (trans_a, trans_b, dtype, out_dtype)
 }
 
 
-@pytest.mark.parametrize("config,variant", list(itertools.product(CONFIGS, VARIANTS)))
+# a swap-AB config serves nn.Linear's layout only (templates.gemm.swap_reason)
+@pytest.mark.parametrize("config,variant", [(c, v) for c, v in itertools.product(CONFIGS, VARIANTS)
+                                            if not CONFIGS[c].swap_ab or VARIANTS[v][:2] == (False, True)])
 def test_compiles_without_spills(config, variant):
     ta, tb, dt, odt = VARIANTS[variant]
     program = pipeline.run(build(GemmRequest(4096, 14336, 4096, dt, odt, ta, tb, epilogue="swiglu"), CONFIGS[config]))
     kernel, s = compile_ws_cubin(program)
     assert kernel.asm["cubin"][:4] == b"\x7fELF"
-    # each consumer warpgroup holds two accumulators of 64 rows: their registers fit its budget with room left
+    # each consumer warpgroup holds two accumulators of 64 rows (swap-AB: of block_n rows and block_m columns):
+    # their registers fit its budget with room left
+    o = program.options
+    acc_regs = 2 * o.block_n * o.block_m // 128 if o.swap_ab else 2 * 64 * o.block_n // 128
     for p in s["partitions"][:-1]:
-        assert 2 * 64 * program.options.block_n // 128 <= p["regs"] - 64, (config, p)
+        assert acc_regs <= p["regs"] - 64, (config, p)
+    if o.swap_ab:  # the weights' tiles in wgmma's A slot, the activations' rows its N; C by pointer stores
+        ptx = kernel.asm["ptx"]
+        assert f"wgmma.mma_async.sync.aligned.m64n{o.block_m}k16" in ptx and "st.global" in ptx
 
 
 def test_generated_source_has_two_mmas_and_the_fused_epilogue():

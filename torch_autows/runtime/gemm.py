@@ -234,14 +234,13 @@ def _decide(op, a, b, bias, out_dtype, m, n, k, layout, residual=None, activatio
     return choice.decide(key, runs, vendor if out_dtype == a.dtype else None, choice.gemm_prior(m, n, k), a.device)
 
 
-def _measured_config(d: choice.Decision, ta: bool, tb: bool, out) -> str | None:
-    """The config the measured decision ``d`` kept, where this call can run it (a swap-AB config needs the layout
-    it was measured on and a contiguous ``out``); None: the heuristic's."""
+def _measured_config(d: choice.Decision, ta: bool, tb: bool, out, configs: dict = CONFIGS) -> str | None:
+    """The config of ``configs`` the measured decision ``d`` kept, where this call can run it (a swap-AB config
+    needs the layout it was measured on and a contiguous ``out``); None: the heuristic's."""
     cfg = d.config
-    if cfg not in CONFIGS:
+    if cfg not in configs:
         return None
-    if CONFIGS[cfg].swap_ab and (not serves_swap(cfg, trans_a=ta, trans_b=tb) or (
-            out is not None and not out.is_contiguous())):
+    if configs[cfg].swap_ab and not (swap_serves(trans_a=ta, trans_b=tb) and (out is None or out.is_contiguous())):
         return None
     return cfg
 

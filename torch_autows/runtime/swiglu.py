@@ -8,7 +8,8 @@ the up's and stores once, so the two [M, N] projections never reach memory. The 
 ``support_reason(a, bg, bu, out_dtype)`` says why a call cannot run it (None: it can; works on fake tensors);
 ``gemm_swiglu`` raises ``Unsupported`` with that reason, else runs the config ``choose_config`` picks (or the
 one named), where runtime.choice finds it faster than the vendor's path (two cuBLAS GEMMs and the
-elementwise product), or always when a config is named.
+elementwise product), or always when a config is named. At decode shapes in nn.Linear's layout the measured
+choice also times swap-AB configs (``decode_candidates``) and runs the fastest it kept.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from .fallback import Unsupported
 from .gemm import (
     DTYPES,
     VENDOR,
+    _measured_config,
     _out_reason,
     _tma_view,
     decode_configs,
@@ -33,6 +35,7 @@ from .gemm import (
     replay,
 )
 from .gemm import support_reason as gemm_reason
+from .gemm_configs import SWAP_ROWS, swap_configs, swap_serves
 from .launch import BoundCache
 
 #: The swiglu configs (choose_config picks among them, config= names one; tests compile each offline).
@@ -47,6 +50,12 @@ CONFIGS: dict[str, Options] = {
 #: Both stream 32 KB of weights a K step; the 128-wide one has fewer, longer units (wide N: Llama's 14336).
 DECODE_TILES = ((64, 128, (1, 2, 4)), (128, 64, (1, 2)))  # (block_n, block_k, splits)
 CONFIGS.update(decode_configs("swiglu_dec", DECODE_TILES))
+#: Swap-AB decode tiles (templates.gemm: both weights' [BN, BK] tiles in wgmma's A slot, 16 or 64 activation rows
+#: in N, two [BN, BM] accumulators, one transposed store), unsplit: nn.Linear's layout only (``gemm.swap_serves``).
+#: As the GEMM's swap configs measured on the H200 (sweeps/2026-12-01-h200-decode-swap.json), they are offered to
+#: the measured choice (``decode_candidates``), which keeps one only where it was the fastest; choose_config does
+#: not pick them, as the GEMM's SWAP_PICK is picked, until a sweep of their own has measured them.
+CONFIGS.update(swap_configs("swiglu_decs", ((64, 128, (1,)), (128, 128, (1,))), SWAP_ROWS))
 
 
 def choose_config(m: int, n: int, k: int, sms: int = 132) -> str:
@@ -55,6 +64,16 @@ def choose_config(m: int, n: int, k: int, sms: int = 132) -> str:
     if m <= 128:
         return decode_name("swiglu_dec", decode_pick(DECODE_TILES, m, n, k, sms, weights=2))
     return "swiglu_p_128x128"
+
+
+def decode_candidates(m: int, n: int, k: int, swap: bool) -> list[str]:
+    """The configs the measured choice times: choose_config's, and where ``swap`` (nn.Linear's layout) and M <= 64
+    the two swap-AB tiles of the rows that won the GEMM's sweep at that M (16 up to M = 32, else 64)."""
+    out = [choose_config(m, n, k)]
+    if swap and m <= 64:
+        bmx = 16 if m <= 32 else 64
+        out += [f"swiglu_decs_{bn}x128_m{bmx}_s1" for bn in (64, 128)]
+    return out
 
 
 def support_reason(a, bg, bu, out_dtype=None, *, check_device: bool = True) -> str | None:
@@ -114,14 +133,16 @@ def _decide(a, bg, bu, out_dtype, m, n, k, layout) -> choice.Decision:
             outs[side] = torch.empty((m, n), device=a.device, dtype=out_dtype)
         return outs[side]
 
-    def ours():
-        return gemm_swiglu(a, bg, bu, out_dtype, config="auto", out=out("ours"))
+    def ours(cfg="auto"):
+        return gemm_swiglu(a, bg, bu, out_dtype, config=cfg, out=out("ours"))
 
     def vendor():
         return vendor_swiglu(a, bg, bu, out("vendor"))
 
+    cands = decode_candidates(m, n, k, swap_serves(trans_a=layout[0], trans_b=layout[1]))
+    runs = {c: functools.partial(ours, c) for c in cands} if len(cands) > 1 else ours
     # the prior: a GEMM of both weights' width (the fused epilogue only saves traffic)
-    return choice.decide(key, ours, vendor if out_dtype == a.dtype else None, choice.gemm_prior(m, 2 * n, k),
+    return choice.decide(key, runs, vendor if out_dtype == a.dtype else None, choice.gemm_prior(m, 2 * n, k),
                          a.device)
 
 
@@ -160,13 +181,24 @@ def gemm_swiglu(a, bg, bu, out_dtype, config: str | None = None, out: torch.Tens
     N = bg.shape[1]
     ta, _ = _tma_view(a, M, K)
     tb, _ = _tma_view(bg, K, N)
-    if config is None and not _decide(a, bg, bu, out_dtype, M, N, K, (ta, tb)).use_ours:
-        _BOUND.put(key, VENDOR)
-        return None
+    if config is None:
+        d = _decide(a, bg, bu, out_dtype, M, N, K, (ta, tb))
+        if not d.use_ours:
+            _BOUND.put(key, VENDOR)
+            return None
+        config = _measured_config(d, ta, tb, out, CONFIGS)
     name = choose_config(M, N, K) if config in (None, "auto") else config
+    swap = CONFIGS[name].swap_ab
+    if swap and not (swap_serves(trans_a=ta, trans_b=tb) and (out is None or out.is_contiguous())):
+        raise Unsupported(f"config {name} is swap-AB: it serves a row-major a, gate and up weights given as w.t() "
+                          f"of row-major [N, K] tensors (nn.Linear's layout) and a contiguous out; name another "
+                          f"config, or config='auto'")
     c = out if out is not None else torch.empty((M, N), device=a.device, dtype=out_dtype)
     # M, N, K are run-time scalars: the request that keys the compiled kernel leaves them at 1
     req = GemmRequest(1, 1, 1, DTYPES[a.dtype], DTYPES[out_dtype], ta, tb, epilogue="swiglu")
-    tensors = {"a": a.t() if ta else a, "b": bg.t() if tb else bg, "bu": bu.t() if tb else bu, "c": c}
-    launch_template(req, CONFIGS[name], tensors, {}, M, N, K, a.device, _BOUND, key, (M, N), accumulators=2)
+    tensors = {"a": a.t() if ta else a, "b": bg.t() if tb else bg, "bu": bu.t() if tb else bu}
+    ptrs = {"c": c} if swap else {}  # a swap-AB tile is C^T's: stored through a pointer
+    if not swap:
+        tensors["c"] = c
+    launch_template(req, CONFIGS[name], tensors, ptrs, M, N, K, a.device, _BOUND, key, (M, N), accumulators=2)
     return c

@@ -34,9 +34,11 @@ each wgmma at M <= 16). Swapped, the Program computes the tile of C^T = B^T A^T:
 memory [N, K] row-major: nn.Linear's ``w``, i.e. ``trans_b``) is wgmma's A operand, the activations' [BM, BK] tile
 (A row-major, BM = ``block_m`` in 8..64) transposed in SMEM is the B operand (wgmma's N = BM), the accumulator is
 [BN, BM], and the epilogue stores it transposed into C [M, N] with ``store_ptr`` (``transposed``: accumulator row r,
-column c -> C[col + c, row + r], masked at the M and N edges); the bias is per N, i.e. per accumulator row. Only
-that layout is served (``swap_ab`` with ``trans_a``, without ``trans_b``, batched, residual, swiglu or an activation
-is refused); split_k splits it like any sum (its workspace slots are accumulator-shaped, [BN, BM]).
+column c -> C[col + c, row + r], masked at the M and N edges); the bias is per N, i.e. per accumulator row. The
+swiglu epilogue swaps the same way: both weights' [BN, BK] tiles are A operands of their own mma, two [BN, BM]
+accumulators, ``silu(acc) * acc_u`` elementwise (the layout does not matter to it), one transposed store. Only
+that layout is served (``swap_ab`` with ``trans_a``, without ``trans_b``, batched, residual or an activation is
+refused); split_k splits it like any sum (its workspace slots are accumulator-shaped, [BN, BM]).
 It is an ``Options`` field, not a ``GemmRequest`` one: the request is what to compute (the same numbers either way),
 Options how; a config (runtime.gemm_configs) then names the whole kernel, ``config=`` needs nothing beside it, and
 the kernel cache key (request, options) tells the two kernels apart.
@@ -106,10 +108,10 @@ def swap_reason(req: GemmRequest) -> str | None:
                 f"row-major and B as a transposed view (nn.Linear's x @ w.t(), layout nt); use a config without "
                 f"swap_ab or make the operands so")
     for what, unserved in (("batch > 1", req.batch > 1), ("a residual", req.residual),
-                           (f"epilogue {req.epilogue!r}", req.epilogue != "none"),
                            (f"activation {req.activation!r}", req.activation != "none")):
         if unserved:
-            return f"{what}: a swap_ab tile stores the (biased) product only; use a config without swap_ab"
+            return (f"{what}: a swap_ab tile stores the (biased) product or swiglu's only; use a config without "
+                    f"swap_ab")
     return None
 
 
@@ -121,21 +123,31 @@ def _build_swapped(req: GemmRequest, opts: Options) -> Program:
     BM, BN, BK = opts.block_m, opts.block_n, opts.block_k
     dt, odt = req.dtype, req.out_dtype or req.dtype
     T = TileType
-    args = [Arg("a", "tensor", dt, ("M", "K")), Arg("b", "tensor", dt, ("N", "K")),
+    swiglu = req.epilogue == "swiglu"
+    weights = ("b", "bu") if swiglu else ("b",)  # [N, K] each: nn.Linear weights
+    accs = ("acc", "acc_u") if swiglu else ("acc",)
+    args = [Arg("a", "tensor", dt, ("M", "K")), *(Arg(w, "tensor", dt, ("N", "K")) for w in weights),
             Arg("c", "ptr", odt, ("M", "N"), out=True)]
     if req.bias:
         args.append(Arg("bias", "ptr", dt, ("N",)))
     args += [Arg("M", "scalar", "i32"), Arg("N", "scalar", "i32"), Arg("K", "scalar", "i32")]
     acc_t = T("f32", (BN, BM))
-    loop_body = [op("load", [Value("w", T(dt, (BN, BK), "smem"))], arg="b", coords=("pid_n*%d" % BN, "k*%d" % BK)),
+    tiles = {"b": "w", "bu": "wu"}  # the weight tiles' value names
+    loop_body = [*(op("load", [Value(tiles[w], T(dt, (BN, BK), "smem"))], arg=w, coords=("pid_n*%d" % BN,
+                                                                                         "k*%d" % BK))
+                   for w in weights),
                  op("load", [Value("x", T(dt, (BM, BK), "smem"))], arg="a", coords=("pid_m*%d" % BM, "k*%d" % BK)),
                  op("trans", [Value("x_t", T(dt, (BK, BM), "smem"))], ["x"]),
-                 op("mma", [Value("acc_next", acc_t)], ["w", "x_t", "acc"]),
-                 op("yield", [], ["acc_next"])]
-    body = [op("zeros", [Value("acc0", acc_t)]),
-            op("loop", [Value("acc_out", acc_t)], ["acc0"], loop_body, var="k", lb=0, ub="cdiv(K,%d)" % BK,
-               iter_args=("acc",))]
+                 *(op("mma", [Value(f"{x}_next", acc_t)], [tiles[w], "x_t", x]) for x, w in zip(accs, weights)),
+                 op("yield", [], [f"{x}_next" for x in accs])]
+    body = [*(op("zeros", [Value(f"{x}0", acc_t)]) for x in accs),
+            op("loop", [Value(f"{x}_out", acc_t) for x in accs], [f"{x}0" for x in accs], loop_body, var="k", lb=0,
+               ub="cdiv(K,%d)" % BK, iter_args=accs)]
     last = "acc_out"
+    if swiglu:  # silu(gate) * up, in fp32, elementwise on the transposed tiles
+        body += [op("silu", [Value("gate", acc_t)], ["acc_out"]),
+                 op("mul", [Value("act", acc_t)], ["gate", "acc_u_out"])]
+        last = "act"
     if req.bias:  # per N: per accumulator row
         body += [op("load_vec", [Value("bias_v", T("f32", (BN,)))], arg="bias", offset="pid_n*%d" % BN, size="N"),
                  op("expand", [Value("bias_col", T("f32", (BN, 1)))], ["bias_v"], axis=1),
@@ -144,7 +156,7 @@ def _build_swapped(req: GemmRequest, opts: Options) -> Program:
     body += [op("cast", [Value("out", T(odt, (BN, BM)))], [last]),
              op("store_ptr", [], ["out"], arg="c", row="pid_n*%d" % BN, col="pid_m*%d" % BM, ld="N",
                 rows_valid="N-pid_n*%d" % BN, cols_valid="M-pid_m*%d" % BM, transposed=True)]
-    name = f"gemm_{dt}_nt_{BM}x{BN}x{BK}_swap" + ("_bias" if req.bias else "")
+    name = f"gemm_{dt}_nt_{BM}x{BN}x{BK}_swap" + ("_bias" if req.bias else "") + ("_swiglu" if swiglu else "")
     grid = Grid((("pid_m", "cdiv(M,%d)" % BM), ("pid_n", "cdiv(N,%d)" % BN)), opts.persistent, opts.group_m,
                 opts.serpentine)
     return Program(name, tuple(args), grid, opts, tuple(body), template="gemm")
