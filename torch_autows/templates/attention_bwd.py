@@ -11,8 +11,12 @@ preprocess (``runtime/attention_bwd.py``):
     dV += P^T dO   dK += dS^T Q   dQ_acc[h, m] += (dS^T)^T K   (dS^T through SMEM: smem_store, then a trans view)
 
 and at the end dK *= scale. With ``dq="none"`` (the separate form, deterministic) dQ is left out: no dS SMEM tile,
-no dQ mma, no adds, 4 GEMMs a step; the attention_bwd_dq template computes dQ. Otherwise dQ_acc [B*Hq*Sq, tile_d]
-f32 is added to atomically (several KV blocks add to one Q block); the postprocess turns scale * dQ_acc into dQ.
+no dQ mma, no adds, 4 GEMMs a step; the attention_bwd_dq template computes dQ. With ``dq="atomic"`` dQ_acc
+[B*Hq*Sq, tile_d] f32 is added to with per-element fp32 atomics (several KV blocks add to one Q block); with
+``dq="reduce"`` each chain's [BM, D] partial goes to its own fp32 SMEM staging tile and one TMA bulk reduce-add
+(``tma_reduce_add``) adds it into dQ_acc [B*Hq*Sqp, tile_d], Sqp = ``padded_rows(Sq, BM)``: a whole tile lands in its
+head's own rows (a 2-D descriptor clips only at the end of the tensor, so without the padding a head's last tile would
+reach into the next head's rows). The postprocess turns scale * dQ_acc (its first Sq rows per head) into dQ.
 Tensors are read through the forward's 2-D row views (rows ``b*rb + h*rh + s``, columns ``h*ch + d``): q, k, v
 and do each with their own (rb, rh, ch), dk and dv written
 through pointers with (dk_rb, dk_rh, dk_ch) and rows of D + (Hkv-1)*dk_ch elements. Rows past a head's end are
