@@ -1,19 +1,19 @@
 """Behaviour pin for refactors: the IR after every pipeline step and the generated Gluon of every runtime config.
 
-For each config in ``runtime.gemm.CONFIGS`` and ``runtime.attention.CONFIGS`` this builds the Programs the
-runtimes build (GEMM: both dtypes, out dtype = operand or f32, transposed operands, bias, batched; attention:
-each head dim the config serves, both dtypes, causal or not, positive and non-positive scales), runs the
-pipeline, and hashes (sha256) ``format_program`` after every step and ``gluon.generate`` of the result. The
-hashes must equal ``test/golden_hashes.json``.
+For each config in ``runtime.gemm.CONFIGS`` and ``runtime.attention.CONFIGS`` this builds the Programs the runtimes
+build (GEMM: both dtypes, out dtype = operand or f32, transposed operands, bias, batched; attention: each head dim
+the config serves, both dtypes, causal or not, positive and non-positive scales), and the attention backward's main
+kernel in its "reduce" dQ form for each ``runtime.attention_bwd`` config and head dim serving it (both dtypes, causal
+or not; the other backward forms are not pinned here), runs the pipeline, and hashes (sha256) ``format_program``
+after every step and ``gluon.generate`` of the result. The hashes must equal ``test/golden_hashes.json``.
 
 A change that is meant to change the generated code regenerates the file (and says so in its commit):
 
     python test/test_golden_hashes.py --update
 
-A change to the IR alone (a new pass, so a new stage; a new record in the text) changes IR hashes but must
-not change a "gluon" hash: ``--check-gluon`` compares only those with the file (``test_gluon_hashes_match``
-does the same), and ``--update`` prints how many it changes before it writes.
-"""
+A change to the IR alone (a new pass, so a new stage; a new record in the text) changes IR hashes but must not change
+a "gluon" hash: ``--check-gluon`` compares only those with the file (``test_gluon_hashes_match`` does the same), and
+``--update`` prints how many it changes before it writes."""
 from __future__ import annotations
 
 import functools
@@ -56,6 +56,22 @@ def cases():
             opts = rt_attention.options_for(config, scale)
             req = AttentionRequest(d, dt, causal)
             out.append((f"attention/{config}/{req}/scale{'+' if scale > 0 else '-'}", build_attention, req, opts))
+    out += _attention_bwd_cases()
+    return out
+
+
+def _attention_bwd_cases():
+    """The reduce form of the attention backward's main kernel, as runtime.attention_bwd builds it."""
+    from torch_autows.runtime import attention_bwd as rt_bwd
+    from torch_autows.templates.attention_bwd import HEAD_DIMS, AttentionBwdRequest
+    from torch_autows.templates.attention_bwd import build as build_bwd
+
+    out = []
+    for config, opts in rt_bwd.CONFIGS.items():
+        for d, dt, causal in itertools.product(HEAD_DIMS, ("bf16", "fp16"), (False, True)):
+            if rt_bwd.serves(config, d, "reduce"):
+                req = AttentionBwdRequest(d, dt, causal, dq="reduce")
+                out.append((f"attention_bwd/{config}/{req}", build_bwd, req, opts))
     return out
 
 

@@ -3,7 +3,9 @@ dS's SMEM tile gets an NVMMA layout of its own (no TMA descriptor fills it), and
 compiles offline to sm_90a with its consumers, producer, wgmma (dQ's with a transposed A from SMEM), the fp32
 atomic dQ adds and no register spills beyond the known ones (``SPILLS``). The separate form (step 8: the main kernel
 built with ``dq="none"`` and the dQ kernel, templates/attention_bwd_dq.py): every config of it compiles with no
-spills at all and no atomics."""
+spills at all and no atomics. The reduce form (dQ through an fp32 SMEM staging tile and one TMA bulk reduce-add,
+codegen/gluon_ext.py): every config serving it compiles with the bulk reduce in the PTX, no per-element atomics and no
+spills; the configs it does not serve at d=128 spill no more than ``REDUCE_SPILLS``."""
 from __future__ import annotations
 
 import functools
@@ -32,6 +34,13 @@ CASES = [c for c in itertools.product(CONFIGS, (64, 128), (False, True), ("bf16"
          if serves(c[0], c[1], "atomic")]
 
 
+# The reduce form's spills (bytes, same compile as SPILLS) where no config serves it (d=128: dK, dV and the dQ partial
+# live at the staging store; runtime/attention_bwd.py CONFIG_HEAD_DIMS). d=64: none (served).
+REDUCE_SPILLS = {("bwd_64x128_dp2", 128, False): 532, ("bwd_64x128_dp2", 128, True): 684,
+                 ("bwd_64x64_dp1", 128, False): 156, ("bwd_64x64_dp1", 128, True): 152}
+REDUCE = [c for c in itertools.product(CONFIGS, (64, 128), (False, True), ("bf16", "fp16"))
+          if serves(c[0], c[1], "reduce") or c[:3] in REDUCE_SPILLS]
+
 SEPARATE = [("main", *c) for c in itertools.product(CONFIGS, (64, 128), (False, True), ("bf16", "fp16"))
             if serves(c[0], c[1], "separate")]
 SEPARATE += [("dq", *c) for c in itertools.product(DQ_CONFIGS, (64, 128), (False, True), ("bf16", "fp16"))
@@ -41,13 +50,14 @@ SEPARATE += [("dq", *c) for c in itertools.product(DQ_CONFIGS, (64, 128), (False
 @functools.cache
 def _compiled(config: str, d: int, causal: bool, dtype: str, kernel: str = "atomic"):
     """(program, kernel, summary), once per case in this module. ``kernel``: "atomic" (the main kernel with dQ),
-    "main" (the main kernel without dQ), "dq" (the dQ kernel; ``config`` from DQ_CONFIGS)."""
+    "main" (the main kernel without dQ), "reduce" (the main kernel with dQ by TMA reduce), "dq" (the dQ kernel;
+    ``config`` from DQ_CONFIGS)."""
     from torch_autows.codegen.compile import compile_offline, summary
 
     if kernel == "dq":
         program = pipeline.run(build_dq(AttentionBwdDqRequest(d, dtype, causal), DQ_CONFIGS[config]))
     else:
-        req = AttentionBwdRequest(d, dtype, causal, dq="atomic" if kernel == "atomic" else "none")
+        req = AttentionBwdRequest(d, dtype, causal, dq={"atomic": "atomic", "reduce": "reduce"}.get(kernel, "none"))
         program = pipeline.run(build(req, CONFIGS[config]))
     compiled = compile_offline(program)
     return program, compiled, summary(program, compiled)
@@ -169,3 +179,77 @@ def test_separate_form_issues_its_gemms_back_to_back():
     consumer = main[main.index("def consumer0("):main.index("def consumer1(")]
     assert consumer.count("warpgroup_mma(") == 4
     assert "gl.atomic_add(" not in main and "dss" not in main
+
+
+@pytest.mark.parametrize("config,d,causal,dtype", REDUCE)
+def test_reduce_form_compiles_for_sm90a(config, d, causal, dtype):
+    """One bulk reduce-add per chain and step (``cp.reduce.async.bulk.tensor.2d ... .add``, its wait
+    ``cp.async.bulk.wait_group.read``), no per-element atomics, the staging tiles within the SMEM limit; a served case
+    spills nothing, the d=128 cases (not served) no more than recorded."""
+    program, compiled, s = _compiled(config, d, causal, dtype, "reduce")
+    n = CONFIGS[config].data_partition
+    assert [p["name"] for p in s["partitions"]] == [f"consumer{i}" for i in range(n)] + ["producer"]
+    assert s["setmaxnreg"] > 0 and s["wgmma"] > 0 and s["smem_bytes"] <= 232448
+    ptx, ttgir = compiled.asm["ptx"], compiled.asm["ttgir"]
+    assert ".target sm_90a" in ptx and "ttg.warp_specialize" in ttgir
+    assert ptx.count("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add") == n
+    assert "cp.async.bulk.wait_group.read" in ptx
+    assert "atom.global" not in ptx and "red.global" not in ptx
+    if serves(config, d, "reduce"):
+        assert s["spills"] == 0, f"{s['spills']} bytes of spills in a served case"
+    else:
+        assert s["spills"] <= REDUCE_SPILLS[(config, d, causal)], s["spills"]
+
+
+def test_reduce_form_stages_dq_and_reduces_it_in_order():
+    """The consumer's step: dQ retired (dK still in flight), the previous reduce waited for, dQ into the chain's own
+    f32 staging tile, fenced, then the bulk reduce through dq_acc's descriptor; the staging tile takes the descriptor's
+    layout, the module imports the builtin (codegen/gluon_ext.py), and the tiles drain at the end."""
+    src = gluon.generate(pipeline.run(build(AttentionBwdRequest(64, "bf16", True, dq="reduce"),
+                                            CONFIGS["bwd_64x128_dp2"])))
+    assert "from torch_autows.codegen.gluon_ext import async_reduce_add_shared_to_global" in src
+    assert "dq_c0_stage = gl.allocate_shared_memory(gl.float32, [64, 64], dq_acc_desc.layout)" in src
+    assert_in_order(src, ["def consumer0(", "v_dq_c0 = warpgroup_mma(", "v_dk_new_c0 = warpgroup_mma(",
+                          "v_dq_c0_w = warpgroup_mma_wait(num_outstanding=1", "tma.store_wait(0)",
+                          "dq_c0_stage.store(v_dq_c0_w)", "fence_async_shared()",
+                          "async_reduce_add_shared_to_global(dq_acc_desc, [", "], dq_c0_stage)",
+                          "warpgroup_mma_wait(num_outstanding=0", "mbarrier.arrive(g0_empty", "tma.store_wait(0)",
+                          "def consumer1("])
+    atomic = gluon.generate(pipeline.run(build(AttentionBwdRequest(64, "bf16", True), CONFIGS["bwd_64x128_dp2"])))
+    assert "gluon_ext" not in atomic  # only kernels that reduce import it
+
+
+_TINY = """
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, tma
+from torch_autows.codegen.gluon_ext import async_reduce_add_shared_to_global
+
+
+@gluon.jit
+def kernel(acc_desc, row):
+    L: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0])
+    s = gl.allocate_shared_memory(gl.float32, [64, 64], acc_desc.layout)
+    s.store(gl.full([64, 64], 1.5, gl.float32, L))
+    fence_async_shared()
+    async_reduce_add_shared_to_global(acc_desc, [row, 0], s)
+    tma.store_wait(0)
+"""
+
+
+def test_gluon_ext_reduce_compiles_to_the_bulk_reduce():
+    """The builtin alone (codegen/gluon_ext.py) in a tiny kernel: registers -> SMEM fp32 tile -> fence -> reduce ->
+    store_wait, compiled offline for sm_90a: the PTX has the bulk reduce-add and its wait, and nothing spills."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from torch_autows.codegen.compile import desc_layout, load_module, ptxas_info
+
+    sig = {"acc_desc": f"tensordesc<fp32[64, 64],{desc_layout((64, 64), 'f32')!r}>", "row": "i32"}
+    k = triton.compile(GluonASTSource(load_module(_TINY).kernel, sig, {}), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": 4})
+    ptx = k.asm["ptx"]
+    assert "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.bulk_group" in ptx
+    assert "fence.proxy.async.shared::cta" in ptx and "cp.async.bulk.wait_group.read" in ptx
+    assert ptxas_info(ptx)["spills"] == 0

@@ -1,12 +1,13 @@
 """Numerics of the generated attention backward (runtime/attention_bwd.py) on sm_90 against attention_grad's math
-backward in fp32, on fresh random inputs with (out, lse) from our forward: head dims 64/128, bf16/fp16, causal or not,
-Sq != Skv both ways, lengths off the tiles (1, 63, 200, 1000), GQA groups 1/4/8, [B, S, H, D] views, a gradient into
-lse, and none into out. dK/dV are NaN-poisoned before each launch (``attention_bwd.POISON``). The tolerance per
-gradient is max(2 x the vendor backward's own error on the same inputs, 1e-2), relative Frobenius norm, plus an absolute
-1e-4 per element (for gradients that are zero in exact arithmetic). Each case runs in both forms (``dq_mode``: atomic
-dQ adds, or the separate dQ kernel). Plus one end-to-end ``torch.autograd`` run through ``ops.attention`` with
-``config.attention_backward = "autows"``, and bitwise-equal gradients over runs under
-``torch.use_deterministic_algorithms(True)`` (the separate form)."""
+backward in fp32, on fresh random inputs with (out, lse) from our forward: head dims 64/128, bf16/fp16, causal or
+not, Sq != Skv both ways, lengths off the tiles (1, 63, 200, 1000), GQA groups 1/4/8, [B, S, H, D] views, a gradient
+into lse, and none into out. dK/dV are NaN-poisoned before each launch (``attention_bwd.POISON``). The tolerance per
+gradient is max(2 x the vendor backward's own error on the same inputs, 1e-2), relative Frobenius norm, plus an
+absolute 1e-4 per element (for gradients that are zero in exact arithmetic). Each case runs in every form
+(``dq_mode``: atomic dQ adds, TMA reduce-adds (d=64 only: the form serves no d=128 config), or the separate dQ
+kernel). Plus one end-to-end ``torch.autograd`` run through ``ops.attention`` with ``config.attention_backward =
+"autows"``, and bitwise-equal gradients over runs under ``torch.use_deterministic_algorithms(True)`` (the separate
+form)."""
 from __future__ import annotations
 
 import math
@@ -25,8 +26,9 @@ def _cases(mode: str, n=48, seed=3):
     rng = random.Random(seed)
     seqs = [1, 63, 200, 1000]
     out, dq_configs = [], list(rt.DQ_CONFIGS)
+    dims = [d for d in (64, 128) if any(rt.serves(c, d, mode) for c in rt.CONFIGS)]
     for i in range(n):
-        d = (64, 128)[(i // 3) % 2]
+        d = dims[(i // 3) % len(dims)]
         configs = [c for c in rt.CONFIGS if rt.serves(c, d, mode)]
         out.append(dict(b=rng.choice([1, 2]), hkv=rng.choice([1, 2]), g=(1, 4, 8)[i % 3], sq=rng.choice(seqs),
                         skv=rng.choice(seqs), d=d, causal=bool((i // 6) % 2),
@@ -34,7 +36,7 @@ def _cases(mode: str, n=48, seed=3):
                         dlse=rng.random() < 0.25, dout=rng.random() > 0.08, config=configs[i % len(configs)],
                         mode=mode, dq_config=dq_configs[i % len(dq_configs)] if mode == "separate" else None))
     # Sq != Skv both ways, explicitly, at both head dims and causal
-    for d in (64, 128):
+    for d in dims:
         for sq, skv in ((63, 1000), (1000, 63), (200, 1)):
             out.append(dict(b=1, hkv=2, g=4, sq=sq, skv=skv, d=d, causal=True, dtype=torch.bfloat16, bshd=False,
                             dlse=True, dout=True, config=rt.choose_config(d, True, mode), mode=mode,
@@ -57,7 +59,7 @@ def poisoned(monkeypatch):
     monkeypatch.setattr(rt, "POISON", float("nan"))
 
 
-@pytest.mark.parametrize("c", _cases("atomic") + _cases("separate"), ids=_id)
+@pytest.mark.parametrize("c", _cases("atomic") + _cases("reduce") + _cases("separate"), ids=_id)
 def test_backward_random(c, poisoned):
     torch.manual_seed(hash(_id(c)) % 2**31)
     hq, dt = c["hkv"] * c["g"], c["dtype"]
@@ -119,6 +121,23 @@ def test_repeated_separate_calls_are_bitwise_equal():
     second = rt.backward(go, None, q, k, v, out, lse, True, 0.1, dq_mode="separate")
     torch.cuda.synchronize()
     assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def test_repeated_reduce_calls_take_the_bound_launch():
+    """The reduce form (d=64) through the per-shape bound launch, its padded dQ workspace a TMA descriptor rebuilt for
+    each call's fresh workspace: dK/dV bitwise equal, dQ equal up to the order of the reduce-adds."""
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(2, 4, 300, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out, lse = rt_fwd.attention(q, k, v, True, 0.125, config="auto")
+    go = torch.randn_like(q)
+    first = rt.backward(go, None, q, k, v, out, lse, True, 0.125, dq_mode="reduce")
+    second = rt.backward(go, None, q, k, v, out, lse, True, 0.125, dq_mode="reduce")
+    torch.cuda.synchronize()
+    assert torch.equal(first[1], second[1]) and torch.equal(first[2], second[2])
+    assert _rel(second[0], first[0]) < 1e-3
+    ref = attention_grad.attention_backward(go.float(), None, q.float(), k.float(), v.float(), out.float(), lse, True,
+                                            0.125)
+    assert all(_rel(x, r) < 1e-2 for x, r in zip(second, ref))
 
 
 @pytest.mark.parametrize("d,causal", [(64, False), (64, True), (128, False), (128, True)])

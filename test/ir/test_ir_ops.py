@@ -68,8 +68,9 @@ def _attention_bwd_cases():
     from torch_autows.templates.attention_bwd import AttentionBwdRequest
     from torch_autows.templates.attention_bwd import build as build_bwd
 
-    return [(f"attention_bwd/dp{dp}", build_bwd, AttentionBwdRequest(64, "bf16", True),
-             Options(block_m=64, block_n=64 * dp, stages=2, data_partition=dp)) for dp in (1, 2)]
+    return [(f"attention_bwd/dp{dp}/{dq}", build_bwd, AttentionBwdRequest(64, "bf16", True, dq=dq),
+             Options(block_m=64, block_n=64 * dp, stages=2, data_partition=dp)) for dp in (1, 2)
+            for dq in ("atomic", "reduce")]
 
 
 def test_every_kind_the_templates_and_passes_make_is_in_the_table():

@@ -96,7 +96,7 @@ def test_verifier_checks_what_atomic_adds_accumulate_into():
         check(replace(p, body=tuple(replace(o, body=body) if o is loop else o for o in p.body)), "template")
 
 
-@pytest.mark.parametrize("kernel", ["atomic", "none", "dq"])
+@pytest.mark.parametrize("kernel", ["atomic", "reduce", "none", "dq"])
 def test_every_stage_prints_and_parses_back(kernel):
     from torch_autows.ir import format_program, parse_program
 

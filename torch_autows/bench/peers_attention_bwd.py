@@ -1,5 +1,6 @@
 """Attention-backward peers: cuDNN's and FA2's backward kernels, compiled flex_attention's backward, autows (in
-both dQ forms: the chosen one, separate, as ``autows``, and atomic as ``autows-atomic``).
+each dQ form: the chosen one, separate, as ``autows``, atomic as ``autows-atomic``, and the TMA reduce-add form as
+``autows-reduce``, which serves d=64 only and fails where it raises Unsupported (d=128)).
 
 Every peer times only the backward: dQ, dK, dV from q, k, v, dO and the forward's out and lse, which are
 computed once per case outside the timing, by the forward the peer's backward belongs to (cuDNN's backward
@@ -223,6 +224,10 @@ def _bind_autows_atomic(case, inp) -> Bound:
     return _bind_autows(case, inp, "atomic", "autows-atomic")
 
 
+def _bind_autows_reduce(case, inp) -> Bound:
+    return _bind_autows(case, inp, "reduce", "autows-reduce")
+
+
 def all_peers() -> tuple[list[Peer], list[str]]:
     peers = [Peer("cudnn", _bind_cudnn, "aten._scaled_dot_product_cudnn_attention_backward on the cuDNN forward's "
                   "out/lse (attention_grad._cudnn_backward)"),
@@ -234,7 +239,9 @@ def all_peers() -> tuple[list[Peer], list[str]]:
                   "separate form: pre + main kernel without dQ + the dQ kernel, no atomics); fails where it raises "
                   "Unsupported"),
              Peer("autows-atomic", _bind_autows_atomic, "the same with dq_mode='atomic': pre + main kernel with "
-                  "dQ by fp32 atomic adds + post")]
+                  "dQ by fp32 atomic adds + post"),
+             Peer("autows-reduce", _bind_autows_reduce, "the same with dq_mode='reduce': pre + main kernel with dQ "
+                  "by a TMA bulk reduce-add per tile (FA3's form) + post; d=64 only (fails with Unsupported at d=128)")]
     return peers, []
 
 

@@ -61,8 +61,8 @@ def tile_lines(grid) -> tuple[list[str], list[str]]:
 @emitter("tile_loop")
 def _tile_loop(ctx, o, indent):
     """The CTA's walk over its output tiles (passes/tile_loop): persistent ``for tile in range(pid, num_tiles,
-    nprog)``, else ``tile = pid``; the tile indices; the body once per tile; then the stores drained. A
-    ``cross_tile`` walk (passes/cross_tile) runs its body once, on the CTA's first tile (if it has one); the
+    nprog)``, else ``tile = pid``; the tile indices; the body once per tile; then the stores (and TMA reduces)
+    drained. A ``cross_tile`` walk (passes/cross_tile) runs its body once, on the CTA's first tile (if it has one); the
     body's ``tile_next`` walks the rest."""
     grid = Grid.of(o)
     pre, per_tile = tile_lines(grid)
@@ -87,7 +87,7 @@ def _tile_loop(ctx, o, indent):
     if not o.attr("cross_tile"):
         out += ["    " * inner + ln for ln in per_tile]
         out += emit_ops(ctx, o.body, inner)
-    if any(x.kind == "store" for x in walk(o.body)):
+    if any(x.kind in ("store", "tma_reduce_add") for x in walk(o.body)):
         out.append("tma.store_wait(0)")
     return out
 

@@ -91,6 +91,9 @@ def _kernel_fn(program: Program) -> list[str]:
         if o.kind in ("load", "store"):
             x = o.results[0].name if o.kind == "load" else o.operands[0]
             desc_of[x] = o.attr("arg")
+    for o in (x for pt in program.partitions for x in walk(pt.body)):
+        if o.kind == "tma_reduce_add":  # its staging tile, named by the op (the operand was renamed since)
+            desc_of[next(b.value for b in program.buffers if b.name == o.attr("buffer"))] = o.attr("arg")
     rings = {c.buffer for c in program.channels}
     for b in sorted(program.buffers, key=lambda b: (b.offset, -b.nbytes, b.name)):
         shape = [b.count, *b.type.shape] if b.name in rings or b.count > 1 else list(b.type.shape)
@@ -145,7 +148,10 @@ def generate(program: Program) -> str:
     if not program.name.isidentifier() or program.name in {p.name for p in program.partitions}:
         raise ValueError(f"codegen: program name {program.name!r} must be an identifier unlike its partitions'")
     parts = ", ".join(f"{p.name} ({p.warps} warps, {p.regs} regs)" for p in program.partitions)
-    out = [HEADER.format(name=program.name, parts=parts, smem=program.smem_bytes, imports=lowering(program).IMPORTS)]
+    low = lowering(program)
+    kinds = {o.kind for p in program.partitions for o in walk(p.body)}
+    imports = low.IMPORTS + "".join(line for k, line in sorted(getattr(low, "KIND_IMPORTS", {}).items()) if k in kinds)
+    out = [HEADER.format(name=program.name, parts=parts, smem=program.smem_bytes, imports=imports)]
     for p in program.partitions:
         out += ["", ""] + _partition_fn(program, p)
     out += ["", ""] + _kernel_fn(program)
@@ -154,10 +160,10 @@ def generate(program: Program) -> str:
 
 
 def block_shapes(program: Program) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Tensor arg -> (TMA block shape, dtype) of the tiles loaded from or stored to it."""
+    """Tensor arg -> (TMA block shape, dtype) of the tiles loaded from, stored to or reduced into it."""
     out = {}
     for o in walk(program.body):
-        if o.kind in ("load", "store"):
+        if o.kind in ("load", "store", "tma_reduce_add"):
             t: TileType = o.results[0].type if o.kind == "load" else None
             if t is None:
                 t = next(r.type for x in walk(program.body) for r in x.results if r.name == o.operands[0])

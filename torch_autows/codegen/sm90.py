@@ -6,7 +6,8 @@ codegen picks this module for ``program.arch.name == "sm90"`` (``codegen.gluon.L
   ``tma`` and ``fence_async_shared`` are also used by the kernel prologue in ``codegen/gluon.py``);
 * ``accumulator_layout(warps, n)``: the register layout of an n-wide MMA result (wgmma's
   ``NVMMADistributedLayout`` v3); reductions and broadcasts slice it (``codegen/context.py``);
-* ``EMITTERS``: asynchronous wgmma (``mma``, ``mma_wait``), TMA copies (``load``, ``store``) and the
+* ``KIND_IMPORTS``: imports only the kernels holding an op of a kind need (the TMA reduce-add builtin);
+* ``EMITTERS``: asynchronous wgmma (``mma``, ``mma_wait``), TMA copies (``load``, ``store``, ``tma_reduce_add``) and the
   mbarrier ring protocol (``acquire``, ``wait_ready``, ``release``, ``release_tail``, the ping-pong
   ``turn_wait``/``turn_pass``). Every other kind uses the shared emitters of ``codegen/emitters.py``.
 
@@ -22,6 +23,10 @@ from .emit_memory import _ago
 IMPORTS = ("from triton.experimental.gluon.language.nvidia.hopper import ("
            "fence_async_shared, mbarrier, tma, warpgroup_mma,\n"
            "                                                             warpgroup_mma_wait)\n")
+
+#: Imports a generated module adds when it holds an op of the kind (``codegen.gluon.generate``): Gluon builtins of
+#: our own (``codegen/gluon_ext.py``) that triton's Hopper module lacks.
+KIND_IMPORTS = {"tma_reduce_add": "from torch_autows.codegen.gluon_ext import async_reduce_add_shared_to_global\n"}
 
 EMITTERS: dict = {}
 
@@ -168,3 +173,23 @@ def _store(ctx, o, indent):
     return lines
 
 
+
+
+@_sm90("tma_reduce_add")
+def _tma_reduce_add(ctx, o, indent):
+    # registers -> the partition's own fp32 staging tile -> a TMA bulk reduce-add into the tensor (one instruction for
+    # the tile, no per-element atomics; FlashAttention-3's dQ accumulation). One staging copy: the previous reduce
+    # must have read it first (``store_wait(0)``: this partition issues no other TMA store)
+    b = ctx.buffers.get(o.attr("buffer"))
+    if b is None:
+        raise ValueError(f"codegen: tma_reduce_add of %{o.operands[0]} has no staging buffer; run passes.buffers")
+    if b.count != 1:
+        raise ValueError(f"codegen: tma_reduce_add stages in {b.count} copies of {b.name}; only one is lowered "
+                         f"(memory_plan gives 1)")
+    if any(x.kind == "store" for x in walk(ctx.part.body)):
+        raise ValueError(f"codegen: partition {ctx.part.name} issues TMA stores and reduces; store_wait counts them "
+                         f"together, so the reduce's wait would be wrong: keep them in separate partitions")
+    coords = ", ".join(expr(c) for c in o.attr("coords"))
+    return ["tma.store_wait(0)  # the previous TMA reduce out of this staging tile has finished reading it",
+            f"{b.name}.store({v(o.operands[0])})", "fence_async_shared()",
+            f"async_reduce_add_shared_to_global({o.attr('arg')}_desc, [{coords}], {b.name})"]

@@ -1,8 +1,8 @@
 """The partitioned interpreter's asynchronous work and its handlers (``partitioned.HANDLERS`` maps the op kinds to
 them): an async wgmma group (``Wgmma``: ``mma`` issues it, ``mma_wait`` or the ``pending`` bound retires it) and
-an async TMA store's read of its staging slot (``StoreRead``: ``store`` issues it, ``PartRun.store_wait`` ends
-it), with ``smem_store`` and ``trans``, which hand out slot references read at each use. ``pr`` is the running
-``partitioned.PartRun``."""
+an async TMA store's (or reduce-add's) read of its staging slot (``StoreRead``: ``store`` or ``tma_reduce_add``
+issues it, ``PartRun.store_wait`` ends it), with ``smem_store`` and ``trans``, which hand out slot references read
+at each use. ``pr`` is the running ``partitioned.PartRun``."""
 from __future__ import annotations
 
 from ..ir import Op
@@ -29,7 +29,8 @@ class StoreRead:
         self.value = None
 
     def describe(self) -> str:
-        return f"TMA store from {self.key[0]} issued by {self.owner.name} at #{self.step}"
+        what = "reduce-add" if self.op.kind == "tma_reduce_add" else "store"
+        return f"TMA {what} from {self.key[0]} issued by {self.owner.name} at #{self.step}"
 
 
 def _trans(pr, o: Op):
@@ -64,12 +65,17 @@ def _mma_wait(pr, o: Op):
 
 
 def _store(pr, o: Op):
+    """``store`` and ``tma_reduce_add``: wait until the staging slot's previous TMA operation has read it, the
+    register tile into the slot, fence, issue the async TMA store (reduce-add), which reads the slot until the
+    partition's next store_wait (``PartRun.store_wait`` writes, or adds, the tile then)."""
     if skipped(pr, o):  # after a split_reduce, in a CTA that did not sum the parts
         return
     x = o.operands[0]
-    buf = next((b for b in pr.run.program.buffers if b.value == x and b.name.endswith("_stage")), None)
+    named = o.attr("buffer")  # a reduce names its staging tile (passes/buffers); a store's is found by its value
+    buf = next((b for b in pr.run.program.buffers
+                if ((b.name == named) if named else (b.value == x and b.name.endswith("_stage")))), None)
     if buf is None:
-        raise InterpError(f"interp: store of %{x} has no staging buffer; run buffers/memory_plan first")
+        raise InterpError(f"interp: {o.kind} of %{x} has no staging buffer; run buffers/memory_plan first")
     count = buf.count or 1
     pr.store_wait(count - 1)  # tma.store_wait(count - 1): the store that last used this slot has read it
     data = pr.value(pr.raw(x, o), o)
@@ -79,9 +85,10 @@ def _store(pr, o: Op):
     pr.cta.check_write(key, who, pr.name, o)
     tag = ("stage", pr.name, pr.run.step)
     pr.cta.store_slot(key, data, tag)
-    yield None  # fence_async_shared(); then the TMA store is issued
+    yield None  # fence_async_shared(); then the TMA store (reduce) is issued
     if pr.cta.smem.slots[key].tag != tag:
-        pr.fail("overwrite", f"{buf.name} was overwritten between {pr.name}'s register store and its TMA store")
+        pr.fail("overwrite", f"{buf.name} was overwritten between {pr.name}'s register store and its TMA "
+                f"{'reduce' if o.kind == 'tma_reduce_add' else 'store'}")
     rec = StoreRead(pr, o, pr.run.step, key, tag, tuple(int(pr.eval(c)) for c in o.attr("coords")))
     pr.cta.smem.slots[key].reads.append(rec)
     pr.stores.append(rec)

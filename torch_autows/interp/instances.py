@@ -260,15 +260,23 @@ def _bwd_instance(program: Program, vals: dict, grads: dict, desc: str) -> Insta
 
 def _attention_bwd(program: Program, seed: int, shape) -> Instance:
     """The backward's main kernel between its host-side pre/postprocess (templates.attention_bwd): outputs dq_acc
-    (the unscaled dS K, fp32; absent from the form built with dq="none"), dk and dv against an fp32 math backward of
+    (the unscaled dS K, fp32; in the reduce form padded to whole Q blocks per head, zero past Sq; absent from the form
+    built with dq="none"), dk and dv against an fp32 math backward of
     the same rounded inputs. dk/dv start as NaN except the rows of KV blocks the kernel is not launched for (the host
     zeroes those); dq_acc starts zero, as the host's preprocess leaves it."""
     from ..templates import attention_bwd as bwd
 
     (q, k, v, go, causal, scale), grads, (delta, lse2), desc = _bwd_problem(program, seed, shape)
-    atomic = any(a.name == "dq_acc" for a in program.args)
+    ws = next((a for a in program.args if a.name == "dq_acc"), None)
+    form = "none" if ws is None else "reduce" if ws.kind == "tensor" else "atomic"
+    BM = program.options.block_m
     vals = bwd.kernel_values(q, k, v, go, delta, lse2, causal, scale, program.options.block_n, fill=float("nan"),
-                             dq="atomic" if atomic else "none")
+                             dq=form, block_m=BM)
+    if form == "reduce":  # the workspace has padded_rows per head; the rows past Sq get exact zeros
+        B, Hq, Sq, D = q.shape
+        ref = torch.zeros(B, Hq, bwd.padded_rows(Sq, BM), D)
+        ref[:, :, :Sq] = grads["dq_acc"].view(B, Hq, Sq, D)
+        grads = {**grads, "dq_acc": ref.reshape(-1, D)}
     return _bwd_instance(program, vals, grads, desc)
 
 

@@ -9,8 +9,9 @@ raises ``InterpError`` naming it.
 
 Global memory follows the hardware: a TMA ``load`` of a box reads the tensor at the coordinates and
 fills whatever lies outside the tensor with zeros; a TMA ``store`` writes only the part of the box
-inside the tensor; ``load_vec`` is a masked pointer load (``offset + i < size``, else 0), ``load_ptr`` its 2-D
-form (rows ``row + r`` with ``r < rows_valid``, columns ``col + c`` with ``c < cols_valid``, leading dim ``ld``).
+inside the tensor (``tma_reduce_add`` adds that part); ``load_vec`` is a masked pointer load (``offset + i <
+size``, else 0), ``load_ptr`` its 2-D form (rows ``row + r`` with ``r < rows_valid``, columns ``col + c`` with
+``c < cols_valid``, leading dim ``ld``).
 """
 from __future__ import annotations
 
@@ -118,9 +119,10 @@ def tma_load(t: torch.Tensor, coords: tuple[int, ...], shape: tuple[int, ...]) -
     return out
 
 
-def tma_store(t: torch.Tensor, coords: tuple[int, ...], tile: torch.Tensor) -> torch.Tensor:
-    """Write ``tile`` at ``coords`` of ``t``, clipped at the tensor's bounds (TMA store); returns the flat
-    offsets of the elements written (for ``note_write``)."""
+def tma_store(t: torch.Tensor, coords: tuple[int, ...], tile: torch.Tensor, add: bool = False) -> torch.Tensor:
+    """Write ``tile`` at ``coords`` of ``t``, clipped at the tensor's bounds (TMA store; ``add``: add it instead, a
+    TMA bulk reduce-add, in one indivisible step); returns the flat offsets of the elements written (for
+    ``note_write``)."""
     if t.dim() != tile.dim():
         raise InterpError(f"interp: a {tile.dim()}-D tile stored to a {t.dim()}-D tensor")
     src, dst = [], []
@@ -132,7 +134,10 @@ def tma_store(t: torch.Tensor, coords: tuple[int, ...], tile: torch.Tensor) -> t
         dst.append(slice(lo, hi))
         src.append(slice(lo - c, hi - c))
         offs = offs.unsqueeze(-1) + torch.arange(lo, hi) * stride
-    t[tuple(dst)] = tile[tuple(src)].to(t.dtype)
+    if add:
+        t[tuple(dst)] += tile[tuple(src)].to(t.dtype)
+    else:
+        t[tuple(dst)] = tile[tuple(src)].to(t.dtype)
     return offs.reshape(-1)
 
 

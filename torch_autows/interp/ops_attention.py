@@ -13,6 +13,8 @@
                stores
     store_vec  ptr[offset + i] for i < valid
     atomic_add_ptr  store_ptr's elements, added (f32) instead of stored, in one indivisible step
+    tma_reduce_add  the f32 tile added into the f32 tensor at ``coords``, clipped at its bounds (a TMA reduce-add), in
+               one indivisible step (the partitioned interpreter stages it in SMEM and adds at the store_wait)
     smem_store the register tile itself (the partitioned interpreter puts it in its SMEM slot)
 Every store and add is recorded per writer (``ops.note_write``): a plain store racing another CTA's write of the
 same element is a ``global-race``.
@@ -22,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from ..ir import format_op
-from .ops import TORCH_DTYPE, InterpError, note_write, semantics, skipped
+from .ops import TORCH_DTYPE, InterpError, coords_of, note_write, semantics, skipped, tma_store
 
 NEG_INF = float("-inf")
 
@@ -118,6 +120,21 @@ def _atomic_add_ptr(ctx, o, args):
                           f"{ctx.tensor(o.attr('arg')).dtype}: atomic_add_ptr takes an f32 tile and an f32 target")
     offs, keep = _tile_offsets(ctx, o, *x.shape)
     _scatter(ctx, o, offs[keep].reshape(-1), x[keep].reshape(-1), add=True)
+
+
+def reduce_add(ctx, o, coords: tuple[int, ...], tile: torch.Tensor) -> None:
+    """``tma_reduce_add``'s write: ``tile`` (f32) added into its f32 ``arg`` at ``coords``, clipped at the tensor's
+    bounds, recorded as an accumulating write (overlapping adds of other CTAs are no race)."""
+    t = ctx.tensor(o.attr("arg"))
+    if tile.dtype != torch.float32 or t.dtype != torch.float32:
+        raise InterpError(f"interp: `{format_op(o)[0].strip()}` adds {tile.dtype} into {t.dtype}: tma_reduce_add "
+                          f"takes an f32 tile and an f32 target")
+    note_write(ctx, o, o.attr("arg"), tma_store(t, coords, tile, add=True), atomic=True)
+
+
+@semantics("tma_reduce_add")
+def _tma_reduce_add(ctx, o, args):
+    reduce_add(ctx, o, coords_of(ctx, o), args[0])
 
 
 @semantics("store_vec")

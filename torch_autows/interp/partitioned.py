@@ -18,6 +18,7 @@ every op and whenever an mbarrier wait cannot pass yet. Mirrored from the genera
     mma_wait     wait until ``pending`` remain; the accumulator is retired
     store        store_wait(copies - 1); registers -> staging slot n % copies; fence; async TMA store
                  (read at store_wait)
+    tma_reduce_add  as store, with a TMA bulk reduce-add (the tile is added, not written, at store_wait)
     smem_store   registers -> the result's own buffer, slot n % copies (checked against unretired wgmma reads)
     turn_wait    wait turn[me] with parity (turn_n & 1), ^ 1 for partition 0 (ping-pong; the barriers are
                  Program.turns', one per turn-taking partition)
@@ -44,6 +45,7 @@ from .async_ops import StoreRead, Wgmma, _mma, _mma_wait, _smem_store, _store, _
 from .barriers import _acquire, _advance, _get, _load, _release, _release_tail, _turn_pass, _turn_wait, _wait_ready
 from .cta import CTA, SlotRef
 from .ops import apply, eval_index, note_write, tma_store
+from .ops_attention import reduce_add
 
 
 class Wait:
@@ -76,7 +78,7 @@ class PartRun:
         loops = [o for o in part.body if o.kind == "tile_loop"]
         self.share = loops[0].attr("share") if loops else part.tiles  # (c, t): a tile consumer's share of the walk
         self.tile_seq = 0  # j: the CTA's j-th tile is running (a ``seek`` reads it)
-        self.has_store = any(o.kind == "store" for o in walk(part.body))
+        self.has_store = any(o.kind in ("store", "tma_reduce_add") for o in walk(part.body))
         self.produces = any(o.kind in ("acquire", "load") for o in walk(part.body))
         self.waiting = None
         self.done = False
@@ -216,14 +218,18 @@ class PartRun:
             self.log(o, f"retired {grp.describe()}")
 
     def store_wait(self, keep: int = 0) -> None:
-        """tma.store_wait(keep): every store but the newest ``keep`` has read its staging slot."""
+        """tma.store_wait(keep): every store (or reduce-add) but the newest ``keep`` has read its staging slot; each
+        is applied to global memory now (the latest it may read the slot)."""
         done, self.stores = self.stores[:max(len(self.stores) - keep, 0)], self.stores[max(len(self.stores) - keep, 0):]
         for rec in done:
             st = self.cta.smem.slots[rec.key]
             if st.tag != rec.tag:
                 self.fail("overwrite", f"{rec.key[0]} was overwritten before {rec.describe()} finished reading it")
             name = rec.op.attr("arg")
-            note_write(self, rec.op, name, tma_store(self.tensor(name), rec.coords, st.view.clone()))
+            if rec.op.kind == "tma_reduce_add":
+                reduce_add(self, rec.op, rec.coords, st.view.clone())
+            else:
+                note_write(self, rec.op, name, tma_store(self.tensor(name), rec.coords, st.view.clone()))
             st.reads.remove(rec)
 
 
@@ -231,4 +237,4 @@ HANDLERS = {"tile_loop": tiles.tile_loop, "tile_next": tiles.tile_next, "turn_wa
             "turn_pass": _turn_pass, "acquire": _acquire, "wait_ready": _wait_ready, "get": _get, "load": _load,
             "release": _release,
             "release_tail": _release_tail, "advance": _advance, "seek": tiles.seek, "trans": _trans, "mma": _mma,
-            "mma_wait": _mma_wait, "store": _store, "smem_store": _smem_store}
+            "mma_wait": _mma_wait, "store": _store, "tma_reduce_add": _store, "smem_store": _smem_store}

@@ -77,6 +77,10 @@ OPS: dict[str, OpKind] = _kinds(
     # store_ptr's addressing, but an atomic fp32 add into the target (attention backward's dQ workspace)
     OpKind("atomic_add_ptr", _UNARY, _NONE, output=True, accumulates=True,
            row_attrs=(("row", "offset"), ("rows_valid", "bound"))),
+    # an f32 register tile added into an f32 tensor through its TMA descriptor at ``coords`` (a TMA bulk reduce-add,
+    # clipped at the tensor's bounds): registers -> the partition's own SMEM staging tile -> async reduce, which reads
+    # the tile until a later store_wait (attention backward's dQ in the "reduce" form, FlashAttention-3's)
+    OpKind("tma_reduce_add", _UNARY, _NONE, output=True, accumulates=True, blocking=True),
     # a register tile into a partition-private SMEM slot (the result is that slot: an A operand an mma reads
     # transposed, attention backward's dS)
     OpKind("smem_store", _UNARY, _ONE, axes="elementwise"),

@@ -1,8 +1,10 @@
 """buffers: give every value that lives in SMEM a Buffer, and every cross-partition value a Channel.
 
 Assumes: partition_schedule ran (every non-container op has a partition).
-Guarantees: each TMA ``load`` result has a Buffer (its landing tile); each ``store`` operand has a
-staging Buffer (TMA stores read SMEM); each ``smem_store`` result has a Buffer its partition alone uses;
+Guarantees: each TMA ``load`` result has a Buffer (its landing tile); each ``store`` and ``tma_reduce_add`` operand
+has a staging Buffer ``<value>_stage`` (TMA stores and reduces read SMEM; a ``tma_reduce_add`` names it in its
+``buffer`` attribute, as later passes rename the operand); each ``smem_store`` result has a Buffer its partition
+alone uses;
 every value used in a partition other than its producer's goes through a Channel (value, src, dsts, buffer).
 Counts and offsets are left to memory_plan.
 Only SMEM tiles may cross partitions here: a register value used by another role is an error
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..ir import Buffer, Channel, Op, Program, defs, walk
+from ..ir import Buffer, Channel, Op, Program, defs, map_ops, walk
 from . import PassError
 
 
@@ -98,7 +100,7 @@ def run(program: Program, options=None) -> Program:
         if o.kind == "smem_store":  # a partition's own SMEM tile (attention backward's dS): no channel
             v = o.results[0]
             buffers.append(Buffer(f"{v.name}_smem", v.type, v.name))
-        if o.kind == "store":
+        if o.kind in ("store", "tma_reduce_add"):  # TMA reads its source from SMEM: a staging tile
             x = o.operands[0]
             t = next(r.type for r in dmap[x].results if r.name == x)
             buffers.append(Buffer(f"{x}_stage", replace(t, space="smem"), x))
@@ -115,4 +117,7 @@ def run(program: Program, options=None) -> Program:
             raise PassError(f"buffers: register value %{name} crosses from {src} to {sorted(dsts)}; only SMEM "
                             f"tiles (TMA loads) can cross partitions: schedule its producer and users together")
         channels.append(Channel(f"ch_{name}", name, src, tuple(sorted(dsts)), f"{name}_smem"))
-    return replace(program, buffers=tuple(buffers), channels=tuple(channels))
+    # a reduce names its staging tile (``buffer``): later passes rename its operand (an mma_wait's result)
+    body = map_ops(program.body, lambda o: o.with_attrs(buffer=f"{o.operands[0]}_stage")
+                   if o.kind == "tma_reduce_add" else o)
+    return replace(program, body=body, buffers=tuple(buffers), channels=tuple(channels))

@@ -13,11 +13,11 @@ the ops (mma: rows come from A and the accumulator, not B; trans swaps axes; exp
 them; loops tie results, yields, inits and iter_args together) to a fixpoint, then rebuild the body,
 cloning every split or needed op once per chain.
 
-An output that accumulates (``atomic_add_ptr``: adds into memory) whose value is an mma with its contraction axis
-split on both operands (A along axis 1, B along axis 0; through unary ops and ``trans``: attention backward's
-dQ = dS K, with dS and K split by the dK/dV rows) takes a *partial*: the mma and the ops after it keep their full
-shape, are cloned per chain (each chain its share of the sum) and every chain adds its own partial, with no row
-shift. A partial read by anything but an accumulating output is an error (it would be stored unsummed).
+An output that accumulates (``atomic_add_ptr``, ``tma_reduce_add``: adds into memory) whose value is an mma with its
+contraction axis split on both operands (A along axis 1, B along axis 0; through unary ops and ``trans``: attention
+backward's dQ = dS K, with dS and K split by the dK/dV rows) takes a *partial*: the mma and the ops after it keep
+their full shape, are cloned per chain (each chain its share of the sum) and every chain adds its own partial, with
+no row shift. A partial read by anything but an accumulating output is an error (it would be stored unsummed).
 
 With ``options.tile_consumers`` t > 1 (ping-pong over tiles) nothing is split: the whole tile is replicated into t
 chains, each op but the TMA ``load``s cloned once per chain (values renamed ``<name>_c<i>``, shapes, coordinates
@@ -104,7 +104,7 @@ def _partial_chain(o: Op, dmap: dict, split: dict[str, int], users: dict) -> lis
             if not (_accumulates(u) or any(r.name in chain for r in u.results)):
                 raise PassError(f"data_partition: %{x} is a partial sum (each chain's share of a split contraction) "
                                 f"read by `{u.kind}`: a partial sum would be stored; only accumulating outputs "
-                                f"(atomic_add_ptr) may take it")
+                                f"(atomic_add_ptr, tma_reduce_add) may take it")
     return chain
 
 
@@ -246,7 +246,7 @@ def run(program: Program, options=None) -> Program:
             new = new.with_attrs(coords=coords)
         if o.kind == "load_vec" and o.results[0].name in split:
             new = new.with_attrs(offset=add_offset(o.attr("offset"), i * o.results[0].type.shape[0] // f))
-        if o.kind == "store":
+        if o.kind in ("store", "tma_reduce_add") and o.operands[0] in split:  # a partial keeps its coords
             ax = split[o.operands[0]]
             step = types[o.operands[0]].shape[ax] // f
             coords = tuple(add_offset(c, i * step) if j == ax else c for j, c in enumerate(o.attr("coords")))

@@ -11,10 +11,13 @@ buffers.channel_groups); if that does not fit, each gets the same prefetch dista
 so a ring held fewer steps is shallower and gets its own barriers (attention's K 2 + V 3 at d=128 with
 two Q copies);
 a TMA store's staging buffer has ``options.store_buffers`` copies (with 2, a tile's store drains while
-the next tile is staged); in a persistent kernel a channel filled once per tile (attention's Q) has
-``options.tile_buffers`` copies (with 2, the producer loads the next tile's Q, then its K/V, while
-this tile still computes); two buffers share bytes only if their lifetimes cannot overlap, and then at
-the same offset (the later one is a reinterpretation of the earlier);
+the next tile is staged); a ``tma_reduce_add``'s staging buffer has 1 (the op waits for its previous reduce to
+read it before the registers overwrite it: attention backward's dQ, one reduce a step) and shares no bytes with
+any other buffer (the async reduce reads it until a later store_wait that other buffers' writers do not wait
+on); in a persistent kernel a channel filled once per tile (attention's Q) has ``options.tile_buffers``
+copies (with 2, the producer loads the next tile's Q, then its K/V, while this tile still computes); two buffers
+share bytes only if their lifetimes cannot overlap, and then at the same offset (the later one is a
+reinterpretation of the earlier);
 ``Program.smem_bytes`` (buffers + mbarriers) <= ``arch.smem_limit`` (227 KB on sm_90), lowering
 the ring depth until it fits, then the per-tile copies, then the staging copies (each time the ring
 depth again from the top), else PassError.
@@ -39,6 +42,13 @@ ALIGN = 1024  # 128-byte-swizzled NVMMA tiles need 1024-byte alignment
 
 def _align(x: int) -> int:
     return (x + ALIGN - 1) // ALIGN * ALIGN
+
+
+def reduce_stages(program: Program) -> frozenset[str]:
+    """The staging buffers of the program's ``tma_reduce_add`` ops (their ``buffer``, set by passes/buffers)."""
+    bodies = (program.body, *(pt.body for pt in program.partitions))
+    return frozenset(o.attr("buffer") for b in bodies for o in walk(b)
+                     if o.kind == "tma_reduce_add" and o.attr("buffer"))
 
 
 def _intervals(body: tuple[Op, ...]):
@@ -81,7 +91,9 @@ def _accessors(program: Program) -> dict[str, tuple[set[str], set[str]]]:
     return out
 
 
-def _compatible(x, y, program, iv, acc, loop_of) -> bool:
+def _compatible(x, y, program, iv, acc, loop_of, reduced=frozenset()) -> bool:
+    if x.name in reduced or y.name in reduced:  # read by an async TMA reduce until a store_wait nobody else waits on
+        return False
     (xs, xe), (ys, ye) = iv[x.value], iv[y.value]
     if not (xe < ys or ye < xs):
         return False
@@ -104,6 +116,7 @@ def plan(program: Program, depth: int, store_copies: int, tile_copies: int = 1, 
     iv, loop_of = _intervals(program.body)
     acc = _accessors(program)
     stored = {o.operands[0] for o in walk(program.body) if o.kind == "store"}
+    reduced = reduce_stages(program)
 
     per_tile = {c.buffer for c in program.channels if loop_of.get(c.value) is None}
 
@@ -122,7 +135,8 @@ def plan(program: Program, depth: int, store_copies: int, tile_copies: int = 1, 
         off = None
         for root in roots:
             sharers = [p for p in placed if p.offset == root.offset]
-            if b.nbytes <= root.nbytes and all(_compatible(p, b, program, iv, acc, loop_of) for p in sharers):
+            if b.nbytes <= root.nbytes and all(_compatible(p, b, program, iv, acc, loop_of, reduced)
+                                             for p in sharers):
                 off = root.offset
                 break
         if off is None:

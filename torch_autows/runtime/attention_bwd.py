@@ -2,16 +2,20 @@
 (templates/attention_bwd.py, templates/attention_bwd_dq.py; passes/BACKWARD.md).
 
 ``backward(grad_out, grad_lse, q, k, v, out, lse, is_causal, scale, config=None, dq_mode=None, dq_config=None)
--> (dq, dk, dv)`` runs the torch preprocess (delta, lse2) and then one of two forms (``dq_mode``):
+-> (dq, dk, dv)`` runs the torch preprocess (delta, lse2) and then one of three forms (``dq_mode``):
 
 * "atomic": the main kernel computes dK, dV and adds each step's dQ into a zeroed fp32 workspace with fp32 atomics;
   a torch postprocess gives dQ = scale * workspace. The adds reorder from run to run: not bit-reproducible.
+* "reduce": as "atomic", but each step's dQ tile goes registers -> an fp32 SMEM staging tile -> one TMA bulk
+  reduce-add (``cp.reduce.async.bulk.tensor ... .add.f32``, FlashAttention-3's dQ accumulation) into a workspace
+  padded to whole Q blocks per head; no per-element atomics. Not bit-reproducible either (the adds reorder).
 * "separate": the main kernel without dQ (4 GEMMs a step), then the dQ kernel (one CTA per Q block, looping over
   the KV blocks; it recomputes S and dP). Every gradient element is written once by one CTA: deterministic.
 
 ``dq_mode`` None picks "separate": on the H200 it ran 1.18-1.53x the atomic form's speed at every point of the
 attention-bwd grid (bench/results/2026-12-01-h200-attention-bwd-2.json: s1024-s8192, d64/d128, causal or not), and
-it is deterministic. "atomic" must be asked for, and with deterministic algorithms on it raises ``Unsupported``.
+it is deterministic. "atomic" and "reduce" (not measured on the GPU yet) must be asked for, and with deterministic
+algorithms on they raise ``Unsupported``.
 ``config`` names the main kernel's config (``CONFIGS``), ``dq_config`` the dQ kernel's
 (``DQ_CONFIGS``, separate form only); None: ``choose_config`` / ``choose_dq_config``. It raises ``Unsupported``
 with ``support_reason``'s reason where it cannot serve a call; ``attention_grad.attention_backward`` then runs the
@@ -32,7 +36,10 @@ from .gemm import DTYPES
 from .launch import BoundCache, Tma, compile_kernel
 
 #: The forms of dQ (module docstring).
-DQ_MODES = ("atomic", "separate")
+DQ_MODES = ("atomic", "reduce", "separate")
+
+#: The forms whose dQ adds reorder from run to run (refused under torch.use_deterministic_algorithms).
+NONDETERMINISTIC = ("atomic", "reduce")
 
 #: Every config of the main kernel the runtime can run (choose_config picks; config= names one; tests compile each
 #: offline). One CTA per (batch, kv-head, block of BN keys), not persistent; a producer warp streams Q and dO through
@@ -48,11 +55,14 @@ CONFIGS: dict[str, Options] = {
                               producer_regs=24),
 }
 
-#: Head dims each main-kernel config serves, per form (what compiles at sm_90a; the separate form: without spills).
+#: Head dims each main-kernel config serves, per form (what compiles at sm_90a; the separate and reduce forms: without
+#: spills). The reduce form at d=128 spills (offline sm_90a, ptxas -v, bytes: bwd_64x128_dp2 532, causal 684;
+#: bwd_64x64_dp1 156, causal 152; test/codegen/test_attention_bwd_codegen.py ``REDUCE_SPILLS``), so no config serves it
+#: there yet; at d=64 neither spills.
 CONFIG_HEAD_DIMS: dict[str, dict[str, tuple[int, ...]]] = {
-    "bwd_64x128_dp2": {"atomic": (64, 128), "separate": (64,)},
-    "bwd_64x64_dp1": {"atomic": (64, 128), "separate": (64,)},
-    "bwd_32x128_dp2": {"atomic": (), "separate": (64, 128)},
+    "bwd_64x128_dp2": {"atomic": (64, 128), "reduce": (64,), "separate": (64,)},
+    "bwd_64x64_dp1": {"atomic": (64, 128), "reduce": (64,), "separate": (64,)},
+    "bwd_32x128_dp2": {"atomic": (), "reduce": (), "separate": (64, 128)},
 }
 
 #: Configs of the dQ kernel (separate form). One CTA per (batch, q-head, block of BM queries), not persistent; two
@@ -80,8 +90,8 @@ def choose_config(d: int, causal: bool, dq_mode: str = "separate") -> str:
     """The main kernel's config for a call. Atomic: two consumer warpgroups of 64 keys and 64-query steps at both
     head dims (offline, sm_90a: d=64 without spills; d=128 spills, test/codegen/test_attention_bwd_codegen.py
     ``SPILLS``). Separate: the same at d=64; 32-query steps at d=128 (64-query steps spill 180 bytes, causal 524).
-    These are the configs the H200 attention-bwd runs measured (separate ahead of atomic at every point); other
-    configs are not swept yet."""
+    Reduce: the same as atomic (served at d=64 only: ``CONFIG_HEAD_DIMS``). These are the configs the H200
+    attention-bwd runs measured (separate ahead of atomic at every point); other configs are not swept yet."""
     return "bwd_32x128_dp2" if dq_mode == "separate" and d == 128 else "bwd_64x128_dp2"
 
 
@@ -93,12 +103,14 @@ def choose_dq_config(d: int, causal: bool) -> str:
 
 def choose_dq_mode(dq_mode: str | None = None) -> str:
     """The form for a call: ``dq_mode`` if given, else "separate" (measured faster than "atomic" everywhere, and
-    deterministic). Raises ``Unsupported`` for "atomic" while deterministic algorithms are on."""
+    deterministic; "reduce" is not measured yet). Raises ``Unsupported`` for "atomic" or "reduce" while deterministic
+    algorithms are on."""
     if dq_mode is not None and dq_mode not in DQ_MODES:
         raise ValueError(f"attention backward dq_mode={dq_mode!r}; use one of {DQ_MODES} or None (chosen per call)")
-    if dq_mode == "atomic" and torch.are_deterministic_algorithms_enabled():
-        raise Unsupported("atomic dQ is not deterministic (torch.use_deterministic_algorithms is on); "
-                          "dq_mode='separate' is")
+    if dq_mode in NONDETERMINISTIC and torch.are_deterministic_algorithms_enabled():
+        how = "fp32 atomics" if dq_mode == "atomic" else "TMA reduce-adds"
+        raise Unsupported(f"{dq_mode} dQ is not deterministic (its {how} reorder; torch.use_deterministic_algorithms "
+                          f"is on); dq_mode='separate' is")
     return dq_mode or "separate"
 
 
@@ -151,9 +163,10 @@ def _key(grad_out, grad_lse, q, k, v, out, lse, is_causal, scale, *kernel):
 
 
 def _launch(template: str, request, opts: Options, values: dict, grid: int, key, in_place: bool, device) -> None:
-    """Run one kernel on ``values`` (a value per argument name; q, k, v and do as 2-D row views): through the bound
-    launch cached under ``key`` where there is one, else compiled (cached by launch.compile_kernel) and launched, and
-    bound for next time where ``in_place``."""
+    """Run one kernel on ``values`` (a value per argument name; q, k, v and do as 2-D row views; every tensor argument
+    of the kernel, the reduce form's dQ workspace too, goes through a TMA descriptor of its whole shape): through the
+    bound launch cached under ``key`` where there is one, else compiled (cached by launch.compile_kernel) and launched,
+    and bound for next time where ``in_place``."""
     hit = _BOUND.get(key)
     if hit is not None and hit[0](*(values[n].data_ptr() for n in hit[1])):
         return
@@ -163,8 +176,9 @@ def _launch(template: str, request, opts: Options, values: dict, grid: int, key,
     except OSError as e:
         raise Unsupported(f"could not build the kernel: {e}") from e
     names = tuple(a.name for a in kernel.program.args if a.kind != "scalar")
+    descs = [a.name for a in kernel.program.args if a.kind == "tensor"]
     args = launcher.ordered({**values, **{n: Tma(values[n], tuple(values[n].shape), tuple(values[n].stride()))
-                                          for n in _VIEWS}})
+                                          for n in descs}})
     idx = dev.index(device)
     try:
         launcher(grid, args, idx)
@@ -175,6 +189,9 @@ def _launch(template: str, request, opts: Options, values: dict, grid: int, key,
 
 
 def _checked(config: str | None, d: int, causal: bool, dq_mode: str) -> str:
+    if not any(serves(c, d, dq_mode) for c in CONFIGS):
+        raise Unsupported(f"no config serves head dim {d} in the {dq_mode} form without spills (CONFIG_HEAD_DIMS); "
+                          f"dq_mode='separate' does")
     config = config or choose_config(d, causal, dq_mode)
     if not serves(config, d, dq_mode):
         raise ValueError(f"attention backward config {config!r} serves head dims "
@@ -187,9 +204,9 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: floa
              dq_mode: str | None = None, dq_config: str | None = None):
     """(dq, dk, dv), [B, H, S, D] each (dk/dv with k's heads), of ``(out, lse) = attention(q, k, v, is_causal,
     scale)`` by the generated kernels; ``grad_out`` or ``grad_lse`` may be None (no gradient into it). ``dq_mode``
-    "atomic" or "separate" forces a form (None: ``choose_dq_mode``); ``config`` / ``dq_config`` name the main and
-    the dQ kernel's configs (None: chosen). Raises ``Unsupported`` where ``support_reason`` gives a reason (or for
-    the atomic form under deterministic algorithms)."""
+    "atomic", "reduce" or "separate" forces a form (None: ``choose_dq_mode``); ``config`` / ``dq_config`` name the main
+    and the dQ kernel's configs (None: chosen). Raises ``Unsupported`` where ``support_reason`` gives a reason (or for
+    the atomic and reduce forms under deterministic algorithms, or a form no config serves at the head dim)."""
     why = support_reason(q, k, v, out, lse, grad_out, is_causal, scale)
     if why:
         raise Unsupported(why)
@@ -204,16 +221,17 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: floa
     elif dq_config is not None:
         raise ValueError(f"dq_config={dq_config!r} is for the separate form; pass dq_mode='separate' with it")
     opts = CONFIGS[config]
-    form = "none" if dq_mode == "separate" else "atomic"
+    form = "none" if dq_mode == "separate" else dq_mode
     delta, lse2 = preprocess(out, grad_out, lse, grad_lse)
-    values = kernel_values(q, k, v, grad_out, delta, lse2, causal, scale, opts.block_n, POISON, dq=form)
+    values = kernel_values(q, k, v, grad_out, delta, lse2, causal, scale, opts.block_n, POISON, dq=form,
+                           block_m=opts.block_m)
     in_place = grad_out is not None and all(values[n].data_ptr() == t.data_ptr() for n, t in zip(_VIEWS,
                                                                                                  (q, k, v, grad_out)))
     call = _key(grad_out, grad_lse, q, k, v, out, lse, causal, scale)
     # one CTA per (batch, kv-head) and launched KV block
     _launch("attention_bwd", AttentionBwdRequest(D, DTYPES[q.dtype], causal, dq=form), opts, values,
             values["BH"] * values["NB"], call + ("main", config, form), in_place, q.device)
-    if dq_mode == "atomic":
+    if dq_mode != "separate":
         return gradients(values, scale, q, k)
     dq_opts = DQ_CONFIGS[dq_config]
     dq_values = dq_host.kernel_values(q, k, v, grad_out, delta, lse2, causal, scale, POISON, views=values)

@@ -11,8 +11,12 @@ preprocess (``runtime/attention_bwd.py``):
     dV += P^T dO   dK += dS^T Q   dQ_acc[h, m] += (dS^T)^T K   (dS^T through SMEM: smem_store, then a trans view)
 
 and at the end dK *= scale. With ``dq="none"`` (the separate form, deterministic) dQ is left out: no dS SMEM tile,
-no dQ mma, no adds, 4 GEMMs a step; the attention_bwd_dq template computes dQ. Otherwise dQ_acc [B*Hq*Sq, tile_d]
-f32 is added to atomically (several KV blocks add to one Q block); the postprocess turns scale * dQ_acc into dQ.
+no dQ mma, no adds, 4 GEMMs a step; the attention_bwd_dq template computes dQ. With ``dq="atomic"`` dQ_acc
+[B*Hq*Sq, tile_d] f32 is added to with per-element fp32 atomics (several KV blocks add to one Q block); with
+``dq="reduce"`` each chain's [BM, D] partial goes to its own fp32 SMEM staging tile and one TMA bulk reduce-add
+(``tma_reduce_add``) adds it into dQ_acc [B*Hq*Sqp, tile_d], Sqp = ``padded_rows(Sq, BM)``: a whole tile lands in its
+head's own rows (a 2-D descriptor clips only at the end of the tensor, so without the padding a head's last tile would
+reach into the next head's rows). The postprocess turns scale * dQ_acc (its first Sq rows per head) into dQ.
 Tensors are read through the forward's 2-D row views (rows ``b*rb + h*rh + s``, columns ``h*ch + d``): q, k, v
 and do each with their own (rb, rh, ch), dk and dv written
 through pointers with (dk_rb, dk_rh, dk_ch) and rows of D + (Hkv-1)*dk_ch elements. Rows past a head's end are
@@ -45,9 +49,11 @@ from ..ir import Arg, Grid, Options, Program, TileType, Value, op
 HEAD_DIMS = (64, 128)
 #: Operand dtypes: bf16/fp16 for the GPU; f32 for the CPU interpreter's exact checks (codegen takes 16-bit only).
 DTYPES = ("bf16", "fp16", "f32")
-#: What the kernel does with dQ: "atomic" adds each step's dS K into the fp32 workspace dq_acc; "none" leaves dQ
-#: out (no dS SMEM tile, no dQ mma, no adds: 4 GEMMs a step) for the separate dQ kernel (templates/attention_bwd_dq.py).
-DQ_FORMS = ("atomic", "none")
+#: What the kernel does with dQ: "atomic" adds each step's dS K into the fp32 workspace dq_acc with per-element
+#: atomics; "reduce" adds it with one TMA bulk reduce-add per tile (through an fp32 SMEM staging tile, FA3's form) into
+#: a workspace of ``padded_rows`` rows per head; "none" leaves dQ out (no dS SMEM tile, no dQ mma, no adds: 4 GEMMs a
+#: step) for the separate dQ kernel (templates/attention_bwd_dq.py).
+DQ_FORMS = ("atomic", "reduce", "none")
 
 
 @dataclass(frozen=True)
@@ -89,7 +95,9 @@ def backward_args(dt: str, outs: tuple, out_views: str) -> tuple:
 def build(req: AttentionBwdRequest, opts: Options) -> Program:
     BM, BN, D, dt = opts.block_m, opts.block_n, req.d, req.dtype
     T = TileType
-    outs = (*((Arg("dq_acc", "ptr", "f32", ("BHSq", "D"), out=True),) if req.dq == "atomic" else ()),
+    dq_arg = {"atomic": (Arg("dq_acc", "ptr", "f32", ("BHSq", "D"), out=True),),
+              "reduce": (Arg("dq_acc", "tensor", "f32", ("BHSqp", "D"), out=True),), "none": ()}[req.dq]
+    outs = (*dq_arg,
             Arg("dk", "ptr", dt, ("BHSkv", "D"), out=True), Arg("dv", "ptr", dt, ("BHSkv", "D"), out=True))
     args = backward_args(dt, outs, "dk") + (Arg("NB", "scalar", "i32"),)
     b, kvh = "(pid_bh//Hkv)", "(pid_bh%Hkv)"
@@ -105,7 +113,12 @@ def build(req: AttentionBwdRequest, opts: Options) -> Program:
     dq_ops = (op("smem_store", [Value("dss", T(dt, (BN, BM), "smem"))], ["ds16"]),
               op("trans", [Value("ds", T(dt, (BM, BN), "smem"))], ["dss"]),
               op("mma", [Value("dq", T("f32", (BM, D)))], ["ds", "k"]))
-    dq_add = (op("atomic_add_ptr", [], ["dq"], arg="dq_acc", row=row, col=0, ld=D, rows_valid="Sq-%s*%d" % (m, BM)),)
+    if req.dq == "reduce":  # the whole tile, into the head's own padded rows: TMA clips nothing, no mask needed
+        prow = "(%s*Hq+%s)*(cdiv(Sq,%d)*%d)+%s*%d" % (b, h, BM, BM, m, BM)
+        dq_add = (op("tma_reduce_add", [], ["dq"], arg="dq_acc", coords=(prow, "0")),)
+    else:
+        dq_add = (op("atomic_add_ptr", [], ["dq"], arg="dq_acc", row=row, col=0, ld=D,
+                     rows_valid="Sq-%s*%d" % (m, BM)),)
     loop_body = (
         op("load", [Value("q", T(dt, (BM, D), "smem"))], arg="q", coords=q_at),
         op("load", [Value("do", T(dt, (BM, D), "smem"))], arg="do", coords=do_at),
@@ -127,9 +140,9 @@ def build(req: AttentionBwdRequest, opts: Options) -> Program:
         op("sub", [Value("dd", st_t)], ["dpt", "dr"]),
         op("mul", [Value("dst", st_t)], ["pt", "dd"]),
         op("cast", [Value("ds16", T(dt, (BN, BM)))], ["dst"]),
-        *(dq_ops if req.dq == "atomic" else ()),
+        *(dq_ops if req.dq != "none" else ()),
         op("mma", [Value("dk_new", kd_t)], ["ds16", "q", "dk"]),  # after dQ: it runs under dQ's adds
-        *(dq_add if req.dq == "atomic" else ()),
+        *(dq_add if req.dq != "none" else ()),
         op("yield", [], ["dk_new", "dv_new"]),
     )
     dk_row = "%s*dk_rb+%s*dk_rh+pid_n*%d" % (b, kvh, BN)
@@ -147,7 +160,8 @@ def build(req: AttentionBwdRequest, opts: Options) -> Program:
         op("cast", [Value("dv16", T(dt, (BN, D)))], ["dv_f"]),
         op("store_ptr", [], ["dv16"], arg="dv", **out),
     )
-    name = f"attn_bwd_{dt}_d{req.d}_{BM}x{BN}" + ("_causal" if req.causal else "") + ("_nodq" * (req.dq == "none"))
+    name = f"attn_bwd_{dt}_d{req.d}_{BM}x{BN}" + ("_causal" if req.causal else "") + \
+        {"atomic": "", "reduce": "_tmared", "none": "_nodq"}[req.dq]
     grid = Grid((("pid_bh", "BH"), ("pid_n", "NB")), persistent=False, group=1)
     return Program(name, args, grid, opts, body, template="attention_bwd")
 
@@ -161,6 +175,12 @@ def kv_blocks(Sq: int, Skv: int, block_n: int, causal: bool) -> int:
     """KV blocks to launch per (batch, kv-head), the kernel's ``NB`` scalar: causal,
     only those whose first key is below Sq (the others see no query)."""
     return -(-(min(Sq, Skv) if causal else Skv) // block_n)
+
+
+def padded_rows(Sq: int, block_m: int) -> int:
+    """Rows per head of the "reduce" form's dQ workspace: Sq rounded up to the Q block, so that a step's whole [BM, D]
+    tile lands in its own head's rows (the query rows past Sq add exact zeros there: P = 0 for them)."""
+    return -(-Sq // block_m) * block_m
 
 
 def preprocess(out: torch.Tensor, grad_out: torch.Tensor | None, lse: torch.Tensor,
@@ -188,11 +208,12 @@ def _rows(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
 
 
 def kernel_values(q, k, v, grad_out, delta, lse2, causal: bool, scale: float, block_n: int,
-                  fill: float | None = None, dq: str = "atomic") -> dict:
+                  fill: float | None = None, dq: str = "atomic", block_m: int | None = None) -> dict:
     """A value per argument name of the attention_bwd template. dK/dV are new [B, Hkv, Skv, D] tensors (their
     2-D views under "dk"/"dv"), left uninitialised (``fill``: filled, as the interpreter's poison) except the rows
     of the KV blocks the kernel is not launched for (causal, keys at or past Sq), which are zero; the dQ
-    workspace is zero (``dq="none"``: the kernel without dQ, no workspace). ``grad_out`` None: zeros (only a
+    workspace is zero: [B*Hq*Sq, D] (``dq="atomic"``) or [B*Hq*padded_rows(Sq, block_m), D] (``dq="reduce"``, which
+    needs ``block_m``); ``dq="none"``: the kernel without dQ, no workspace. ``grad_out`` None: zeros (only a
     gradient into lse flows)."""
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
@@ -201,8 +222,13 @@ def kernel_values(q, k, v, grad_out, delta, lse2, causal: bool, scale: float, bl
     NB = kv_blocks(Sq, Skv, block_n, causal)
     dk[:, :, NB * block_n:] = 0
     dv[:, :, NB * block_n:] = 0
+    if dq not in DQ_FORMS:
+        raise ValueError(f"kernel_values: dq={dq!r}; use one of {DQ_FORMS}")
+    if dq == "reduce" and block_m is None:
+        raise ValueError("kernel_values: the reduce form's workspace is padded to the Q block; pass block_m")
+    ws_rows = {"atomic": Sq, "reduce": padded_rows(Sq, block_m or 1), "none": 0}[dq]
     vals = {**row_views(q, k, v, grad_out), "lse2": lse2, "delta": delta,
-            **({"dq_acc": torch.zeros(B * Hq * Sq, D, dtype=torch.float32, device=q.device)} if dq == "atomic" else {}),
+            **({"dq_acc": torch.zeros(B * Hq * ws_rows, D, dtype=torch.float32, device=q.device)} if ws_rows else {}),
             "dk": dk.view(B * Hkv * Skv, D), "dv": dv.view(B * Hkv * Skv, D),
             "Sq": Sq, "Skv": Skv, "Hq": Hq, "Hkv": Hkv, "G": Hq // Hkv, "qk_scale": scale * LOG2E, "scale": scale,
             "BH": B * Hkv, "NB": NB}
@@ -226,8 +252,10 @@ def row_views(q, k, v, grad_out) -> dict:
 
 
 def postprocess(dq_acc: torch.Tensor, scale: float, q: torch.Tensor) -> torch.Tensor:
-    """dQ [B, Hq, Sq, D] in q's dtype: scale * the fp32 workspace [B*Hq*Sq, D]."""
-    return (dq_acc * scale).to(q.dtype).view(q.shape)
+    """dQ [B, Hq, Sq, D] in q's dtype, contiguous: scale * the fp32 workspace, [B*Hq*Sq, D] or (the reduce form)
+    [B*Hq*Sqp, D] with Sqp >= Sq rows per head, of which the first Sq are dQ's."""
+    B, Hq, Sq, D = q.shape
+    return (dq_acc.view(B, Hq, -1, D)[:, :, :Sq] * scale).to(q.dtype).contiguous()
 
 
 def gradients(values: dict, scale: float, q: torch.Tensor, k: torch.Tensor):

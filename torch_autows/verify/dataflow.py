@@ -8,20 +8,36 @@ from ..ir import Program, defs, value_types, walk
 from ..ir.kinds import OPS, STRUCTURAL
 from .base import _fail
 
+#: The argument kind each accumulating output adds through: pointers (per-element atomics) or a TMA descriptor.
+_TARGET_KIND = {"atomic_add_ptr": "ptr", "tma_reduce_add": "tensor"}
+
 
 def _check_accumulate(p: Program, stage: str):
-    """An accumulating output (``atomic_add_ptr``) adds an f32 tile into an f32 ``ptr`` out arg that no other op
-    of the program reads or writes: a read would see a sum other CTAs are still adding to, a plain store would race
-    the adds."""
+    """An accumulating output (``atomic_add_ptr``, ``tma_reduce_add``) adds an f32 register tile into an f32 out arg
+    of its kind (a ``ptr``; a ``tensor`` for the TMA reduce, with a coordinate per tile dim) that no other op of the
+    program reads or writes: a read would see a sum other CTAs are still adding to, a plain store would race the
+    adds. All adds into one arg use one kind of op."""
     types = value_types(p.body)
     args = {a.name: a for a in p.args}
-    targets = {o.attr("arg"): o for o in walk(p.body) if OPS[o.kind].accumulates}
+    targets: dict = {}
+    for o in walk(p.body):
+        if OPS[o.kind].accumulates:
+            first = targets.setdefault(o.attr("arg"), o)
+            if first.kind != o.kind:
+                _fail(stage, f"{o.kind} and {first.kind} both add into {o.attr('arg')!r}; use one kind of add", o)
     for name, o in targets.items():
-        a = args.get(name)
-        if a is None or a.kind != "ptr" or a.dtype != "f32" or not a.out:
-            _fail(stage, f"{o.kind} adds into {name!r}, which must be an f32 ptr out arg", o)
-        if types[o.operands[0]].dtype != "f32":
-            _fail(stage, f"{o.kind} adds a {types[o.operands[0]].dtype} tile; cast it to f32 first", o)
+        a, want = args.get(name), _TARGET_KIND.get(o.kind, "ptr")
+        if a is None or a.kind != want or a.dtype != "f32" or not a.out:
+            _fail(stage, f"{o.kind} adds into {name!r}, which must be an f32 {want} out arg", o)
+    for o in walk(p.body):
+        if not OPS[o.kind].accumulates:
+            continue
+        t = types[o.operands[0]]
+        if t.dtype != "f32" or t.space != "reg":
+            _fail(stage, f"{o.kind} adds a {t.dtype} {t.space} tile; it takes f32 registers (cast to f32 first)", o)
+        if o.kind == "tma_reduce_add" and len(o.attr("coords", ())) != len(t.shape):
+            _fail(stage, f"tma_reduce_add of a {len(t.shape)}-D tile has coords {o.attr('coords')!r}: one per "
+                  f"dimension", o)
     for o in walk(p.body):
         if o.attr("arg") in targets and not OPS[o.kind].accumulates:
             _fail(stage, f"{o.kind} touches {o.attr('arg')!r}, which atomic adds accumulate into: only adds may "

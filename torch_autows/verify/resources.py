@@ -1,13 +1,14 @@
 """Partitions and the SM's resources: from partition_schedule on, every op has a known partition, the
 partitions' registers fit the SM and setmaxnreg, and tile consumers share out the tiles (``_check_partitions``,
 ``_check_tile_shares``); from buffers on, a value crosses partitions only through a channel
-(``_check_channels``); from memory_plan on, buffers are placed within the SMEM limit without partial overlaps
-(``_check_memory``)."""
+(``_check_channels``); from memory_plan on, buffers are placed within the SMEM limit without partial overlaps, and a
+TMA reduce-add's staging tile shares no bytes (``_check_memory``)."""
 from __future__ import annotations
 
 from ..ir import Program, defs, walk
 from ..ir.kinds import STRUCTURAL
 from ..passes.buffers import value_partition
+from ..passes.memory_plan import reduce_stages
 from .base import _fail
 
 
@@ -65,8 +66,18 @@ def _check_memory(p: Program, stage: str):
             _fail(stage, f"buffer {b.name} has no count/offset")
     if p.smem_bytes is None or p.smem_bytes > p.arch.smem_limit:
         _fail(stage, f"SMEM {p.smem_bytes} B exceeds the limit {p.arch.smem_limit} B")
+    reduced = reduce_stages(p)
+    bodies = [pt.body for pt in p.partitions if pt.body] or [p.body]  # the lowered bodies once code_partition ran
+    named = [o.attr("buffer") for b in bodies for o in walk(b) if o.kind == "tma_reduce_add" and o.attr("buffer")]
+    for name in sorted({n for n in named if named.count(n) > 1}):
+        _fail(stage, f"{named.count(name)} TMA reduce-adds stage in {name}: one op's reduce may still read it while "
+              f"another (another chain's store_wait does not wait for it) overwrites it; give each its own tile")
     for i, a in enumerate(p.buffers):
         for b in p.buffers[i + 1:]:
             overlap = a.offset < b.offset + b.nbytes and b.offset < a.offset + a.nbytes
             if overlap and a.offset != b.offset:
                 _fail(stage, f"buffers {a.name} and {b.name} overlap at different offsets")
+            if overlap and {a.name, b.name} & reduced:
+                _fail(stage, f"buffers {a.name} and {b.name} share bytes, but a TMA reduce-add reads "
+                      f"{a.name if a.name in reduced else b.name} asynchronously until a later store_wait that no "
+                      f"other buffer's writes wait for: a reduce's staging tile shares no bytes")
