@@ -214,3 +214,11 @@ def test_interpret_attention_shapes(capsys):
     assert "note: interpreting batch=1 Hq=4 Hkv=2 Sq=232 Skv=232 instead of the requested batch=2 Hq=32 " \
            "Hkv=8 Sq=1000 Skv=1000" in out
     assert "instances: batch=1 Hq=4 Hkv=2 Sq=232 Skv=232 D=64" in out
+
+
+def test_explain_a_decode_gemm_shows_the_runtime_pick(capsys):
+    # a few rows in nn.Linear's layout: the swap-AB pick, as runtime.gemm makes it; row-major b: a dec_* tile
+    assert main(["explain", "gemm", "--m", "8", "--n", "4096", "--k", "4096", "--trans-b"]) == 0
+    assert "# config: decs_64x128_m16_s1 (runtime heuristic: decs_64x128_m16_s1)" in capsys.readouterr().out
+    assert main(["explain", "gemm", "--m", "8", "--n", "4096", "--k", "4096"]) == 0
+    assert "# config: dec_" in capsys.readouterr().out

@@ -35,12 +35,14 @@ def _positive(text: str) -> int:
 
 
 def _gemm(args) -> int:
-    from .runtime.gemm import CONFIGS, choose_config, serves_swap
+    from .runtime.gemm import CONFIGS, choose_config, serves_swap, swap_serves
     from .runtime.launch import compile_kernel
     from .templates.gemm import GemmRequest
 
-    # as runtime.gemm: a batched GEMM's rows are its batch's rows together, and it never splits K
-    heuristic = choose_config(args.batch * args.m, args.n, args.k, split=args.batch == 1)
+    # as runtime.gemm: a batched GEMM's rows are its batch's rows together, and it never splits K; a few rows in
+    # nn.Linear's layout take the swap-AB pick
+    swap = swap_serves(trans_a=args.trans_a, trans_b=args.trans_b, batched=args.batch > 1)
+    heuristic = choose_config(args.batch * args.m, args.n, args.k, split=args.batch == 1, swap=swap)
     config = args.config or heuristic
     if config not in CONFIGS:
         print(f"unknown config {config!r}; choose one of {sorted(CONFIGS)}", file=sys.stderr)
