@@ -1,5 +1,6 @@
 """Probe (not a test; run by hand, offline, no GPU): where the attention backward's d=128 reduce candidate spills, and
-which source change removes it. passes/BACKWARD.md §4 step 8 (c) has the numbers and the recommended IR change.
+which source change removes it. passes/BACKWARD.md §4 step 8, "Probed: where the BM 32 +
+``dQ_swapAB`` form spills", has the numbers and the recommended IR change.
 
 The candidate is ``probe_dq_split.swapab_source``: the separate form's ``bwd_32x128_dp2`` main kernel with FA3's split
 dQ^T written in by hand (96 spill bytes, bf16 = fp16, causal or not). Each variant below is one text edit of that
@@ -24,8 +25,10 @@ judged before it is built:
   default partition, consumer0, takes what the others leave, at most 248).
 
 Usage, from the repository root: ``python test/codegen/probe_bwd_spills.py [VARIANT[+VARIANT...] ...]`` (default:
-today's form and ``epi_rowptr``, each causal or not, bf16 and fp16). ``--keep DIR`` writes each source, PTX and SASS
-(``nvdisasm -g``: the Gluon line of each ``STL``/``LDL``) to DIR.
+today's form and ``epi_rowptr``, each causal or not, bf16 and fp16); a result with spills lists the partition and
+generated source line of each ``STL``/``LDL`` (``ptxas -lineinfo``, ``nvdisasm -g``). ``--keep DIR`` writes each
+source and PTX to DIR; ``--scan`` prints, per variant and causality (bf16), the fewest registers (steps of 8 from 232)
+consumer1 needs for 0 spill bytes.
 """
 from __future__ import annotations
 
@@ -111,6 +114,7 @@ VARIANTS = {"base": lambda s: s, "epi_rowptr": epi_rowptr, "iv": iv, "carry": ca
 
 
 def variant(name: str):
+    """The source edit called ``name`` (a key of ``VARIANTS``, or ``cN``: consumer1 at N registers)."""
     if re.fullmatch(r"c\d+", name):
         return _regs(int(name[1:]), 24)
     return VARIANTS[name]
@@ -141,6 +145,8 @@ def sass_spills(ptx: str) -> list[str]:
 
 
 def run(names: str, causal: bool, dtype: str, keep: str | None = None) -> dict:
+    """Compile the candidate with the ``+``-joined edits ``names``: ``compile_probe``'s dict, plus ``at`` (partition,
+    line and text of each spill) when it spills."""
     src, sig = swapab_source(causal, dtype)
     for name in names.split("+"):
         src = variant(name)(src)
