@@ -107,8 +107,9 @@ def swapab_source(causal: bool, dtype: str) -> tuple[str, dict]:
     return src, sig
 
 
-def compile_probe(src: str, sig: dict) -> dict:
-    """Spill bytes, SMEM bytes and PTX counts of the hand-written kernel, compiled for sm_90a."""
+def compile_probe(src: str, sig: dict, with_ptx: bool = False) -> dict:
+    """Spill bytes, SMEM bytes and PTX counts of the hand-written kernel, compiled for sm_90a (and its PTX under
+    ``"ptx"`` when asked)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -123,9 +124,10 @@ def compile_probe(src: str, sig: dict) -> dict:
         k = triton.compile(GluonASTSource(mod.kernel, sig, {}), target=GPUTarget("cuda", 90, 32),
                            options={"num_warps": 4})
     ptx = k.asm["ptx"]
-    return {"spills": ptxas_info(ptx)["spills"], "smem": k.metadata.shared,
-            "bulk_reduce": len(re.findall(r"cp\.reduce\.async\.bulk\.tensor", ptx)),
-            "wgmma": len(re.findall(r"wgmma\.mma_async", ptx))}
+    r = {"spills": ptxas_info(ptx)["spills"], "smem": k.metadata.shared,
+         "bulk_reduce": len(re.findall(r"cp\.reduce\.async\.bulk\.tensor", ptx)),
+         "wgmma": len(re.findall(r"wgmma\.mma_async", ptx))}
+    return {**r, "ptx": ptx} if with_ptx else r
 
 
 if __name__ == "__main__":
