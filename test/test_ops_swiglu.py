@@ -117,6 +117,8 @@ def test_swap_ab_config_where_the_measurement_kept_it_and_the_layout_allows(monk
         rs.gemm_swiglu(x, wg.t().contiguous(), wu.t().contiguous(), torch.bfloat16, config="swiglu_decs_64x128_m16_s1")
     rs._BOUND.clear()
     assert seen == [(True, ["a", "b", "bu"], ["c"]), (False, ["a", "b", "bu", "c"], [])]
+    assert rs.decode_candidates(8, 14336, 4096, swap=True) == [rs.choose_config(8, 14336, 4096)]  # not offered yet
+    monkeypatch.setattr(rs, "OFFER_SWAP", True)
     assert rs.decode_candidates(8, 14336, 4096, swap=True)[1:] == ["swiglu_decs_64x128_m16_s1",
                                                                     "swiglu_decs_128x128_m16_s1"]
     assert rs.decode_candidates(8, 14336, 4096, swap=False) == [rs.choose_config(8, 14336, 4096)]

@@ -53,8 +53,8 @@ CONFIGS.update(decode_configs("swiglu_dec", DECODE_TILES))
 #: Swap-AB decode tiles (templates.gemm: both weights' [BN, BK] tiles in wgmma's A slot, 16 or 64 activation rows
 #: in N, two [BN, BM] accumulators, one transposed store), unsplit: nn.Linear's layout only (``gemm.swap_serves``).
 #: As the GEMM's swap configs measured on the H200 (sweeps/2026-12-01-h200-decode-swap.json), they are offered to
-#: the measured choice (``decode_candidates``), which keeps one only where it was the fastest; choose_config does
-#: not pick them, as the GEMM's SWAP_PICK is picked, until a sweep of their own has measured them.
+#: the measured choice (``decode_candidates``, once ``OFFER_SWAP``), which keeps one only where it was the fastest;
+#: choose_config does not pick them, as the GEMM's SWAP_PICK is picked, until a sweep of their own has measured them.
 CONFIGS.update(swap_configs("swiglu_decs", ((64, 128, (1,)), (128, 128, (1,))), SWAP_ROWS))
 
 
@@ -66,11 +66,18 @@ def choose_config(m: int, n: int, k: int, sms: int = 132) -> str:
     return "swiglu_p_128x128"
 
 
+#: Whether the measured choice offers the swap-AB configs. The choice times candidates but does not check their
+#: numbers, so a config joins only after the GPU tests (test/gpu/test_swiglu_gpu.py) have passed it on an H200: these
+#: were built after the 2026-12-01 session's GPU time (interpreter-verified and compiled offline only).
+OFFER_SWAP = False
+
+
 def decode_candidates(m: int, n: int, k: int, swap: bool) -> list[str]:
-    """The configs the measured choice times: choose_config's, and where ``swap`` (nn.Linear's layout) and M <= 64
-    the two swap-AB tiles of the rows that won the GEMM's sweep at that M (16 up to M = 32, else 64)."""
+    """The configs the measured choice times: choose_config's, and where ``swap`` (nn.Linear's layout), M <= 64 and
+    ``OFFER_SWAP``, the two swap-AB tiles of the rows that won the GEMM's sweep at that M (16 up to M = 32, else
+    64)."""
     out = [choose_config(m, n, k)]
-    if swap and m <= 64:
+    if swap and m <= 64 and OFFER_SWAP:
         bmx = 16 if m <= 32 else 64
         out += [f"swiglu_decs_{bn}x128_m{bmx}_s1" for bn in (64, 128)]
     return out
