@@ -161,8 +161,8 @@ def test_generated_transposed_store():
     assert ("    if v_acc_out_sum_last:\n"
             "            v_out_r = gl.arange(0, 64, layout=MMA_N16_S1)\n"
             "            v_out_c = gl.arange(0, 16, layout=MMA_N16_S0)\n"
-            "            v_out_p = c_ptr + ((pid_m * 16 + v_out_c).to(gl.int64) * (N))[None, :] + "
-            "(pid_n * 64 + v_out_r)[:, None]\n"
+            "            v_out_cp = c_ptr + ((pid_m * 16 + v_out_c).to(gl.int64) * (N) + (pid_n * 64))\n"
+            "            v_out_p = v_out_cp[None, :] + v_out_r[:, None]\n"
             "            gl.store(v_out_p, v_out, mask=(v_out_r < N - pid_n * 64)[:, None] & "
             "(v_out_c < M - pid_m * 16)[None, :])") in src
     assert "c_desc" not in src  # C is a pointer argument
