@@ -41,8 +41,8 @@ def test_generated_epilogue():
     ordered = ["def consumer0(", "v_acc_out_c0_done = warpgroup_mma_wait(num_outstanding=0",
                "v_acc_bias_c0 = v_acc_out_c0_done + v_bias_row_c0",
                "v_res_c0_r = gl.arange(0, 64, layout=MMA_N128_S1)",
-               "v_res_c0_rp = r_ptr + ((pid_m * 128 + v_res_c0_r).to(gl.int64) * (N) + (pid_n * 128))",
-               "v_res_c0_p = v_res_c0_rp[:, None] + v_res_c0_c[None, :]",
+               "v_res_c0_p = r_ptr + ((pid_m * 128 + v_res_c0_r).to(gl.int64) * (N))[:, None] + "
+               "(pid_n * 128 + v_res_c0_c)[None, :]",
                "v_res_c0_m = (v_res_c0_r < M - pid_m * 128)[:, None] & (v_res_c0_c < N - pid_n * 128)[None, :]",
                "v_res_c0 = gl.load(v_res_c0_p, mask=v_res_c0_m, other=0.0).to(gl.float32)",
                "v_acc_res_c0 = v_acc_bias_c0 + v_res_c0", "v_out_c0 = v_acc_res_c0.to(gl.bfloat16)",

@@ -161,8 +161,8 @@ def test_generated_transposed_store():
     assert ("    if v_acc_out_sum_last:\n"
             "            v_out_r = gl.arange(0, 64, layout=MMA_N16_S1)\n"
             "            v_out_c = gl.arange(0, 16, layout=MMA_N16_S0)\n"
-            "            v_out_cp = c_ptr + ((pid_m * 16 + v_out_c).to(gl.int64) * (N) + (pid_n * 64))\n"
-            "            v_out_p = v_out_cp[None, :] + v_out_r[:, None]\n"
+            "            v_out_p = c_ptr + ((pid_m * 16 + v_out_c).to(gl.int64) * (N))[None, :] + "
+            "(pid_n * 64 + v_out_r)[:, None]\n"
             "            gl.store(v_out_p, v_out, mask=(v_out_r < N - pid_n * 64)[:, None] & "
             "(v_out_c < M - pid_m * 16)[None, :])") in src
     assert "c_desc" not in src  # C is a pointer argument
@@ -190,3 +190,15 @@ def test_runtime_configs_and_refusals():
     assert not rt.serves_swap("decs_64x128_m16_s1", trans_a=False, trans_b=False, batched=True)
     assert rt.serves_swap("dec_64x128_s1", trans_a=True, trans_b=False, batched=True)
     assert not any(o.kind == "store" for o in walk(build(LINEAR, rt.CONFIGS["decs_64x128_m64_s4"]).body))
+
+
+def test_row_pointer_addressing_is_asked_for_per_store():
+    """``store_ptr(row_ptr=True)``: one 64-bit pointer per column of C^T's tile (a row of C) with the row base, the
+    elements i32 offsets from it (the same addresses); without the attribute the per-element form stays."""
+    program = pipeline.run(build(LINEAR, OPTS), OPTS)
+    asked = _mutate(program, lambda o: replace(o, attrs=tuple(sorted((*o.attrs, ("row_ptr", True)))))
+                    if o.kind == "store_ptr" else o)
+    src = gluon.generate(asked)
+    assert "v_out_cp = c_ptr + ((pid_m * 16 + v_out_c).to(gl.int64) * (N) + (pid_n * 64))" in src
+    assert "v_out_p = v_out_cp[None, :] + v_out_r[:, None]" in src
+    assert "v_out_cp" not in gluon.generate(program)

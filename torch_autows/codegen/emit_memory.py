@@ -13,15 +13,24 @@ from .emit_base import emitter
 def _store_ptr(ctx, o, indent):
     n, index = _tile_index(ctx, o)
     row, col, ld, arg = expr(o.attr("row")), expr(o.attr("col", 0)), expr(o.attr("ld")), o.attr("arg")
-    # one 64-bit pointer per tile row (per column when transposed) holding the other axis's base, the elements i32
-    # offsets from it: per-element 64-bit addresses (a wide multiply-add each) keep a live tile's addresses in
-    # registers and spilled the attention backward's dK/dV epilogue (passes/BACKWARD.md, step 8 (b) probe)
-    if o.attr("transposed"):  # element (r, c) to (col + c) * ld + row + r: the tile's rows walk the target's columns
-        base = [f"{n}_cp = {arg}_ptr + (({col} + {n}_c).to(gl.int64) * ({ld}) + ({row}))",
-                f"{n}_p = {n}_cp[None, :] + {n}_r[:, None]"]
+    if o.attr("row_ptr"):
+        # one 64-bit pointer per tile row (per column when transposed) holding the other axis's base, the elements
+        # i32 offsets from it. Per-element 64-bit addresses (a wide multiply-add each) spilled the d=128 reduce
+        # candidate's dK/dV epilogue (passes/BACKWARD.md step 8 (b) probe: 96 bytes -> 0 with this); applied to
+        # every pointer store instead, it raised spills elsewhere (the atomic backward 0.9-1.5 KB -> 4.5-4.9 KB, some
+        # attention forward configs 0 -> 16-280 bytes), so a template asks for it per op (``row_ptr=True``).
+        if o.attr("transposed"):
+            base = [f"{n}_cp = {arg}_ptr + (({col} + {n}_c).to(gl.int64) * ({ld}) + ({row}))",
+                    f"{n}_p = {n}_cp[None, :] + {n}_r[:, None]"]
+        else:
+            base = [f"{n}_rp = {arg}_ptr + (({row} + {n}_r).to(gl.int64) * ({ld}) + ({col}))",
+                    f"{n}_p = {n}_rp[:, None] + {n}_c[None, :]"]
     else:
-        base = [f"{n}_rp = {arg}_ptr + (({row} + {n}_r).to(gl.int64) * ({ld}) + ({col}))",
-                f"{n}_p = {n}_rp[:, None] + {n}_c[None, :]"]
+        rows, cols = f"({row} + {n}_r)", f"({col} + {n}_c)"
+        if o.attr("transposed"):  # element (r, c) to (col + c) * ld + row + r: the tile's rows walk C's columns
+            base = [f"{n}_p = {arg}_ptr + ({cols}.to(gl.int64) * ({ld}))[None, :] + {rows}[:, None]"]
+        else:
+            base = [f"{n}_p = {arg}_ptr + ({rows}.to(gl.int64) * ({ld}))[:, None] + {cols}[None, :]"]
     lines = [*index, *base, f"gl.store({n}_p, {n}, mask={_store_mask(n, o)})"]
     if o.attr("pred"):  # after a split_reduce: only the CTA that summed the parts stores the tile
         return [f"if {v(o.attr('pred'))}_last:"] + ["    " + ln for ln in lines]
@@ -119,9 +128,8 @@ def _load_ptr(ctx, o, indent):
     n = v(r.name)
     return [f"{n}_r = gl.arange(0, {bm}, layout={ctx._slice(1, L)})",
             f"{n}_c = gl.arange(0, {bn}, layout={ctx._slice(0, L)})",
-            f"{n}_rp = {o.attr('arg')}_ptr + (({expr(o.attr('row'))} + {n}_r).to(gl.int64) * ({expr(o.attr('ld'))})"
-            f" + ({expr(o.attr('col'))}))",  # a row pointer, the columns i32 offsets from it (as store_ptr)
-            f"{n}_p = {n}_rp[:, None] + {n}_c[None, :]",
+            f"{n}_p = {o.attr('arg')}_ptr + (({expr(o.attr('row'))} + {n}_r).to(gl.int64) * ({expr(o.attr('ld'))}))"
+            f"[:, None] + ({expr(o.attr('col'))} + {n}_c)[None, :]",
             f"{n}_m = ({n}_r < {expr(o.attr('rows_valid'))})[:, None] & "
             f"({n}_c < {expr(o.attr('cols_valid'))})[None, :]",
             f"{n} = gl.load({n}_p, mask={n}_m, other=0.0).to({GL_DTYPE[r.type.dtype]})"]
