@@ -9,7 +9,8 @@ codegen picks this module for ``program.arch.name == "sm90"`` (``codegen.gluon.L
 * ``KIND_IMPORTS``: imports only the kernels holding an op of a kind need (the TMA reduce-add builtin);
 * ``EMITTERS``: asynchronous wgmma (``mma``, ``mma_wait``), TMA copies (``load``, ``store``, ``tma_reduce_add``) and the
   mbarrier ring protocol (``acquire``, ``wait_ready``, ``release``, ``release_tail``, the ping-pong
-  ``turn_wait``/``turn_pass``). Every other kind uses the shared emitters of ``codegen/emitters.py``.
+  ``turn_wait``/``turn_pass``; the chains' ``chain_sync``). Every other kind uses the shared emitters of
+  ``codegen/emitters.py``.
 
 A new generation (``codegen/sm100.py``) provides the same three names.
 """
@@ -144,10 +145,20 @@ def _smem_store(ctx, o, indent):
     b = ctx.buffers.get(next((n for n, x in ctx.buffers.items() if x.value == r), ""))
     if b is None:
         raise ValueError(f"codegen: smem_store %{r} has no buffer; run passes.buffers/memory_plan first")
-    if b.count != 1:
-        raise ValueError(f"codegen: smem_store %{r} into {b.count} copies of {b.name}: only one copy is lowered (the "
-                         f"step must retire every wgmma reading it before the next store); plan count=1")
-    return [f"{v(r)} = {b.name}", f"{v(r)}.store({v(o.operands[0])})", "fence_async_shared()"]
+    if b.count == 1:
+        return [f"{v(r)} = {b.name}", f"{v(r)}.store({v(o.operands[0])})", "fence_async_shared()"]
+    # several copies: slot n % count of the partition's counter of this tile (``<buf>_n``, as the interpreter's)
+    return [f"{v(r)} = {b.name}.index({b.name}_n % {b.count})", f"{v(r)}.store({v(o.operands[0])})",
+            "fence_async_shared()", f"{b.name}_n += 1"]
+
+
+@_sm90("chain_sync")
+def _chain_sync(ctx, o, indent):
+    # the consumer chains' per-step meeting: triton lowers the arrive to one elected thread after a partition-local
+    # bar.sync, so every thread's SMEM writes (fenced by smem_store) are ordered before it; the wait is the parity of
+    # this partition's meetings so far (the barrier has ``count`` arrivals a phase, one per chain)
+    m = o.attr("bar")
+    return [f"mbarrier.arrive({m}.index(0))", f"mbarrier.wait({m}.index(0), {m}_n & 1)", f"{m}_n += 1"]
 
 
 @_sm90("store")

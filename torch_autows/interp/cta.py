@@ -69,6 +69,7 @@ class CTA:
         t = p.turns
         self.turns: list[MBarrier] = [MBarrier(f"{t.name}[{j}]", 1) for j in range(t.count)] if t else []
         self.turn_parts = set(t.partitions) if t else set()
+        self.meetings: dict[str, MBarrier] = {}  # chain_sync barriers, by name
 
     def turn(self, i: int, o: Op) -> MBarrier:
         """Turn barrier ``i`` (``o``: the turn op naming it; one the program's turn group lacks is an error)."""
@@ -76,6 +77,17 @@ class CTA:
             raise InterpError(f"interp: `{format_op(o)[0].strip()}` names turn barrier {i}, but the program has "
                               f"{len(self.turns)} (Program.turns; passes/ping_pong makes it with the turn ops)")
         return self.turns[i]
+
+    def meeting(self, name: str, o: Op) -> MBarrier:
+        """The consumer chains' meeting barrier ``name`` (``chain_sync``), made at its first use with the op's
+        ``count`` arrivals a phase; a ``chain_sync`` naming it with another count is an error."""
+        bar = self.meetings.get(name)
+        if bar is None:
+            bar = self.meetings[name] = MBarrier(name, o.attr("count"))
+        if bar.count != o.attr("count"):
+            raise InterpError(f"interp: `{format_op(o)[0].strip()}` meets on {name} with count {o.attr('count')}, "
+                              f"another chain_sync with {bar.count}: one count per barrier (the verifier checks it)")
+        return bar
 
     def fail(self, kind, msg, part=None, op=None, **kw):
         self.run.fail(kind, msg, cta=self.index, partition=part, op=op, **kw)
@@ -217,6 +229,10 @@ class CTA:
         elif len(set(turns.values())) > 1:
             self.fail("unbalanced", f"ping-pong turns differ at kernel end: {turns} (every compute partition must "
                       f"issue the same mma groups per tile)")
+        for bar in self.meetings.values():  # every chain met as often as the others
+            if bar.pending != bar.count:
+                self.fail("unbalanced", f"half a meeting left at kernel end: {bar.state()} (every chain_sync partition "
+                          f"must meet as often as the others)")
         for g, G in self.groups.items():
             counts = {pt.name: pt.counters[g] for pt in self.parts if g in pt.counters}
             # tile consumers end at their own last tile's end; the one that ran the CTA's last tile at the walkers'

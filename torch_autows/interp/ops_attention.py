@@ -16,6 +16,7 @@
     tma_reduce_add  the f32 tile added into the f32 tensor at ``coords``, clipped at its bounds (a TMA reduce-add), in
                one indivisible step (the partitioned interpreter stages it in SMEM and adds at the store_wait)
     smem_store the register tile itself (the partitioned interpreter puts it in its SMEM slot)
+    chain_sync nothing (one thread of control; the partitioned interpreter makes the chains meet on an mbarrier)
 Every store and add is recorded per writer (``ops.note_write``): a plain store racing another CTA's write of the
 same element is a ``global-race``.
 """
@@ -149,3 +150,9 @@ def _store_vec(ctx, o, args):
 def _smem_store(ctx, o, args):
     """The register tile as the SMEM value (the partitioned interpreter writes it into its buffer slot instead)."""
     return args[0]
+
+
+@semantics("chain_sync")
+def _chain_sync(ctx, o, args):
+    """Nothing to order in one thread of control (the partitioned interpreter's handler is the meeting)."""
+    return None

@@ -84,6 +84,11 @@ OPS: dict[str, OpKind] = _kinds(
     # a register tile into a partition-private SMEM slot (the result is that slot: an A operand an mma reads
     # transposed, attention backward's dS)
     OpKind("smem_store", _UNARY, _ONE, axes="elementwise"),
+    # the per-step meeting of ``count`` consumer chains on one mbarrier ``bar`` (arrive, then wait for the phase of this
+    # partition's ``bar`` counter): SMEM a chain wrote before it (smem_store) is then readable by the others, and a slot
+    # they read before their own meeting is not rewritten by its owner before its next one (FA3's shared dS; the
+    # attention backward's split dQ, passes/BACKWARD.md step 8 (b)); no operands, no results
+    OpKind("chain_sync", _NONE, _NONE, blocking=True),
     # math
     OpKind("mma", (2, 3), _ONE, axes="mma"),
     OpKind("trans", _UNARY, _ONE, axes="trans"),

@@ -1,7 +1,9 @@
 """Synchronization, from code_partition on: ring barriers balance per partition and tile consumers seek their
 ring positions (``_check_code``), and ping-pong turns are consistent: each turn partition waits on its own
 barrier, passes to the next and takes the same turns per tile as the others (``_check_turns``, with
-``_turn_shape`` and ``_main_loop_turns``)."""
+``_turn_shape`` and ``_main_loop_turns``); the consumer chains' ``chain_sync`` meetings balance (``_check_meetings``,
+from data_partition on: each barrier met by exactly ``count`` chains, each the same times per tile in loops of equal
+bounds, so no chain waits for a phase the others never complete)."""
 from __future__ import annotations
 
 from ..ir import Program, walk
@@ -148,3 +150,54 @@ def _check_turns(p: Program, stage: str):
     if len(set(shapes.values())) > 1:
         _fail(stage, f"the partitions of turns {t.name} take different turns per tile ({shapes}): the turn "
               f"barriers would drift a phase apart")
+
+
+def _meet_shape(ops, keep, bar: str) -> tuple:
+    """The meetings on ``bar`` one op list takes (ops ``keep`` accepts), loops (with their bounds) nested."""
+    shape: list = []
+    for o in ops:
+        if o.kind == "chain_sync" and o.attr("bar") == bar and keep(o):
+            shape.append("meet")
+        elif o.kind == "tile_loop":
+            shape += _meet_shape(o.body, keep, bar)
+        elif o.kind in ("loop", "tile_next"):
+            inner = _meet_shape(o.body, keep, bar)
+            if inner:
+                shape.append((o.kind, o.attr("lb"), o.attr("ub"), inner))
+    return tuple(shape)
+
+
+def _check_meetings(p: Program, stage: str):
+    """``chain_sync {bar, count}``: made by data_partition (none in a template); one count per barrier, at least 2;
+    met by exactly ``count`` chains (before code_partition: the ops' chains 0..count-1; after: ``count``
+    partitions), each taking the same meetings per tile in loops of equal bounds (else a chain would wait for a
+    phase the others never complete, or pass one early)."""
+    partitioned = bool(p.partitions)
+    bodies = [pt.body for pt in p.partitions] if partitioned else [p.body]
+    syncs = [o for body in bodies for o in walk(body) if o.kind == "chain_sync"]
+    if not syncs:
+        return
+    if stage == "template":
+        _fail(stage, "chain_sync in a template: the chains it makes meet exist from data_partition on", syncs[0])
+    counts: dict[str, int] = {}
+    for o in syncs:
+        c = o.attr("count")
+        if not isinstance(c, int) or c < 2 or counts.setdefault(o.attr("bar"), c) != c:
+            _fail(stage, f"chain_sync on {o.attr('bar')}: count {c!r}, but one count (>= 2) per barrier, "
+                  f"{counts.get(o.attr('bar'))} elsewhere", o)
+    for bar, count in counts.items():
+        if partitioned:
+            shapes = {pt.name: _meet_shape(pt.body, lambda o: True, bar) for pt in p.partitions}
+        else:
+            shapes = {f"chain {i}": _meet_shape(p.body, lambda o, i=i: o.chain == i, bar) for i in range(count)}
+            stray = [o for o in syncs if o.attr("bar") == bar and o.chain not in range(count)]
+            if stray:
+                _fail(stage, f"chain_sync on {bar} (count {count}) in chain {stray[0].chain}: only chains "
+                      f"0..{count - 1} meet there", stray[0])
+        met = {k: v for k, v in shapes.items() if v}
+        if len(met) != count:
+            _fail(stage, f"{bar} expects {count} meeting chains a phase, but {sorted(met)} meet on it: a phase would "
+                  f"never complete (or complete early)")
+        if len(set(met.values())) > 1:
+            _fail(stage, f"the chains meeting on {bar} meet a different number of times or in different loops "
+                  f"({met}): the barrier would drift a phase apart")
