@@ -70,7 +70,9 @@ def _attention_bwd_cases():
 
     return [(f"attention_bwd/dp{dp}/{dq}", build_bwd, AttentionBwdRequest(64, "bf16", True, dq=dq),
              Options(block_m=64, block_n=64 * dp, stages=2, data_partition=dp)) for dp in (1, 2)
-            for dq in ("atomic", "reduce")]
+            for dq in ("atomic", "reduce")] + [
+        ("attention_bwd/dq_split", build_bwd, AttentionBwdRequest(128, "bf16", True, dq="reduce"),
+         Options(block_m=32, block_n=128, stages=2, data_partition=2, dq_split=True, producer_regs=24))]
 
 
 def test_every_kind_the_templates_and_passes_make_is_in_the_table():
@@ -88,9 +90,7 @@ def test_every_kind_the_templates_and_passes_make_is_in_the_table():
                     assert lo <= len(o.operands) and (hi is None or len(o.operands) <= hi), o
                     lo, hi = k.results
                     assert lo <= len(o.results) and (hi is None or len(o.results) <= hi), o
-    # chain_sync: data_partition's split dQ (BACKWARD.md step 8 (b)) is to make it; test_chain_sync puts it by hand
-    assert set(OPS) - set(used) == {"neg", "where", "chain_sync"}, \
-        "kinds no template or pass makes (besides neg, where, chain_sync)"
+    assert set(OPS) - set(used) == {"neg", "where"}, "kinds no template or pass makes (besides neg, where)"
     # made by code_partition (turns too: the tile consumers' main-loop turns, ping_pong's mma turns later; tile_loop,
     # tile_next: their own passes), never before
     for name in kinds(phase="partitioned"):

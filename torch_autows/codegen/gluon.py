@@ -182,7 +182,7 @@ def block_shapes(program: Program) -> dict[str, tuple[tuple[int, ...], str]]:
             t: TileType = o.results[0].type if o.kind == "load" else None
             if t is None:
                 t = next(r.type for x in walk(program.body) for r in x.results if r.name == o.operands[0])
-            shape = tuple(t.shape)
+            shape = tuple(t.shape)[::-1] if o.attr("transposed") else tuple(t.shape)  # a dQ^T tile into dQ
             prev = out.get(o.attr("arg"))
             if prev is not None and prev[0] != shape:
                 raise ValueError(f"codegen: arg {o.attr('arg')} is accessed with blocks {prev[0]} and {shape}")

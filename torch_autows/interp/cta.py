@@ -26,6 +26,7 @@ class SlotRef:
     tag: object  # the group counter of the fill the reader waited for
     group: str | None
     trans: bool = False
+    cols: tuple[int, int] | None = None  # a slice: columns [cols[0], cols[1]) of the slot (before ``trans``)
 
 
 @dataclass(eq=False)
@@ -135,6 +136,8 @@ class CTA:
         if st.tag != ref.tag:
             if st.tag is None:
                 what = "it was never filled"
+            elif isinstance(st.tag, tuple) and st.tag[0] == "smem_store":
+                what = f"it holds register store n={st.tag[2]} of {st.tag[1]}"
             elif isinstance(st.tag, tuple):
                 what = f"its bytes were overwritten by {st.tag[1][0]}[{st.tag[1][1]}]" if st.tag[0] == "clobbered" \
                     else "it holds another partition's register store"
@@ -152,6 +155,8 @@ class CTA:
                 self.fail("use-after-release", f"{part} reads {ref.buf}[{ref.slot}] (fill n={ref.tag}) after "
                           f"releasing it: the producer may already refill it", part, o, group=g, slot=ref.slot)
         data = st.view.clone()
+        if ref.cols is not None:
+            data = data[:, ref.cols[0]:ref.cols[1]]
         return data.transpose(0, 1) if ref.trans else data
 
     # ------------------------------------------------------------------------------------ rings

@@ -24,6 +24,8 @@ every op and whenever an mbarrier wait cannot pass yet. Mirrored from the genera
                  Program.turns', one per turn-taking partition)
     turn_pass    arrive turn[to]; turn_n += 1
     chain_sync   arrive bar (count arrivals a phase), wait bar with parity (bar_n & 1); bar_n += 1
+    smem_view    another chain's smem_store tile: its slot of fill n, n = the partition's own stores so far - 1
+    slice        a view of a slot's columns (read at the use, as ``trans``)
     seek         n = j * per_tile for the CTA's j-th tile (a tile consumer: tile_loop ``share``)
 Counters ``n`` are per partition and group and run on across loops and tiles, as does ``turn_n``.
 A tile consumer (tile_loop ``share=(c, t)``) runs the CTA's j-th tiles with j % t == c; on a ring whose fills are
@@ -42,7 +44,7 @@ import torch
 
 from ..ir import Op, op, walk
 from . import tiles
-from .async_ops import StoreRead, Wgmma, _mma, _mma_wait, _smem_store, _store, _trans
+from .async_ops import StoreRead, Wgmma, _mma, _mma_wait, _slice, _smem_store, _smem_view, _store, _trans
 from .barriers import (
     _acquire,
     _advance,
@@ -250,4 +252,4 @@ HANDLERS = {"tile_loop": tiles.tile_loop, "tile_next": tiles.tile_next, "turn_wa
             "release": _release,
             "release_tail": _release_tail, "advance": _advance, "seek": tiles.seek, "trans": _trans, "mma": _mma,
             "mma_wait": _mma_wait, "store": _store, "tma_reduce_add": _store, "smem_store": _smem_store,
-            "chain_sync": _chain_sync}
+            "chain_sync": _chain_sync, "smem_view": _smem_view, "slice": _slice}

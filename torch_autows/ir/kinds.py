@@ -89,6 +89,13 @@ OPS: dict[str, OpKind] = _kinds(
     # they read before their own meeting is not rewritten by its owner before its next one (FA3's shared dS; the
     # attention backward's split dQ, passes/BACKWARD.md step 8 (b)); no operands, no results
     OpKind("chain_sync", _NONE, _NONE, blocking=True),
+    # another chain's smem_store tile, read in this chain after their meeting (chain_sync): the operand is that tile
+    # (the sequential meaning); partitioned, the slot of the owner's fill n, n this chain's own stores so far into
+    # the tile ``step_of`` (both chains store once a step); no channel: the meeting orders it (made by data_partition's
+    # ``dq_split``)
+    OpKind("smem_view", _UNARY, _ONE, axes="elementwise"),
+    # a view of ``size`` columns from ``start`` of an SMEM tile (Gluon ``.slice(start, size, 1)``; a wgmma operand)
+    OpKind("slice", _UNARY, _ONE),
     # math
     OpKind("mma", (2, 3), _ONE, axes="mma"),
     OpKind("trans", _UNARY, _ONE, axes="trans"),

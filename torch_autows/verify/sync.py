@@ -6,6 +6,8 @@ from data_partition on: each barrier met by exactly ``count`` chains, each the s
 bounds, so no chain waits for a phase the others never complete)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..ir import Program, walk
 from .base import _fail
 
@@ -167,6 +169,28 @@ def _meet_shape(ops, keep, bar: str) -> tuple:
     return tuple(shape)
 
 
+def _chain_ops(ops, i: int) -> tuple:
+    """``ops`` with only chain ``i``'s (and the structure's) ops, loops kept."""
+    return tuple(replace(o, body=_chain_ops(o.body, i)) if o.body else o for o in ops
+                 if o.body or o.chain == i)
+
+
+def _check_views(ops, stage: str, met: bool = False, stored: frozenset = frozenset()) -> None:
+    """Every ``smem_view`` in ``ops`` follows, in its op list (or an enclosing one), a ``chain_sync`` and the store of
+    its ``step_of`` tile (the slot it reads is this step's fill, which the owner has stored before the meeting)."""
+    for o in ops:
+        if o.kind == "chain_sync":
+            met = True
+        elif o.kind == "smem_store":
+            stored = stored | {o.results[0].name}
+        elif o.kind == "smem_view" and not (met and o.attr("step_of") in stored):
+            _fail(stage, f"smem_view of %{o.operands[0]} without a chain_sync and the store of "
+                  f"%{o.attr('step_of')} before it: it could read the other chain's tile before its owner wrote it",
+                  o)
+        if o.body:
+            _check_views(o.body, stage, met, stored)
+
+
 def _check_meetings(p: Program, stage: str):
     """``chain_sync {bar, count}``: made by data_partition (none in a template); one count per barrier, at least 2;
     met by exactly ``count`` chains (before code_partition: the ops' chains 0..count-1; after: ``count``
@@ -174,6 +198,17 @@ def _check_meetings(p: Program, stage: str):
     phase the others never complete, or pass one early)."""
     partitioned = bool(p.partitions)
     bodies = [pt.body for pt in p.partitions] if partitioned else [p.body]
+    for body in bodies:
+        if partitioned:
+            _check_views(body, stage)
+        else:  # before code_partition the chains' ops are interleaved: each chain's own in order
+            for i in {o.chain for o in walk(body) if o.kind == "smem_view"}:
+                _check_views(_chain_ops(body, i), stage)
+    for o in walk(p.body):  # from memory_plan on: a viewed tile's owner rewrites a copy while the viewer reads another
+        bufs = [b for b in p.buffers if b.value in (*o.operands, o.attr("step_of"))] if o.kind == "smem_view" else []
+        if any(b.count is not None and b.count < 2 for b in bufs):
+            _fail(stage, f"smem_view of %{o.operands[0]}: the tiles {[b.name for b in bufs]} need 2 copies (the owner "
+                  f"stores the next step's dS while the other chain may still read this one's)", o)
     syncs = [o for body in bodies for o in walk(body) if o.kind == "chain_sync"]
     if not syncs:
         return
