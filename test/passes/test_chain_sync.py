@@ -1,10 +1,10 @@
 """``chain_sync``: the per-step meeting of the consumer chains on one mbarrier (arrive, then wait for the phase of the
-partition's meetings so far), the first IR piece of the attention backward's split dQ at d=128 (passes/BACKWARD.md
-§4 step 8 (b)). No pass makes it yet (data_partition's split-dQ rule will); these tests put it by hand after each
-consumer's dS store in the reduce form's two-chain program: the numbers stay right under every policy, and a chain
-that does not meet (or meets twice, or a count that is not the chains') is a deadlock in the interpreter and refused
-by the verifier; codegen allocates the barrier with the chains' count and waits on the parity of a per-partition
-counter."""
+partition's meetings so far), the first IR piece of the attention backward's split dQ at d=128 (passes/BACKWARD.md §4
+step 8 (b); data_partition's ``dq_split`` makes it, test_attention_bwd_dq_split.py). These tests put it by hand after
+each consumer's dS store in the reduce form's two-chain program without the split (chains adding partials): the
+numbers stay right under every policy, and a chain that does not meet (or meets twice, or a count that is not the
+chains') is a deadlock in the interpreter and refused by the verifier; codegen allocates the barrier with the chains'
+count and waits on the parity of a per-partition counter."""
 from __future__ import annotations
 
 from dataclasses import replace
