@@ -95,12 +95,14 @@ def test_dq_mode_choice_and_configs():
     for d in (64, 128):
         for causal in (False, True):
             for mode in attention_bwd.DQ_MODES:
-                if mode == "reduce" and d == 128:  # spills at every config (offline sm_90a): not served
-                    assert not any(attention_bwd.serves(c, d, mode) for c in attention_bwd.CONFIGS)
-                    continue
                 assert attention_bwd.serves(attention_bwd.choose_config(d, causal, mode), d, mode)
             assert attention_bwd.dq_serves(attention_bwd.choose_dq_config(d, causal), d)
     assert not attention_bwd.serves("bwd_32x128_dp2", 128, "atomic")  # dQ's wgmma would have 32 rows
+    # d=128 reduce: only the split dQ compiles without spills; the separate form keeps its config's plain options
+    assert [c for c in attention_bwd.CONFIGS if attention_bwd.serves(c, 128, "reduce")] == ["bwd_32x128_dp2_dqsplit"]
+    configs = attention_bwd.CONFIGS
+    assert configs["bwd_32x128_dp2_dqsplit"].dq_split and not configs["bwd_32x128_dp2"].dq_split
+    assert attention_bwd.choose_config(128, True, "reduce") == "bwd_32x128_dp2_dqsplit"
 
 
 def test_not_sm90_or_not_cuda(monkeypatch):
@@ -207,13 +209,14 @@ def test_backward_op_on_cpu_is_the_vendors(caplog):
     torch.library.opcheck(torch.ops.autows.attention_backward.default, (go, None, q, k, v, out, lse, True, 0.25))
 
 
-@pytest.mark.parametrize("dq_mode,grids", [("atomic", [2]), ("reduce", [2]), (None, [2, 4])])
-def test_backward_glue_runs_the_kernel_it_compiles(monkeypatch, dq_mode, grids):
+@pytest.mark.parametrize("dq_mode,grids,d", [("atomic", [2], 64), ("reduce", [2], 64), (None, [2, 4], 64),
+                                             ("reduce", [2], 128)])
+def test_backward_glue_runs_the_kernel_it_compiles(monkeypatch, dq_mode, grids, d):
     """``backward`` end to end on CPU with the launch replaced by the interpreter running the compiled Program: the
     argument order, the 2-D views (q in [B, S, H, D]), the grid (B*Hkv x launched KV blocks; the separate form's dQ
     kernel: B*Hq x Q blocks), pre- and postprocess give attention_grad's math gradients (bf16, causal, GQA, a
-    gradient into lse, ragged lengths; the reduce form: its padded workspace as a TMA tensor). dK/dV (and the
-    separate form's dQ) are NaN-poisoned before."""
+    gradient into lse, ragged lengths; the reduce form: its padded workspace as a TMA tensor, at d=128 the split dQ
+    with its [32, 64] dQ^T reduce). dK/dV (and the separate form's dQ) are NaN-poisoned before."""
     from torch_autows.interp import run_partitioned
     from torch_autows.runtime import launch
 
@@ -237,10 +240,10 @@ def test_backward_glue_runs_the_kernel_it_compiles(monkeypatch, dq_mode, grids):
     monkeypatch.setattr(attention_bwd, "POISON", float("nan"))
     monkeypatch.setattr(device, "index", lambda d: 0)
     g = torch.Generator().manual_seed(5)
-    q = torch.randn(1, 70, 4, 64, generator=g).to(torch.bfloat16).transpose(1, 2)
-    k, v = (torch.randn(1, 2, 50, 64, generator=g).to(torch.bfloat16) for _ in range(2))
+    q = torch.randn(1, 70, 4, d, generator=g).to(torch.bfloat16).transpose(1, 2)
+    k, v = (torch.randn(1, 2, 50, d, generator=g).to(torch.bfloat16) for _ in range(2))
     out, lse = attention_grad.reference_attention(q, k, v, True, 0.125)
-    go, dlse = torch.randn(1, 4, 70, 64, generator=g).to(torch.bfloat16), torch.randn(1, 4, 70, generator=g)
+    go, dlse = torch.randn(1, 4, 70, d, generator=g).to(torch.bfloat16), torch.randn(1, 4, 70, generator=g)
     got = attention_bwd.backward(go, dlse, q, k, v, out, lse, True, 0.125, dq_mode=dq_mode)
     ref = attention_grad.attention_backward(go.float(), dlse, q.float(), k.float(), v.float(), out.float(), lse, True,
                                             0.125)
@@ -256,6 +259,7 @@ def test_backward_refuses_a_config_of_the_other_form(monkeypatch):
     monkeypatch.setattr(attention_bwd, "support_reason", lambda *a: None)
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, 2, 9, 128, generator=g) for _ in range(3))
+    monkeypatch.setitem(attention_bwd.CONFIG_HEAD_DIMS, "bwd_32x128_dp2_dqsplit", {})  # as before the split dQ
     with pytest.raises(Unsupported, match="no config serves head dim 128 in the reduce form.*'separate' does"):
         attention_bwd.backward(q, None, q, k, v, q, q[..., 0], False, 0.1, dq_mode="reduce")
     go, q, k, v, out, lse = _cpu_inputs()

@@ -5,7 +5,8 @@ atomic dQ adds and no register spills beyond the known ones (``SPILLS``). The se
 built with ``dq="none"`` and the dQ kernel, templates/attention_bwd_dq.py): every config of it compiles with no
 spills at all and no atomics. The reduce form (dQ through an fp32 SMEM staging tile and one TMA bulk reduce-add,
 codegen/gluon_ext.py): every config serving it compiles with the bulk reduce in the PTX, no per-element atomics and no
-spills; the configs it does not serve at d=128 spill no more than ``REDUCE_SPILLS``."""
+spills (d=128: the split dQ, ``bwd_32x128_dp2_dqsplit``); the partial-sum configs at d=128 spill no more than
+``REDUCE_SPILLS``."""
 from __future__ import annotations
 
 import functools
@@ -127,6 +128,8 @@ def test_choose_config_serves_every_head_dim():
     for d, causal in itertools.product((64, 128), (False, True)):
         assert serves(choose_config(d, causal), d)  # the default form (separate)
         assert serves(choose_config(d, causal, "atomic"), d, "atomic")
+        assert serves(choose_config(d, causal, "reduce"), d, "reduce")
+    assert choose_config(128, False, "reduce") == "bwd_32x128_dp2_dqsplit"
 
 
 @pytest.mark.parametrize("config,d,causal,dtype", CASES)
@@ -217,6 +220,25 @@ def test_reduce_form_stages_dq_and_reduces_it_in_order():
                           "def consumer1("])
     atomic = gluon.generate(pipeline.run(build(AttentionBwdRequest(64, "bf16", True), CONFIGS["bwd_64x128_dp2"])))
     assert "gluon_ext" not in atomic  # only kernels that reduce import it
+
+
+def test_split_dq_meets_then_reduces_its_transposed_slice():
+    """The d=128 reduce config (``dq_split``): each consumer stores its dS^T into slot n % 2, meets the other on one
+    mbarrier of count 2, computes dQ^T over both chains' keys from K's column slice c*64 (its own dS tile, then the
+    other's slot of this step), and stores it transposed into its [32, 64] staging tile before the reduce at column
+    c*64."""
+    src = gluon.generate(pipeline.run(build(AttentionBwdRequest(128, "bf16", True, dq="reduce"),
+                                            CONFIGS["bwd_32x128_dp2_dqsplit"])))
+    assert "mbarrier.init(dss_meet.index(0), count=2)" in src
+    for c in (0, 1):
+        assert f"dqt_c{c}_stage = gl.allocate_shared_memory(gl.float32, [32, 64], dq_acc_desc.layout)" in src
+        assert_in_order(src, [f"def consumer{c}(", f"v_dss_c{c} = dss_c{c}_smem.index(dss_c{c}_smem_n % 2)",
+                              f"v_dss_c{c}.store(v_ds16_c{c})", "mbarrier.arrive(dss_meet.index(0))",
+                              "mbarrier.wait(dss_meet.index(0), dss_meet_n & 1)", f".slice({c * 64}, 64, 1)",
+                              f"dss_c{1 - c}_smem.index((dss_c{c}_smem_n - 1) % 2)", f"v_dqt_c{c} = warpgroup_mma(",
+                              "tma.store_wait(0)", f"dqt_c{c}_stage.permute((1, 0)).store(v_dqt_c{c}_w)",
+                              "async_reduce_add_shared_to_global(dq_acc_desc, [",
+                              f"{' + 64' if c else ', 0'}], dqt_c{c}_stage)"])
 
 
 _TINY = """

@@ -1,13 +1,13 @@
 """Numerics of the generated attention backward (runtime/attention_bwd.py) on sm_90 against attention_grad's math
-backward in fp32, on fresh random inputs with (out, lse) from our forward: head dims 64/128, bf16/fp16, causal or
-not, Sq != Skv both ways, lengths off the tiles (1, 63, 200, 1000), GQA groups 1/4/8, [B, S, H, D] views, a gradient
-into lse, and none into out. dK/dV are NaN-poisoned before each launch (``attention_bwd.POISON``). The tolerance per
+backward in fp32, on fresh random inputs with (out, lse) from our forward: head dims 64/128, bf16/fp16, causal or not,
+Sq != Skv both ways, lengths off the tiles (1, 63, 200, 1000), GQA groups 1/4/8, [B, S, H, D] views, a gradient into
+lse, and none into out. dK/dV are NaN-poisoned before each launch (``attention_bwd.POISON``). The tolerance per
 gradient is max(2 x the vendor backward's own error on the same inputs, 1e-2), relative Frobenius norm, plus an
 absolute 1e-4 per element (for gradients that are zero in exact arithmetic). Each case runs in every form
-(``dq_mode``: atomic dQ adds, TMA reduce-adds (d=64 only: the form serves no d=128 config), or the separate dQ
-kernel). Plus one end-to-end ``torch.autograd`` run through ``ops.attention`` with ``config.attention_backward =
-"autows"``, and bitwise-equal gradients over runs under ``torch.use_deterministic_algorithms(True)`` (the separate
-form)."""
+(``dq_mode``: atomic dQ adds, TMA reduce-adds (d=128 through the split dQ, ``bwd_32x128_dp2_dqsplit``: the chains
+share dS through SMEM and meet once a step), or the separate dQ kernel). Plus one end-to-end ``torch.autograd`` run
+through ``ops.attention`` with ``config.attention_backward = "autows"``, and bitwise-equal gradients over runs under
+``torch.use_deterministic_algorithms(True)`` (the separate form)."""
 from __future__ import annotations
 
 import math
@@ -123,11 +123,13 @@ def test_repeated_separate_calls_are_bitwise_equal():
     assert all(torch.equal(a, b) for a, b in zip(first, second))
 
 
-def test_repeated_reduce_calls_take_the_bound_launch():
-    """The reduce form (d=64) through the per-shape bound launch, its padded dQ workspace a TMA descriptor rebuilt for
-    each call's fresh workspace: dK/dV bitwise equal, dQ equal up to the order of the reduce-adds."""
+@pytest.mark.parametrize("d", [64, 128])
+def test_repeated_reduce_calls_take_the_bound_launch(d):
+    """The reduce form (d=128: the split dQ) through the per-shape bound launch, its padded dQ workspace a TMA
+    descriptor rebuilt for each call's fresh workspace: dK/dV bitwise equal, dQ equal up to the order of the
+    reduce-adds."""
     torch.manual_seed(1)
-    q, k, v = (torch.randn(2, 4, 300, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    q, k, v = (torch.randn(2, 4, 300, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     out, lse = rt_fwd.attention(q, k, v, True, 0.125, config="auto")
     go = torch.randn_like(q)
     first = rt.backward(go, None, q, k, v, out, lse, True, 0.125, dq_mode="reduce")

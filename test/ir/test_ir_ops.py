@@ -70,7 +70,9 @@ def _attention_bwd_cases():
 
     return [(f"attention_bwd/dp{dp}/{dq}", build_bwd, AttentionBwdRequest(64, "bf16", True, dq=dq),
              Options(block_m=64, block_n=64 * dp, stages=2, data_partition=dp)) for dp in (1, 2)
-            for dq in ("atomic", "reduce")]
+            for dq in ("atomic", "reduce")] + [
+        ("attention_bwd/dq_split", build_bwd, AttentionBwdRequest(128, "bf16", True, dq="reduce"),
+         Options(block_m=32, block_n=128, stages=2, data_partition=2, dq_split=True, producer_regs=24))]
 
 
 def test_every_kind_the_templates_and_passes_make_is_in_the_table():

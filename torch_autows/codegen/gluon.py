@@ -50,9 +50,15 @@ def _params(program: Program) -> list[str]:
     return out
 
 
+def meetings(program: Program) -> dict[str, int]:
+    """The consumer chains' meeting barriers (``chain_sync``'s ``bar``) of the partitions, with their arrival count."""
+    return {o.attr("bar"): o.attr("count") for pt in program.partitions for o in walk(pt.body)
+            if o.kind == "chain_sync"}
+
+
 def _shared_params(program: Program) -> list[str]:
     return ([b.name for b in program.buffers] + [f"{g.name}_{k}" for g in program.groups for k in ("ready", "empty")]
-            + ([program.turns.name] if program.turns else []))
+            + ([program.turns.name] if program.turns else []) + sorted(meetings(program)))
 
 
 def _partition_fn(program: Program, part) -> list[str]:
@@ -64,6 +70,11 @@ def _partition_fn(program: Program, part) -> list[str]:
         body.append("    turn_n = 0  # mma issue groups this partition ran (ping-pong turns)")
     body += [f"    {ctx.stage_buf[o.operands[0]].name}_n = 0  # stores issued from this staging ring"
              for o in walk(part.body) if o.kind == "store" and ctx.stage_buf[o.operands[0]].count > 1]
+    body += [f"    {b.name}_n = 0  # register stores into this SMEM tile's {b.count} copies"
+             for o in walk(part.body) if o.kind == "smem_store"
+             for b in program.buffers if b.value == o.results[0].name and b.count > 1]
+    body += [f"    {m}_n = 0  # meetings of the consumer chains on {m}"
+             for m in sorted({o.attr("bar") for o in walk(part.body) if o.kind == "chain_sync"})]
     body += emit_ops(ctx, part.body, 1)  # the tile_loop and all in it; emitters may add layouts: declare them after
     lines = ["@gluon.jit", f"def {part.name}({', '.join(params)}):",
              f"    # partition {part.name}: {part.warps} warps, {part.regs} registers"]
@@ -121,6 +132,10 @@ def _kernel_fn(program: Program) -> list[str]:
         lines.append(f"    {t.name} = gl.allocate_shared_memory(gl.int64, [{t.count}, 1], mbarrier.MBarrierLayout())")
         lines.append(f"    for i in gl.static_range({t.count}):")
         lines.append(f"        mbarrier.init({t.name}.index(i), count=1)")
+    for m, count in sorted(meetings(program).items()):
+        lines.append(f"    # the {count} consumer chains meet on {m} once a step (chain_sync)")
+        lines.append(f"    {m} = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())")
+        lines.append(f"    mbarrier.init({m}.index(0), count={count})")
     args = ", ".join(_params(program) + _shared_params(program))
     parts = program.partitions
     calls = ", ".join(f"({p.name}, ({args}))" for p in parts)
@@ -167,7 +182,7 @@ def block_shapes(program: Program) -> dict[str, tuple[tuple[int, ...], str]]:
             t: TileType = o.results[0].type if o.kind == "load" else None
             if t is None:
                 t = next(r.type for x in walk(program.body) for r in x.results if r.name == o.operands[0])
-            shape = tuple(t.shape)
+            shape = tuple(t.shape)[::-1] if o.attr("transposed") else tuple(t.shape)  # a dQ^T tile into dQ
             prev = out.get(o.attr("arg"))
             if prev is not None and prev[0] != shape:
                 raise ValueError(f"codegen: arg {o.attr('arg')} is accessed with blocks {prev[0]} and {shape}")

@@ -9,7 +9,8 @@ codegen picks this module for ``program.arch.name == "sm90"`` (``codegen.gluon.L
 * ``KIND_IMPORTS``: imports only the kernels holding an op of a kind need (the TMA reduce-add builtin);
 * ``EMITTERS``: asynchronous wgmma (``mma``, ``mma_wait``), TMA copies (``load``, ``store``, ``tma_reduce_add``) and the
   mbarrier ring protocol (``acquire``, ``wait_ready``, ``release``, ``release_tail``, the ping-pong
-  ``turn_wait``/``turn_pass``). Every other kind uses the shared emitters of ``codegen/emitters.py``.
+  ``turn_wait``/``turn_pass``; the chains' ``chain_sync``). Every other kind uses the shared emitters of
+  ``codegen/emitters.py``.
 
 A new generation (``codegen/sm100.py``) provides the same three names.
 """
@@ -144,10 +145,37 @@ def _smem_store(ctx, o, indent):
     b = ctx.buffers.get(next((n for n, x in ctx.buffers.items() if x.value == r), ""))
     if b is None:
         raise ValueError(f"codegen: smem_store %{r} has no buffer; run passes.buffers/memory_plan first")
-    if b.count != 1:
-        raise ValueError(f"codegen: smem_store %{r} into {b.count} copies of {b.name}: only one copy is lowered (the "
-                         f"step must retire every wgmma reading it before the next store); plan count=1")
-    return [f"{v(r)} = {b.name}", f"{v(r)}.store({v(o.operands[0])})", "fence_async_shared()"]
+    if b.count == 1:
+        return [f"{v(r)} = {b.name}", f"{v(r)}.store({v(o.operands[0])})", "fence_async_shared()"]
+    # several copies: slot n % count of the partition's counter of this tile (``<buf>_n``, as the interpreter's)
+    return [f"{v(r)} = {b.name}.index({b.name}_n % {b.count})", f"{v(r)}.store({v(o.operands[0])})",
+            "fence_async_shared()", f"{b.name}_n += 1"]
+
+
+@_sm90("smem_view")
+def _smem_view(ctx, o, indent):
+    # another chain's tile, after the meeting: the slot of this step's fill, n = this partition's own stores so far
+    # into ``step_of``'s tile minus one (both chains store once a step)
+    peer, own = (next((b for b in ctx.buffers.values() if b.value == x), None) for x in (o.operands[0],
+                                                                                          o.attr("step_of")))
+    if peer is None or own is None or peer.count < 2 or own.count < 2:
+        raise ValueError(f"codegen: smem_view of %{o.operands[0]} needs both chains' tiles in several copies (its "
+                         f"owner rewrites a copy while the reader may still read the previous); run memory_plan")
+    return [f"{v(o.results[0].name)} = {peer.name}.index(({own.name}_n - 1) % {peer.count})"]
+
+
+@_sm90("slice")
+def _slice(ctx, o, indent):
+    return [f"{v(o.results[0].name)} = {v(o.operands[0])}.slice({o.attr('start')}, {o.attr('size')}, 1)"]
+
+
+@_sm90("chain_sync")
+def _chain_sync(ctx, o, indent):
+    # the consumer chains' per-step meeting: triton lowers the arrive to one elected thread after a partition-local
+    # bar.sync, so every thread's SMEM writes (fenced by smem_store) are ordered before it; the wait is the parity of
+    # this partition's meetings so far (the barrier has ``count`` arrivals a phase, one per chain)
+    m = o.attr("bar")
+    return [f"mbarrier.arrive({m}.index(0))", f"mbarrier.wait({m}.index(0), {m}_n & 1)", f"{m}_n += 1"]
 
 
 @_sm90("store")
@@ -190,6 +218,7 @@ def _tma_reduce_add(ctx, o, indent):
         raise ValueError(f"codegen: partition {ctx.part.name} issues TMA stores and reduces; store_wait counts them "
                          f"together, so the reduce's wait would be wrong: keep them in separate partitions")
     coords = ", ".join(expr(c) for c in o.attr("coords"))
+    dst = f"{b.name}.permute((1, 0))" if o.attr("transposed") else b.name  # a dQ^T tile into dQ's orientation
     return ["tma.store_wait(0)  # the previous TMA reduce out of this staging tile has finished reading it",
-            f"{b.name}.store({v(o.operands[0])})", "fence_async_shared()",
+            f"{dst}.store({v(o.operands[0])})", "fence_async_shared()",
             f"async_reduce_add_shared_to_global({o.attr('arg')}_desc, [{coords}], {b.name})"]

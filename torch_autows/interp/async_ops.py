@@ -36,7 +36,7 @@ class StoreRead:
 def _trans(pr, o: Op):
     x = pr.raw(o.operands[0], o)
     if isinstance(x, SlotRef):  # a free view of the slot: still read at the use
-        pr.env[o.results[0].name] = SlotRef(x.buf, x.slot, x.tag, x.group, not x.trans)
+        pr.env[o.results[0].name] = SlotRef(x.buf, x.slot, x.tag, x.group, not x.trans, x.cols)
     else:
         pr.env[o.results[0].name] = apply(pr, o, [pr.value(x, o)])[0]
 
@@ -84,7 +84,7 @@ def _store(pr, o: Op):
     who = f"{pr.name}'s register store into {buf.name}"
     pr.cta.check_write(key, who, pr.name, o)
     tag = ("stage", pr.name, pr.run.step)
-    pr.cta.store_slot(key, data, tag)
+    pr.cta.store_slot(key, data.transpose(0, 1) if o.attr("transposed") else data, tag)
     yield None  # fence_async_shared(); then the TMA store (reduce) is issued
     if pr.cta.smem.slots[key].tag != tag:
         pr.fail("overwrite", f"{buf.name} was overwritten between {pr.name}'s register store and its TMA "
@@ -107,6 +107,36 @@ def _smem_store(pr, o: Op):
     pr.counters[buf.name] += 1
     data = pr.value(pr.raw(o.operands[0], o), o)
     pr.cta.check_write(key, f"{pr.name}'s smem_store into {buf.name}[{key[1]}]", pr.name, o)
-    tag = ("smem_store", pr.name, pr.run.step)
+    tag = ("smem_store", buf.name, pr.counters[buf.name] - 1)  # the tile's fill n, which a peer's view expects
     pr.cta.store_slot(key, data, tag)
     pr.env[r] = SlotRef(buf.name, key[1], tag, None)
+
+
+def _smem_view(pr, o: Op):
+    """Another chain's smem_store tile, after the chains met: the slot of its fill n, n = this partition's own stores
+    so far into ``step_of``'s tile minus one (codegen: ``<buf>.index((<own>_n - 1) % count)``), read at each use;
+    a fill the owner has not stored yet (no meeting before the read) is an ``unfilled-read`` there, a rewrite while
+    a wgmma of this partition still reads it an ``overwrite``."""
+    bufs = pr.run.program.buffers
+    peer = next((b for b in bufs if b.value == o.operands[0]), None)
+    own = next((b for b in bufs if b.value == o.attr("step_of")), None)
+    if peer is None or own is None:
+        raise InterpError(f"interp: smem_view of %{o.operands[0]} (step_of %{o.attr('step_of')}): no buffer; run "
+                          f"buffers/memory_plan first")
+    n = pr.counters[own.name] - 1
+    if n < 0:
+        raise InterpError(f"interp: smem_view of %{o.operands[0]} before {pr.name} stored into {own.name}: the view "
+                          f"follows the chain's own store of the step")
+    count = peer.count or 1
+    pr.env[o.results[0].name] = SlotRef(peer.name, n % count, ("smem_store", peer.name, n), None)
+
+
+def _slice(pr, o: Op):
+    x = pr.raw(o.operands[0], o)
+    a, size = o.attr("start"), o.attr("size")
+    if isinstance(x, SlotRef):  # a view of the slot's columns: still read at the use
+        if x.trans or x.cols is not None:
+            raise InterpError(f"interp: slice of %{o.operands[0]}, itself a view; slice the loaded tile")
+        pr.env[o.results[0].name] = SlotRef(x.buf, x.slot, x.tag, x.group, False, (a, a + size))
+    else:
+        pr.env[o.results[0].name] = apply(pr, o, [pr.value(x, o)])[0]

@@ -1,8 +1,8 @@
 """The partitioned interpreter's handlers of the barrier ops (``partitioned.HANDLERS`` maps the op kinds to them):
 a ring's ``acquire``, ``wait_ready``, ``get``, ``load``, ``release``, ``release_tail`` and ``advance`` on its
-group's counter and slot (passes/code_partition, software_pipeline), and ping-pong's ``turn_wait`` and
-``turn_pass`` (passes/ping_pong). ``pr`` is the running ``partitioned.PartRun``; the shared barriers and SMEM
-are its ``cta.CTA``'s."""
+group's counter and slot (passes/code_partition, software_pipeline), ping-pong's ``turn_wait`` and
+``turn_pass`` (passes/ping_pong), and the consumer chains' per-step meeting ``chain_sync``. ``pr`` is the running
+``partitioned.PartRun``; the shared barriers and SMEM are its ``cta.CTA``'s."""
 from __future__ import annotations
 
 from ..ir import Op
@@ -153,3 +153,21 @@ def _turn_pass(pr, o: Op):
     if err:
         pr.fail("over-arrive", err, o)
     pr.turn_n += 1
+
+
+def _chain_sync(pr, o: Op):
+    """Arrive on the meeting barrier ``bar`` (``count`` arrivals per phase), then wait until its phase k completes, k
+    this partition's meetings so far (codegen: ``mbarrier.arrive``; ``mbarrier.wait(bar, bar_n & 1)``; ``bar_n +=
+    1``). A partition that arrives twice in a phase is an ``over-arrive``; one that passes on another phase's parity a
+    ``wrong-phase``; one that never meets leaves the others waiting (the scheduler's deadlock)."""
+    name, k = o.attr("bar"), pr.counters[o.attr("bar")]
+    bar = pr.cta.meeting(name, o)
+    err = bar.arrive(pr.name)
+    if err:
+        pr.fail("over-arrive", err, o)
+    yield from pr.wait(bar, k & 1, o, name, 0, k)
+    if bar.completed != k + 1:
+        pr.fail("wrong-phase", f"{pr.name} waited for meeting {k} on {bar.name} ({k + 1} phases) but the wait passed "
+                f"with {bar.completed}: the parity matched a different meeting", o)
+    pr.log(o, f"{bar.name} passed: meeting {k}")
+    pr.counters[name] += 1

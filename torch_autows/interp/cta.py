@@ -26,6 +26,7 @@ class SlotRef:
     tag: object  # the group counter of the fill the reader waited for
     group: str | None
     trans: bool = False
+    cols: tuple[int, int] | None = None  # a slice: columns [cols[0], cols[1]) of the slot (before ``trans``)
 
 
 @dataclass(eq=False)
@@ -69,6 +70,7 @@ class CTA:
         t = p.turns
         self.turns: list[MBarrier] = [MBarrier(f"{t.name}[{j}]", 1) for j in range(t.count)] if t else []
         self.turn_parts = set(t.partitions) if t else set()
+        self.meetings: dict[str, MBarrier] = {}  # chain_sync barriers, by name
 
     def turn(self, i: int, o: Op) -> MBarrier:
         """Turn barrier ``i`` (``o``: the turn op naming it; one the program's turn group lacks is an error)."""
@@ -76,6 +78,17 @@ class CTA:
             raise InterpError(f"interp: `{format_op(o)[0].strip()}` names turn barrier {i}, but the program has "
                               f"{len(self.turns)} (Program.turns; passes/ping_pong makes it with the turn ops)")
         return self.turns[i]
+
+    def meeting(self, name: str, o: Op) -> MBarrier:
+        """The consumer chains' meeting barrier ``name`` (``chain_sync``), made at its first use with the op's
+        ``count`` arrivals a phase; a ``chain_sync`` naming it with another count is an error."""
+        bar = self.meetings.get(name)
+        if bar is None:
+            bar = self.meetings[name] = MBarrier(name, o.attr("count"))
+        if bar.count != o.attr("count"):
+            raise InterpError(f"interp: `{format_op(o)[0].strip()}` meets on {name} with count {o.attr('count')}, "
+                              f"another chain_sync with {bar.count}: one count per barrier (the verifier checks it)")
+        return bar
 
     def fail(self, kind, msg, part=None, op=None, **kw):
         self.run.fail(kind, msg, cta=self.index, partition=part, op=op, **kw)
@@ -123,6 +136,8 @@ class CTA:
         if st.tag != ref.tag:
             if st.tag is None:
                 what = "it was never filled"
+            elif isinstance(st.tag, tuple) and st.tag[0] == "smem_store":
+                what = f"it holds register store n={st.tag[2]} of {st.tag[1]}"
             elif isinstance(st.tag, tuple):
                 what = f"its bytes were overwritten by {st.tag[1][0]}[{st.tag[1][1]}]" if st.tag[0] == "clobbered" \
                     else "it holds another partition's register store"
@@ -140,6 +155,8 @@ class CTA:
                 self.fail("use-after-release", f"{part} reads {ref.buf}[{ref.slot}] (fill n={ref.tag}) after "
                           f"releasing it: the producer may already refill it", part, o, group=g, slot=ref.slot)
         data = st.view.clone()
+        if ref.cols is not None:
+            data = data[:, ref.cols[0]:ref.cols[1]]
         return data.transpose(0, 1) if ref.trans else data
 
     # ------------------------------------------------------------------------------------ rings
@@ -217,6 +234,10 @@ class CTA:
         elif len(set(turns.values())) > 1:
             self.fail("unbalanced", f"ping-pong turns differ at kernel end: {turns} (every compute partition must "
                       f"issue the same mma groups per tile)")
+        for bar in self.meetings.values():  # every chain met as often as the others
+            if bar.pending != bar.count:
+                self.fail("unbalanced", f"half a meeting left at kernel end: {bar.state()} (every chain_sync partition "
+                          f"must meet as often as the others)")
         for g, G in self.groups.items():
             counts = {pt.name: pt.counters[g] for pt in self.parts if g in pt.counters}
             # tile consumers end at their own last tile's end; the one that ran the CTA's last tile at the walkers'

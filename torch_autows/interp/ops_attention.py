@@ -14,8 +14,12 @@
     store_vec  ptr[offset + i] for i < valid
     atomic_add_ptr  store_ptr's elements, added (f32) instead of stored, in one indivisible step
     tma_reduce_add  the f32 tile added into the f32 tensor at ``coords``, clipped at its bounds (a TMA reduce-add), in
-               one indivisible step (the partitioned interpreter stages it in SMEM and adds at the store_wait)
+               one indivisible step (the partitioned interpreter stages it in SMEM and adds at the store_wait);
+               ``transposed``: the tile's transpose (a [D/f, BM] dQ^T tile into [BM, D/f] of dQ)
     smem_store the register tile itself (the partitioned interpreter puts it in its SMEM slot)
+    chain_sync nothing (one thread of control; the partitioned interpreter makes the chains meet on an mbarrier)
+    smem_view  the other chain's tile itself (partitioned: its slot of this step, read through SMEM)
+    slice      columns start .. start + size of the tile
 Every store and add is recorded per writer (``ops.note_write``): a plain store racing another CTA's write of the
 same element is a ``global-race``.
 """
@@ -134,7 +138,7 @@ def reduce_add(ctx, o, coords: tuple[int, ...], tile: torch.Tensor) -> None:
 
 @semantics("tma_reduce_add")
 def _tma_reduce_add(ctx, o, args):
-    reduce_add(ctx, o, coords_of(ctx, o), args[0])
+    reduce_add(ctx, o, coords_of(ctx, o), args[0].transpose(0, 1) if o.attr("transposed") else args[0])
 
 
 @semantics("store_vec")
@@ -149,3 +153,20 @@ def _store_vec(ctx, o, args):
 def _smem_store(ctx, o, args):
     """The register tile as the SMEM value (the partitioned interpreter writes it into its buffer slot instead)."""
     return args[0]
+
+
+@semantics("chain_sync")
+def _chain_sync(ctx, o, args):
+    """Nothing to order in one thread of control (the partitioned interpreter's handler is the meeting)."""
+    return None
+
+
+@semantics("smem_view")
+def _smem_view(ctx, o, args):
+    """The other chain's tile (the partitioned interpreter reads its slot of this step instead)."""
+    return args[0]
+
+
+@semantics("slice")
+def _slice(ctx, o, args):
+    return args[0][:, o.attr("start"):o.attr("start") + o.attr("size")]

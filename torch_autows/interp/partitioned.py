@@ -23,6 +23,9 @@ every op and whenever an mbarrier wait cannot pass yet. Mirrored from the genera
     turn_wait    wait turn[me] with parity (turn_n & 1), ^ 1 for partition 0 (ping-pong; the barriers are
                  Program.turns', one per turn-taking partition)
     turn_pass    arrive turn[to]; turn_n += 1
+    chain_sync   arrive bar (count arrivals a phase), wait bar with parity (bar_n & 1); bar_n += 1
+    smem_view    another chain's smem_store tile: its slot of fill n, n = the partition's own stores so far - 1
+    slice        a view of a slot's columns (read at the use, as ``trans``)
     seek         n = j * per_tile for the CTA's j-th tile (a tile consumer: tile_loop ``share``)
 Counters ``n`` are per partition and group and run on across loops and tiles, as does ``turn_n``.
 A tile consumer (tile_loop ``share=(c, t)``) runs the CTA's j-th tiles with j % t == c; on a ring whose fills are
@@ -41,8 +44,19 @@ import torch
 
 from ..ir import Op, op, walk
 from . import tiles
-from .async_ops import StoreRead, Wgmma, _mma, _mma_wait, _smem_store, _store, _trans
-from .barriers import _acquire, _advance, _get, _load, _release, _release_tail, _turn_pass, _turn_wait, _wait_ready
+from .async_ops import StoreRead, Wgmma, _mma, _mma_wait, _slice, _smem_store, _smem_view, _store, _trans
+from .barriers import (
+    _acquire,
+    _advance,
+    _chain_sync,
+    _get,
+    _load,
+    _release,
+    _release_tail,
+    _turn_pass,
+    _turn_wait,
+    _wait_ready,
+)
 from .cta import CTA, SlotRef
 from .ops import apply, eval_index, note_write, tma_store
 from .ops_attention import reduce_add
@@ -237,4 +251,5 @@ HANDLERS = {"tile_loop": tiles.tile_loop, "tile_next": tiles.tile_next, "turn_wa
             "turn_pass": _turn_pass, "acquire": _acquire, "wait_ready": _wait_ready, "get": _get, "load": _load,
             "release": _release,
             "release_tail": _release_tail, "advance": _advance, "seek": tiles.seek, "trans": _trans, "mma": _mma,
-            "mma_wait": _mma_wait, "store": _store, "tma_reduce_add": _store, "smem_store": _smem_store}
+            "mma_wait": _mma_wait, "store": _store, "tma_reduce_add": _store, "smem_store": _smem_store,
+            "chain_sync": _chain_sync, "smem_view": _smem_view, "slice": _slice}

@@ -217,6 +217,11 @@ class Options:
     # (block_m rows of C become the accumulator's columns, 8..64) and the weight tile is wgmma's A (block_n rows);
     # the epilogue stores the [block_n, block_m] accumulator transposed (store_ptr ``transposed``). Decode only.
     swap_ab: bool = False
+    # attention backward, "reduce" dQ form with data_partition > 1 (passes/data_partition): the chains share their dS
+    # tiles through SMEM (meeting once a step, chain_sync) and chain c computes dQ's head-dim columns c*D/f.. over every
+    # key, transposed (FA3's dQ_swapAB: dQ^T = K^T dS^T, so wgmma's M is D/f and BM may be 32), instead of a full-shape
+    # partial sum per chain
+    dq_split: bool = False
 
     def items(self) -> list[tuple[str, Any]]:
         return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]

@@ -84,6 +84,18 @@ OPS: dict[str, OpKind] = _kinds(
     # a register tile into a partition-private SMEM slot (the result is that slot: an A operand an mma reads
     # transposed, attention backward's dS)
     OpKind("smem_store", _UNARY, _ONE, axes="elementwise"),
+    # the per-step meeting of ``count`` consumer chains on one mbarrier ``bar`` (arrive, then wait for the phase of this
+    # partition's ``bar`` counter): SMEM a chain wrote before it (smem_store) is then readable by the others, and a slot
+    # they read before their own meeting is not rewritten by its owner before its next one (FA3's shared dS; the
+    # attention backward's split dQ, passes/BACKWARD.md step 8 (b)); no operands, no results
+    OpKind("chain_sync", _NONE, _NONE, blocking=True),
+    # another chain's smem_store tile, read in this chain after their meeting (chain_sync): the operand is that tile
+    # (the sequential meaning); partitioned, the slot of the owner's fill n, n this chain's own stores so far into
+    # the tile ``step_of`` (both chains store once a step); no channel: the meeting orders it (made by data_partition's
+    # ``dq_split``)
+    OpKind("smem_view", _UNARY, _ONE, axes="elementwise"),
+    # a view of ``size`` columns from ``start`` of an SMEM tile (Gluon ``.slice(start, size, 1)``; a wgmma operand)
+    OpKind("slice", _UNARY, _ONE),
     # math
     OpKind("mma", (2, 3), _ONE, axes="mma"),
     OpKind("trans", _UNARY, _ONE, axes="trans"),

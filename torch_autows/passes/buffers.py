@@ -3,9 +3,10 @@
 Assumes: partition_schedule ran (every non-container op has a partition).
 Guarantees: each TMA ``load`` result has a Buffer (its landing tile); each ``store`` and ``tma_reduce_add`` operand
 has a staging Buffer ``<value>_stage`` (TMA stores and reduces read SMEM; a ``tma_reduce_add`` names it in its
-``buffer`` attribute, as later passes rename the operand); each ``smem_store`` result has a Buffer its partition
-alone uses;
-every value used in a partition other than its producer's goes through a Channel (value, src, dsts, buffer).
+``buffer`` attribute, as later passes rename the operand; a ``transposed`` one's is the transposed shape); each
+``smem_store`` result has a Buffer its partition alone writes (another chain may view it: data_partition's dq_split);
+every value used in a partition other than its producer's goes through a Channel (value, src, dsts, buffer), but
+the tile an ``smem_view`` reads (no ring: the chains' ``chain_sync`` orders the owner's store before the view).
 Counts and offsets are left to memory_plan.
 Only SMEM tiles may cross partitions here: a register value used by another role is an error
 naming both roles (its SMEM hand-off is not lowered yet).
@@ -51,7 +52,7 @@ def slots_held(program: Program) -> dict[str, int]:
     """Ring buffer (of a channel filled inside a loop) -> the slots its readers may still hold while they
     wait for the next one: async wgmma groups left in flight on it (``pending``) plus the stages its
     latest reader runs behind the loop's first compute stage (loop_schedule's ``defer_mma``: P V of step
-    j-1 reads its V slot during step j). Readers of a ``trans`` view of the slot count as readers."""
+    j-1 reads its V slot during step j). Readers of a ``trans`` or ``slice`` view of the slot count as readers."""
     loop_of = _loops_of(program)
     out = {}
     for c in program.channels:
@@ -63,7 +64,7 @@ def slots_held(program: Program) -> dict[str, int]:
         for o in loop.body:  # body order: a view is defined before its readers
             if not views.intersection(o.operands):
                 continue
-            if o.kind == "trans":
+            if o.kind in ("trans", "slice"):
                 views.add(o.results[0].name)
             held = max(held, o.attr("pending", 0) + (first if o.stage is None else o.stage) - first)
         out[c.buffer] = held
@@ -88,7 +89,7 @@ def run(program: Program, options=None) -> Program:
     dmap = defs(program.body)
     users: dict[str, set[str]] = {}
     for o in walk(program.body):
-        if o.kind in ("loop", "yield"):
+        if o.kind in ("loop", "yield", "smem_view"):  # a view of another chain's tile: the chains' meeting orders it
             continue
         for x in o.operands:
             users.setdefault(x, set()).add(o.partition)
@@ -103,6 +104,8 @@ def run(program: Program, options=None) -> Program:
         if o.kind in ("store", "tma_reduce_add"):  # TMA reads its source from SMEM: a staging tile
             x = o.operands[0]
             t = next(r.type for r in dmap[x].results if r.name == x)
+            if o.attr("transposed"):  # a reduce of the tile's transpose stages in the target's orientation
+                t = replace(t, shape=t.shape[::-1])
             buffers.append(Buffer(f"{x}_stage", replace(t, space="smem"), x))
     for name in sorted(users):
         srcs = value_partition(name, dmap)

@@ -121,7 +121,7 @@ def _partition_body(program: Program, part: str, chans, dmap) -> tuple[Op, ...]:
                 c = by_value.get(o.results[0].name) if o.kind == "load" else None
                 if c is not None:
                     o = o.with_attrs(group=c.group, buffer=c.buffer)
-                if o.kind == "trans" and o.operands[0] in views:
+                if o.kind in ("trans", "slice") and o.operands[0] in views:
                     views[o.results[0].name] = views[o.operands[0]]
                 out.append(o)
             for g, idx in puts.items():
@@ -197,16 +197,19 @@ def _fills_per_tile(program: Program, group: str, chans) -> str:
 
 def renamed_after_waits(body: tuple[Op, ...]) -> tuple[Op, ...]:
     """``body`` with every op but an ``mma_wait`` reading the retired value where it read a value an
-    ``mma_wait`` retires (uses after the wait read the retired accumulator)."""
-    renames = {o.operands[0]: o.results[0].name for o in walk(body) if o.kind == "mma_wait"}
+    ``mma_wait`` retires, from the wait on in program order (uses after the wait read the retired accumulator; an mma
+    before it that accumulates onto the value in flight keeps it, as the split dQ's second mma does)."""
+    renames: dict[str, str] = {}
 
     def ren(ops):
         res = []
         for o in ops:
-            if o.body:
-                o = replace(o, body=tuple(ren(o.body)))
             if o.kind != "mma_wait":
                 o = replace(o, operands=tuple(renames.get(x, x) for x in o.operands))
+            if o.body:
+                o = replace(o, body=tuple(ren(o.body)))
+            if o.kind == "mma_wait":
+                renames[o.operands[0]] = o.results[0].name
             res.append(o)
         return res
 

@@ -19,6 +19,15 @@ backward's dQ = dS K, with dS and K split by the dK/dV rows) takes a *partial*: 
 their full shape, are cloned per chain (each chain its share of the sum) and every chain adds its own partial, with
 no row shift. A partial read by anything but an accumulating output is an error (it would be stored unsummed).
 
+With ``options.dq_split`` (attention backward's reduce form at f > 1 chains, FA3's split dQ) such a partial is not
+taken: the chains share their dS tiles instead. The mma must be ``trans(smem_store(dS)) @ K`` (K a split TMA load)
+added by a ``tma_reduce_add``; chain i then meets the others once a step after its dS store (``chain_sync``, bar
+``<dS>_meet``) and computes dQ^T's head-dim rows i*D/f.. over every key: for each chain x, ``trans(slice(K_x, i*D/f,
+D/f)) @ dS_x`` (dS_x its own tile or ``smem_view`` of chain x's), summed in one accumulator [D/f, BM] (wgmma's M is
+D/f, so D/f >= 64, and BM may be 32), reduced ``transposed`` at column i*D/f. ``memory_plan`` gives a tile another
+chain views two copies (its owner rewrites a copy two steps later, after a meeting the reader reaches only with its
+step's wgmmas retired).
+
 With ``options.tile_consumers`` t > 1 (ping-pong over tiles) nothing is split: the whole tile is replicated into t
 chains, each op but the TMA ``load``s cloned once per chain (values renamed ``<name>_c<i>``, shapes, coordinates
 and row attributes unchanged), the loads shared (``chain=None``); chain c is the consumer that runs tiles c, c+t,
@@ -31,7 +40,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..ir import Op, Program, TileType, Value, add_offset, defs, value_types, walk
+from ..ir import Op, Program, TileType, Value, add_offset, defs, op, value_types, walk
 from ..ir.kinds import OPS
 from . import PassError, split_k
 
@@ -106,6 +115,72 @@ def _partial_chain(o: Op, dmap: dict, split: dict[str, int], users: dict) -> lis
                                 f"read by `{u.kind}`: a partial sum would be stored; only accumulating outputs "
                                 f"(atomic_add_ptr, tma_reduce_add) may take it")
     return chain
+
+
+def _dq_split_targets(body: tuple[Op, ...], partial: set[str], f: int) -> dict[str, tuple[Op, Op, Op]]:
+    """``dq_split``: dQ mma result -> (its reduce, the ``trans`` of the dS tile it reads, that tile's smem_store); a
+    PassError where the partial sums are not that shape."""
+    dmap, types = defs(body), value_types(body)
+    users: dict[str, list[Op]] = {}
+    for o in walk(body):
+        for x in o.operands:
+            users.setdefault(x, []).append(o)
+    out = {}
+    for o in walk(body):
+        if not (_accumulates(o) and o.operands[0] in partial):
+            continue
+        x = o.operands[0]
+        mma = dmap[x]
+        tr = dmap.get(mma.operands[0])
+        st = dmap.get(tr.operands[0]) if tr is not None and tr.kind == "trans" else None
+        kd = dmap.get(mma.operands[1])
+        why = ("it is not added by a tma_reduce_add" if o.kind != "tma_reduce_add" else
+               "its operand is not an mma's result" if mma.kind != "mma" else
+               "the mma's A is not a trans view of an smem_store tile" if st is None or st.kind != "smem_store" else
+               "the mma's B is not a TMA load" if kd is None or kd.kind != "load" else
+               "the dS view or the mma result has other readers" if len(users[tr.results[0].name]) != 1
+               or len(users[x]) != 1 else
+               f"D/f = {types[x].shape[1]}/{f} is not a multiple of 64 (wgmma's M)" if types[x].shape[1] % (64 * f)
+               else None)
+        if why:
+            raise PassError(f"data_partition: dq_split with %{x}: {why}; the split dQ takes "
+                            f"tma_reduce_add(mma(trans(smem_store(dS)), K_load)) with D/f >= 64 (set dq_split=False "
+                            f"for a partial sum per chain)")
+        out[x] = (o, tr, st)
+    if not out:
+        raise PassError("data_partition: dq_split, but no chain adds a partial sum to split (it serves the attention "
+                        "backward's reduce form at data_partition > 1)")
+    return out
+
+
+def _dq_split_ops(mma: Op, reduce: Op, tr: Op, types, f: int) -> dict[str, list[list[Op]]]:
+    """Per chain, the ops that replace ``tr`` (the meeting), ``mma`` (dQ^T over every chain's keys) and ``reduce``
+    (transposed, at the chain's head-dim columns): see the module docstring."""
+    x, (dss, k) = mma.results[0].name, (tr.operands[0], mma.operands[1])
+    dss_t, k_t, q_t = types[dss], types[k], types[x]
+    BM, w = q_t.shape[0], q_t.shape[1] // f
+    rows = k_t.shape[0] // f
+    out: dict[str, list[list[Op]]] = {"trans": [], "mma": [], "reduce": []}
+    for i in range(f):
+        out["trans"].append([replace(op("chain_sync", bar=f"{dss}_meet", count=f), chain=i)])
+        ops, acc = [], None
+        for c in range(f):
+            ks = Value(f"{k}_c{c}_d{i}", replace(k_t, shape=(rows, w)))
+            kt = Value(f"{k}t_c{c}_d{i}", replace(k_t, shape=(w, rows)))
+            ops += [op("slice", [ks], [f"{k}_c{c}"], start=i * w, size=w), op("trans", [kt], [ks.name])]
+            ds = f"{dss}_c{i}"
+            if c != i:
+                ds = f"{dss}_c{c}_v{i}"
+                ops.append(op("smem_view", [Value(ds, replace(dss_t, shape=(rows, BM)))], [f"{dss}_c{c}"],
+                              step_of=f"{dss}_c{i}"))
+            r = Value(f"{x}t_c{i}" if c == f - 1 else f"{x}t{c}_c{i}", replace(q_t, shape=(w, BM)))
+            ops.append(op("mma", [r], [kt.name, ds, *([acc] if acc else [])]))
+            acc = r.name
+        out["mma"].append([replace(o, chain=i) for o in ops])
+        c0, c1 = reduce.attr("coords")
+        out["reduce"].append([replace(reduce, operands=(acc,), chain=i).with_attrs(
+            coords=(c0, add_offset(c1, i * w)), transposed=True)])
+    return out
 
 
 def _split_axes(body: tuple[Op, ...]) -> tuple[dict[str, int], set[str]]:
@@ -208,6 +283,14 @@ def run(program: Program, options=None) -> Program:
     program = split_k.run(program, opts)  # the K axis across CTAs first; then the tile's rows across chains
     split, partial = _split_axes(program.body)
     types = value_types(program.body)
+    swap: dict[int, list[list[Op]]] = {}  # id of a replaced op -> its replacement per chain (dq_split)
+    if opts.dq_split:
+        if f == 1:
+            raise PassError("data_partition: dq_split shares dS between chains; it needs data_partition > 1")
+        dmap0 = defs(program.body)
+        for x, (red, tr, _st) in _dq_split_targets(program.body, partial, f).items():
+            new = _dq_split_ops(dmap0[x], red, tr, types, f)
+            swap.update({id(tr): new["trans"], id(dmap0[x]): new["mma"], id(red): new["reduce"]})
     for v, ax in split.items():
         if types[v].shape[ax] % f:
             raise PassError(f"data_partition: %{v} dim {types[v].shape[ax]} not divisible by {f}")
@@ -282,6 +365,8 @@ def run(program: Program, options=None) -> Program:
                 for x in o.operands:
                     ops_ += [rename(x, i) for i in range(f)] if (x in split or x in needed) else [x]
                 out.append(replace(o, operands=tuple(ops_)))
+            elif id(o) in swap:
+                out += [x for i in range(f) for x in swap[id(o)][i]]
             elif _output(o) or any(r.name in split or r.name in needed or r.name in partial for r in o.results):
                 out += [clone(o, i) for i in range(f)]
             else:

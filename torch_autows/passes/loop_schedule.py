@@ -19,7 +19,8 @@ Algorithm: ASAP list scheduling over the body's def-use DAG (loop-carried edges 
 latencies in stages: a TMA load's data is consumed one stage later (its copy overlaps the step
 before), everything else in the same stage; then, users first, an op without latency other than an mma moves to
 its first user's stage (attention backward's lse2/delta pointer loads and their broadcasts: they read nothing of
-a TMA load, but running them a stage early would only make the consumer's loop span two stages). The stage
+a TMA load, but running them a stage early would only make the consumer's loop span two stages); an op with no
+operands and no results (the chains' ``chain_sync``) runs in the latest stage of its chain's ops before it. The stage
 distance of a cross-partition edge becomes the minimum ring depth memory_plan must give its buffer.
 """
 from __future__ import annotations
@@ -42,6 +43,8 @@ def _schedule(loop: Op, opts) -> Op:
             j = index.get(x)
             if j is not None:
                 s = max(s, stage[j] + LATENCY.get(body[j].kind, 0))
+        if not o.operands and not o.results:  # a barrier (chain_sync) orders its chain's work: it runs with it
+            s = max([stage[j] for j in range(i) if j in stage and body[j].chain == o.chain], default=0)
         stage[i] = s
     carried = set(loop.body[-1].operands)
     users: dict[str, list[Op]] = {}

@@ -14,10 +14,11 @@ a TMA store's staging buffer has ``options.store_buffers`` copies (with 2, a til
 the next tile is staged); a ``tma_reduce_add``'s staging buffer has 1 (the op waits for its previous reduce to
 read it before the registers overwrite it: attention backward's dQ, one reduce a step) and shares no bytes with
 any other buffer (the async reduce reads it until a later store_wait that other buffers' writers do not wait
-on); in a persistent kernel a channel filled once per tile (attention's Q) has ``options.tile_buffers``
-copies (with 2, the producer loads the next tile's Q, then its K/V, while this tile still computes); two buffers
-share bytes only if their lifetimes cannot overlap, and then at the same offset (the later one is a
-reinterpretation of the earlier);
+on); an ``smem_store`` tile another chain views (``smem_view``, data_partition's dq_split) has 2 (its owner
+rewrites a copy two steps later, after the next meeting); in a persistent kernel a channel filled once per tile
+(attention's Q) has ``options.tile_buffers`` copies (with 2, the producer loads the next tile's Q, then its K/V,
+while this tile still computes); two buffers share bytes only if their lifetimes cannot overlap, and then at
+the same offset (the later one is a reinterpretation of the earlier);
 ``Program.smem_bytes`` (buffers + mbarriers) <= ``arch.smem_limit`` (227 KB on sm_90), lowering
 the ring depth until it fits, then the per-tile copies, then the staging copies (each time the ring
 depth again from the top), else PassError.
@@ -81,13 +82,17 @@ def _accessors(program: Program) -> dict[str, tuple[set[str], set[str]]]:
     out = {}
     chan = {c.buffer: c for c in program.channels}
     part = {r.name: o.partition for o in walk(program.body) for r in o.results}
+    viewers: dict[str, set[str]] = {}  # another chain's smem_view reads the tile too (data_partition's dq_split)
+    for o in walk(program.body):
+        if o.kind == "smem_view":
+            viewers.setdefault(o.operands[0], set()).add(o.partition)
     for b in program.buffers:
         if b.name in chan:
             c = chan[b.name]
             out[b.name] = ({c.src}, set(c.dsts))
         else:
             p = part.get(b.value)
-            out[b.name] = ({p}, {p})
+            out[b.name] = ({p}, {p} | viewers.get(b.value, set()))
     return out
 
 
@@ -117,6 +122,9 @@ def plan(program: Program, depth: int, store_copies: int, tile_copies: int = 1, 
     acc = _accessors(program)
     stored = {o.operands[0] for o in walk(program.body) if o.kind == "store"}
     reduced = reduce_stages(program)
+    # dS tiles the chains share (data_partition's dq_split): the owner rewrites a copy two steps later, after the
+    # next meeting, which a reader reaches only with its step's wgmmas retired; one copy would be rewritten under them
+    viewed = {x for o in walk(program.body) if o.kind == "smem_view" for x in (o.operands[0], o.attr("step_of"))}
 
     per_tile = {c.buffer for c in program.channels if loop_of.get(c.value) is None}
 
@@ -125,7 +133,7 @@ def plan(program: Program, depth: int, store_copies: int, tile_copies: int = 1, 
             return max(depth - (most - held[b.name]), held[b.name] + 1) if split else depth
         if b.name in per_tile and program.grid.persistent:
             return tile_copies
-        return store_copies if b.value in stored else 1
+        return store_copies if b.value in stored else 2 if b.value in viewed else 1
 
     bufs = [replace(b, count=count(b)) for b in program.buffers]
     roots: list = []  # buffers that start a region; later ones may reinterpret a root's bytes

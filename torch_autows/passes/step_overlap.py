@@ -69,7 +69,7 @@ def _slot_groups(body: list[Op]) -> dict[str, str]:
     for o in body:
         if o.kind == "get":
             out[o.results[0].name] = o.attr("group")
-        elif o.kind == "trans" and o.operands[0] in out:
+        elif o.kind in ("trans", "slice") and o.operands[0] in out:
             out[o.results[0].name] = out[o.operands[0]]
     return out
 
@@ -90,7 +90,7 @@ def overlap_loop(loop: Op) -> tuple[Op, set[str]] | None:
     regs = {r.name for o in body for r in o.results if r.type.space == "reg"}
     stored: set[str] = set()  # tiles smem_store wrote this step, and their views
     for o in body:
-        if o.kind == "smem_store" or (o.kind == "trans" and o.operands[0] in stored):
+        if o.kind in ("smem_store", "smem_view") or (o.kind in ("trans", "slice") and o.operands[0] in stored):
             stored.add(o.results[0].name)
     issued: list[str] = []     # this step's mmas in issue order
     waited: set[str] = set()   # retired, with an mma_wait of their own (their value is read through it)
@@ -125,7 +125,10 @@ def overlap_loop(loop: Op) -> tuple[Op, set[str]] | None:
             wait(())
             i += 2
             continue
-        wait(o.operands)
+        # an mma accumulating onto an mma of this step in flight needs no wait: wgmma on one accumulator is ordered
+        # (the split dQ's sum over the chains' keys)
+        chained = o.kind == "mma" and len(o.operands) == 3 and o.operands[2] in issued
+        wait(o.operands[:2] if chained else o.operands)
         if o.kind == "smem_store":  # overwrites a tile an earlier mma of the step may still read
             wait(n for n in issued if any(x in stored for x in mma_ops[n].operands[:2]))
         if o.kind == "mma":

@@ -53,16 +53,22 @@ CONFIGS: dict[str, Options] = {
     # keep S^T/dP^T at 16 registers each beside dK/dV (64 each at d=128), so d=128 compiles without spills.
     "bwd_32x128_dp2": Options(block_m=32, block_n=128, stages=2, data_partition=2, persistent=False, group_m=1,
                               producer_regs=24),
+    # Reduce form at d=128 (FA3's split dQ, passes/BACKWARD.md step 8 (b)): the same steps, the two consumers share
+    # their dS^T tiles through SMEM (one mbarrier meeting a step) and each reduces dQ^T's 64 head-dim rows over all
+    # 128 keys (wgmma M = 64, 16 registers): 0 spills offline, causal or not, bf16 and fp16, SMEM 131568.
+    "bwd_32x128_dp2_dqsplit": Options(block_m=32, block_n=128, stages=2, data_partition=2, persistent=False,
+                                      group_m=1, producer_regs=24, dq_split=True),
 }
 
 #: Head dims each main-kernel config serves, per form (what compiles at sm_90a; the separate and reduce forms: without
-#: spills). The reduce form at d=128 spills (offline sm_90a, ptxas -v, bytes: bwd_64x128_dp2 532, causal 684;
-#: bwd_64x64_dp1 156, causal 152; test/codegen/test_attention_bwd_codegen.py ``REDUCE_SPILLS``), so no config serves it
-#: there yet; at d=64 neither spills.
+#: spills). The reduce form's partial sums spill at d=128 (offline sm_90a, ptxas -v, bytes: bwd_64x128_dp2 532, causal
+#: 684; bwd_64x64_dp1 156, causal 152; test/codegen/test_attention_bwd_codegen.py ``REDUCE_SPILLS``), so d=128 is
+#: served by the split dQ (``bwd_32x128_dp2_dqsplit``, 0 spills); at d=64 neither spills (the split needs D/2 >= 64).
 CONFIG_HEAD_DIMS: dict[str, dict[str, tuple[int, ...]]] = {
     "bwd_64x128_dp2": {"atomic": (64, 128), "reduce": (64,), "separate": (64,)},
     "bwd_64x64_dp1": {"atomic": (64, 128), "reduce": (64,), "separate": (64,)},
     "bwd_32x128_dp2": {"atomic": (), "reduce": (), "separate": (64, 128)},
+    "bwd_32x128_dp2_dqsplit": {"atomic": (), "reduce": (128,), "separate": ()},
 }
 
 #: Configs of the dQ kernel (separate form). One CTA per (batch, q-head, block of BM queries), not persistent; two
@@ -90,9 +96,12 @@ def choose_config(d: int, causal: bool, dq_mode: str = "separate") -> str:
     """The main kernel's config for a call. Atomic: two consumer warpgroups of 64 keys and 64-query steps at both
     head dims (offline, sm_90a: d=64 without spills; d=128 spills, test/codegen/test_attention_bwd_codegen.py
     ``SPILLS``). Separate: the same at d=64; 32-query steps at d=128 (64-query steps spill 180 bytes, causal 524).
-    Reduce: the same as atomic (served at d=64 only: ``CONFIG_HEAD_DIMS``). These are the configs the H200
-    attention-bwd runs measured (separate ahead of atomic at every point); other configs are not swept yet."""
-    return "bwd_32x128_dp2" if dq_mode == "separate" and d == 128 else "bwd_64x128_dp2"
+    Reduce: the same as atomic at d=64; at d=128 32-query steps with the split dQ (the only 0-spill config there).
+    The atomic and separate picks are the configs the H200 attention-bwd runs measured (separate ahead of atomic at
+    every point); the reduce form is not measured on the GPU yet, other configs are not swept."""
+    if d == 128 and dq_mode in ("separate", "reduce"):
+        return "bwd_32x128_dp2" if dq_mode == "separate" else "bwd_32x128_dp2_dqsplit"
+    return "bwd_64x128_dp2"
 
 
 def choose_dq_config(d: int, causal: bool) -> str:

@@ -1,8 +1,12 @@
 """Synchronization, from code_partition on: ring barriers balance per partition and tile consumers seek their
 ring positions (``_check_code``), and ping-pong turns are consistent: each turn partition waits on its own
 barrier, passes to the next and takes the same turns per tile as the others (``_check_turns``, with
-``_turn_shape`` and ``_main_loop_turns``)."""
+``_turn_shape`` and ``_main_loop_turns``); the consumer chains' ``chain_sync`` meetings balance (``_check_meetings``,
+from data_partition on: each barrier met by exactly ``count`` chains, each the same times per tile in loops of equal
+bounds, so no chain waits for a phase the others never complete)."""
 from __future__ import annotations
+
+from dataclasses import replace
 
 from ..ir import Program, walk
 from .base import _fail
@@ -148,3 +152,87 @@ def _check_turns(p: Program, stage: str):
     if len(set(shapes.values())) > 1:
         _fail(stage, f"the partitions of turns {t.name} take different turns per tile ({shapes}): the turn "
               f"barriers would drift a phase apart")
+
+
+def _meet_shape(ops, keep, bar: str) -> tuple:
+    """The meetings on ``bar`` one op list takes (ops ``keep`` accepts), loops (with their bounds) nested."""
+    shape: list = []
+    for o in ops:
+        if o.kind == "chain_sync" and o.attr("bar") == bar and keep(o):
+            shape.append("meet")
+        elif o.kind == "tile_loop":
+            shape += _meet_shape(o.body, keep, bar)
+        elif o.kind in ("loop", "tile_next"):
+            inner = _meet_shape(o.body, keep, bar)
+            if inner:
+                shape.append((o.kind, o.attr("lb"), o.attr("ub"), inner))
+    return tuple(shape)
+
+
+def _chain_ops(ops, i: int) -> tuple:
+    """``ops`` with only chain ``i``'s (and the structure's) ops, loops kept."""
+    return tuple(replace(o, body=_chain_ops(o.body, i)) if o.body else o for o in ops
+                 if o.body or o.chain == i)
+
+
+def _check_views(ops, stage: str, met: bool = False, stored: frozenset = frozenset()) -> None:
+    """Every ``smem_view`` in ``ops`` follows, in its op list (or an enclosing one), a ``chain_sync`` and the store of
+    its ``step_of`` tile (the slot it reads is this step's fill, which the owner has stored before the meeting)."""
+    for o in ops:
+        if o.kind == "chain_sync":
+            met = True
+        elif o.kind == "smem_store":
+            stored = stored | {o.results[0].name}
+        elif o.kind == "smem_view" and not (met and o.attr("step_of") in stored):
+            _fail(stage, f"smem_view of %{o.operands[0]} without a chain_sync and the store of "
+                  f"%{o.attr('step_of')} before it: it could read the other chain's tile before its owner wrote it",
+                  o)
+        if o.body:
+            _check_views(o.body, stage, met, stored)
+
+
+def _check_meetings(p: Program, stage: str):
+    """``chain_sync {bar, count}``: made by data_partition (none in a template); one count per barrier, at least 2;
+    met by exactly ``count`` chains (before code_partition: the ops' chains 0..count-1; after: ``count``
+    partitions), each taking the same meetings per tile in loops of equal bounds (else a chain would wait for a
+    phase the others never complete, or pass one early)."""
+    partitioned = bool(p.partitions)
+    bodies = [pt.body for pt in p.partitions] if partitioned else [p.body]
+    for body in bodies:
+        if partitioned:
+            _check_views(body, stage)
+        else:  # before code_partition the chains' ops are interleaved: each chain's own in order
+            for i in {o.chain for o in walk(body) if o.kind == "smem_view"}:
+                _check_views(_chain_ops(body, i), stage)
+    for o in walk(p.body):  # from memory_plan on: a viewed tile's owner rewrites a copy while the viewer reads another
+        bufs = [b for b in p.buffers if b.value in (*o.operands, o.attr("step_of"))] if o.kind == "smem_view" else []
+        if any(b.count is not None and b.count < 2 for b in bufs):
+            _fail(stage, f"smem_view of %{o.operands[0]}: the tiles {[b.name for b in bufs]} need 2 copies (the owner "
+                  f"stores the next step's dS while the other chain may still read this one's)", o)
+    syncs = [o for body in bodies for o in walk(body) if o.kind == "chain_sync"]
+    if not syncs:
+        return
+    if stage == "template":
+        _fail(stage, "chain_sync in a template: the chains it makes meet exist from data_partition on", syncs[0])
+    counts: dict[str, int] = {}
+    for o in syncs:
+        c = o.attr("count")
+        if not isinstance(c, int) or c < 2 or counts.setdefault(o.attr("bar"), c) != c:
+            _fail(stage, f"chain_sync on {o.attr('bar')}: count {c!r}, but one count (>= 2) per barrier, "
+                  f"{counts.get(o.attr('bar'))} elsewhere", o)
+    for bar, count in counts.items():
+        if partitioned:
+            shapes = {pt.name: _meet_shape(pt.body, lambda o: True, bar) for pt in p.partitions}
+        else:
+            shapes = {f"chain {i}": _meet_shape(p.body, lambda o, i=i: o.chain == i, bar) for i in range(count)}
+            stray = [o for o in syncs if o.attr("bar") == bar and o.chain not in range(count)]
+            if stray:
+                _fail(stage, f"chain_sync on {bar} (count {count}) in chain {stray[0].chain}: only chains "
+                      f"0..{count - 1} meet there", stray[0])
+        met = {k: v for k, v in shapes.items() if v}
+        if len(met) != count:
+            _fail(stage, f"{bar} expects {count} meeting chains a phase, but {sorted(met)} meet on it: a phase would "
+                  f"never complete (or complete early)")
+        if len(set(met.values())) > 1:
+            _fail(stage, f"the chains meeting on {bar} meet a different number of times or in different loops "
+                  f"({met}): the barrier would drift a phase apart")

@@ -1,0 +1,119 @@
+"""The attention backward's reduce form with FA3's split dQ (``Options.dq_split``, passes/BACKWARD.md §4 step 8 (b)):
+data_partition makes the two consumer chains share their dS^T tiles through SMEM (one ``chain_sync`` a step) and
+chain c computes dQ^T's head-dim rows c*D/2.. over all keys (``trans(slice(K_x)) @ dS_x`` for both chains x, the other
+chain's tile through ``smem_view``), reduced transposed at column c*D/2. Verified after every stage, interpreted under
+every policy against torch, and the mutations the checkers must catch: the meeting removed, the K slice at the wrong
+columns, a dS tile rewritten while the other chain may still read it (one copy)."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from programs import violation_kinds
+
+from torch_autows.interp import interpret_report
+from torch_autows.ir import Options, walk
+from torch_autows.passes import PassError, pipeline
+from torch_autows.templates.attention_bwd import AttentionBwdRequest, build
+from torch_autows.verify import VerifyError, check
+
+SHAPE = (1, 2, 1, 100, 190)  # batch, q heads, kv heads, Sq, Skv: several Q blocks a head, two KV blocks, ragged
+
+
+def _opts(split=True, bm=32):
+    return Options(block_m=bm, block_n=128, stages=2, data_partition=2, dq_split=split, producer_regs=24)
+
+
+def _split(causal=False, dt="bf16", d=128):
+    return build(AttentionBwdRequest(d, dt, causal, dq="reduce"), _opts())
+
+
+def _map(p, fn):
+    """``p`` with ``fn`` applied to every op of every partition (bodies first)."""
+    def rw(ops):
+        out = []
+        for o in ops:
+            if o.body:
+                o = replace(o, body=rw(o.body))
+            o = fn(o)
+            if o is not None:
+                out.append(o)
+        return tuple(out)
+
+    return replace(p, partitions=tuple(replace(pt, body=rw(pt.body)) for pt in p.partitions))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_policy_and_seed_matches_torch(causal):
+    """d=128, BM 32: verified after every stage; every policy x 2 seeds (ragged lengths, GQA, causal with Sq <, =,
+    > Skv) gives the padded dQ workspace, dK and dV of the math backward."""
+    before = _split(causal)
+    after = pipeline.run(before, verify=True, dump_dir="")
+    ok, report = interpret_report(before, after, seeds=2)
+    assert ok, report
+
+
+def test_the_chains_share_ds_and_split_dq_by_head_dim_columns():
+    """Each consumer: its dS store, one meeting, two dQ^T wgmmas (the own tile and a view of the other's, K column
+    slice c*64), one transposed reduce at column c*64 from a [32, 64] staging tile; dS tiles in two copies, no ring for
+    them; SMEM as the probe's (BACKWARD.md: 131568 with the probe's barriers)."""
+    p = pipeline.run(_split(), dump_dir="")
+    for c in (0, 1):
+        ops = [o for o in walk(p.partition(f"consumer{c}").body)]
+        kinds = [o.kind for o in ops if o.kind in ("smem_store", "chain_sync", "smem_view", "tma_reduce_add")]
+        assert kinds == ["smem_store", "chain_sync", "smem_view", "tma_reduce_add"]
+        assert [o.attr("start") for o in ops if o.kind == "slice"] == [c * 64, c * 64]
+        mmas = [o for o in ops if o.kind == "mma" and o.results[0].name.startswith("dqt")]
+        assert [m.results[0].type.shape for m in mmas] == [(64, 32)] * 2
+        red = next(o for o in ops if o.kind == "tma_reduce_add")
+        assert red.attr("transposed") and red.attr("coords")[1] == ("0+64" if c else "0")
+        assert p.buffer(red.attr("buffer")).type.shape == (32, 64)
+    assert [p.buffer(f"dss_c{c}_smem").count for c in (0, 1)] == [2, 2]
+    assert not any(c.value.startswith("dss") for c in p.channels)
+    assert p.smem_bytes <= 131568
+
+
+def test_the_meeting_removed_is_caught():
+    """Without the meeting a chain may read the other's dS slot before its owner stored this step's fill (an
+    ``unfilled-read`` under some policy); the verifier refuses the view without a meeting before it."""
+    bad = _map(pipeline.run(_split(), dump_dir=""), lambda o: None if o.kind == "chain_sync" else o)
+    kinds = set(violation_kinds(bad, seeds=2, shape=SHAPE))
+    assert kinds - {"ok"} and kinds <= {"ok", "unfilled-read", "overwrite"}, kinds
+    with pytest.raises(VerifyError, match="smem_view of %dss_c.* without a chain_sync"):
+        check(bad)
+
+
+def test_the_slice_at_the_wrong_columns_is_caught():
+    """Both chains' K slices at the other's columns: the reduces land on the wrong half of dQ."""
+    bad = _map(pipeline.run(_split(), dump_dir=""),
+               lambda o: o.with_attrs(start=64 - o.attr("start")) if o.kind == "slice" else o)
+    ok, report = interpret_report(_split(), bad, seeds=1)
+    assert not ok and "outputs differ from torch" in report, report
+
+
+def test_a_ds_tile_rewritten_while_the_other_chain_reads_it_is_caught():
+    """One copy of each dS tile: a chain stores step j+1's dS (after passing meeting j) while the other may still
+    read step j's with its wgmma: an ``overwrite`` (or a read of the newer fill) under some policy."""
+    p = pipeline.run(_split(), dump_dir="")
+    bad = replace(p, buffers=tuple(replace(b, count=1) if b.name.startswith("dss") else b for b in p.buffers))
+    kinds = set(violation_kinds(bad, seeds=2, shape=SHAPE))
+    assert kinds - {"ok"} and kinds <= {"ok", "overwrite", "unfilled-read"}, kinds
+    with pytest.raises(VerifyError, match="need 2 copies"):
+        check(bad)
+
+
+def test_dq_split_needs_two_chains_and_64_head_dim_columns_each():
+    with pytest.raises(PassError, match="needs data_partition > 1"):
+        pipeline.run(build(AttentionBwdRequest(128, "bf16", False, dq="reduce"),
+                           replace(_opts(), data_partition=1, block_n=64)), dump_dir="")
+    with pytest.raises(PassError, match="D/f = 64/2 is not a multiple of 64"):
+        pipeline.run(build(AttentionBwdRequest(64, "bf16", False, dq="reduce"), _opts()), dump_dir="")
+    with pytest.raises(PassError, match="it is not added by a tma_reduce_add"):
+        pipeline.run(build(AttentionBwdRequest(128, "bf16", False, dq="atomic"), _opts(bm=64)), dump_dir="")
+
+
+def test_without_dq_split_the_chains_add_partials():
+    """The option is what decides: off, each chain reduces its full-shape partial (the reduce form as before)."""
+    p = pipeline.run(build(AttentionBwdRequest(128, "bf16", False, dq="reduce"), _opts(split=False, bm=64)),
+                     dump_dir="")
+    assert not any(o.kind in ("chain_sync", "smem_view", "slice") for pt in p.partitions for o in walk(pt.body))
