@@ -147,6 +147,9 @@ def build(req: AttentionBwdRequest, opts: Options) -> Program:
     )
     dk_row = "%s*dk_rb+%s*dk_rh+pid_n*%d" % (b, kvh, BN)
     out = {"row": dk_row, "col": "%s*dk_ch" % kvh, "ld": "%d+(Hkv-1)*dk_ch" % D, "rows_valid": "Skv-pid_n*%d" % BN}
+    # the split-dQ kernel's registers are full at the dK/dV stores (dV still live): per-row pointers instead of a 64-bit
+    # address per element (passes/BACKWARD.md step 8 (b): 96 spill bytes -> 0 at d=128; elsewhere they cost spills)
+    store = {"row_ptr": True} if opts.dq_split else {}
     body = (
         op("load", [Value("k", T(dt, (BN, D), "smem"))], arg="k", coords=kv_at),
         op("load", [Value("v", T(dt, (BN, D), "smem"))], arg="v", coords=kv_at),
@@ -156,9 +159,9 @@ def build(req: AttentionBwdRequest, opts: Options) -> Program:
            ub="G*%s" % per_head, iter_args=("dk", "dv"), min_trip=1),
         op("mulc", [Value("dks", kd_t)], ["dk_f"], c="scale"),
         op("cast", [Value("dk16", T(dt, (BN, D)))], ["dks"]),
-        op("store_ptr", [], ["dk16"], arg="dk", **out),
+        op("store_ptr", [], ["dk16"], arg="dk", **out, **store),
         op("cast", [Value("dv16", T(dt, (BN, D)))], ["dv_f"]),
-        op("store_ptr", [], ["dv16"], arg="dv", **out),
+        op("store_ptr", [], ["dv16"], arg="dv", **out, **store),
     )
     name = f"attn_bwd_{dt}_d{req.d}_{BM}x{BN}" + ("_causal" if req.causal else "") + \
         {"atomic": "", "reduce": "_tmared", "none": "_nodq"}[req.dq]
