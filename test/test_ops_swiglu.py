@@ -99,14 +99,33 @@ def test_swap_ab_config_where_the_measurement_kept_it_and_the_layout_allows(monk
     """runtime.swiglu runs the config the measured choice kept: a swap-AB one for nn.Linear weights (C through a
     pointer, its tile being C^T's), the heuristic's for row-major weights; a named swap config on row-major weights
     is refused with what to do."""
+    from types import SimpleNamespace
+
     from torch_autows.runtime import choice
+    from torch_autows.runtime import device as dev
+    from torch_autows.runtime import gemm as rg
     from torch_autows.runtime import swiglu as rs
     from torch_autows.runtime.fallback import Unsupported
+    from torch_autows.runtime.launch import Tma
 
     seen = []
+
+    class Launcher:  # what launch_template hands the C launcher: C a TMA descriptor, or a pointer (swap-AB)
+        def ordered(self, values):
+            seen.append(sorted(n for n in ("a", "b", "bu", "c") if not isinstance(values[n], Tma)))
+            return []
+
+        def __call__(self, grid, args, idx):
+            pass
+
+        def bind(self, grid, args, idx):
+            return None
+
     monkeypatch.setattr(rs, "support_reason", lambda *a, **k: None)
-    monkeypatch.setattr(rs, "launch_template", lambda req, o, tensors, ptrs, *a, **k: seen.append(
-        (o.swap_ab, sorted(tensors), sorted(ptrs))))
+    monkeypatch.setattr(rg, "compile_kernel", lambda *a: SimpleNamespace(
+        launcher=Launcher(), program=SimpleNamespace(grid=SimpleNamespace(persistent=True))))
+    monkeypatch.setattr(dev, "index", lambda d: 0)
+    monkeypatch.setattr(dev, "num_sms", lambda i: 132)
     monkeypatch.setattr(rs, "_decide", lambda *a: choice.Decision(True, "measured", 1.0, 2.0, 0.0,
                                                                   "swiglu_decs_64x128_m16_s1"))
     rs._BOUND.clear()
@@ -116,7 +135,7 @@ def test_swap_ab_config_where_the_measurement_kept_it_and_the_layout_allows(monk
     with pytest.raises(Unsupported, match="swiglu_decs_64x128_m16_s1 is swap-AB.*nn.Linear's layout"):
         rs.gemm_swiglu(x, wg.t().contiguous(), wu.t().contiguous(), torch.bfloat16, config="swiglu_decs_64x128_m16_s1")
     rs._BOUND.clear()
-    assert seen == [(True, ["a", "b", "bu"], ["c"]), (False, ["a", "b", "bu", "c"], [])]
+    assert seen == [["c"], []]  # pointers among a, b, bu, c: the swap-AB launch's C only
     assert rs.decode_candidates(8, 14336, 4096, swap=True) == [rs.choose_config(8, 14336, 4096)]  # not offered yet
     monkeypatch.setattr(rs, "OFFER_SWAP", True)
     assert rs.decode_candidates(8, 14336, 4096, swap=True)[1:] == ["swiglu_decs_64x128_m16_s1",

@@ -128,17 +128,16 @@ def replay(hit, inputs: list, out, out_dtype, after: list = ()):
 
 
 def _launch(req: GemmRequest, config: str, a2, b2, c2, bias, M, N, K, device, key, shape, residual=None):
-    # a swap-AB kernel stores C through a pointer (its tile is C^T's), every other through a TMA descriptor
-    swap = CONFIGS[config].swap_ab
-    tensors = {"a": a2, "b": b2} if swap else {"a": a2, "b": b2, "c": c2}
-    ptrs = {n: t for n, t in (("c", c2 if swap else None), ("bias", bias), ("r", residual)) if t is not None}
+    tensors = {"a": a2, "b": b2, "c": c2}
+    ptrs = {n: t for n, t in (("bias", bias), ("r", residual)) if t is not None}
     launch_template(req, CONFIGS[config], tensors, ptrs, M, N, K, device, _BOUND, key, shape)
 
 
 def launch_template(req: GemmRequest, options: Options, tensors: dict, ptrs: dict, M: int, N: int, K: int, device,
                     cache: BoundCache, key, shape, accumulators: int = 1) -> None:
     """Launch the GEMM template's kernel for ``req`` and ``options`` (runtime.gemm and runtime.swiglu): ``tensors``
-    are read or written through TMA descriptors, ``ptrs`` are pointer args, both by the Program's argument names;
+    are read or written through TMA descriptors, ``ptrs`` are pointer args, both by the Program's argument names
+    (a swap-AB kernel's C, given among ``tensors``, goes as a pointer: its tile is C^T's, stored by pointers);
     a split-K config gets this stream's workspace (``accumulators`` slots per part of every output tile) and
     counters. The launch is remembered in ``cache`` under ``key`` (with ``shape``, the output's)."""
     try:  # no directory to write the kernel source to (or another OSError): torch serves the call, with why
@@ -147,6 +146,8 @@ def launch_template(req: GemmRequest, options: Options, tensors: dict, ptrs: dic
     except OSError as e:
         raise Unsupported(f"could not build the kernel: {e}") from e
     o = options
+    if o.swap_ab:
+        tensors, ptrs = {n: t for n, t in tensors.items() if n != "c"}, {**ptrs, "c": tensors["c"]}
     values = {name: Tma(t, t.shape, t.stride()) for name, t in tensors.items()}
     values.update(ptrs)
     values.update(M=M, N=N, K=K)
@@ -234,13 +235,17 @@ def _decide(op, a, b, bias, out_dtype, m, n, k, layout, residual=None, activatio
     return choice.decide(key, runs, vendor if out_dtype == a.dtype else None, choice.gemm_prior(m, n, k), a.device)
 
 
+def swap_fits(ta: bool, tb: bool, out, epilogue: str = "none") -> bool:
+    """Whether a call may run a swap-AB config: nn.Linear's layout and kind (``swap_serves``) and a contiguous
+    ``out`` or none (the swapped tile is C^T's, stored by pointers into a contiguous [M, N])."""
+    return swap_serves(trans_a=ta, trans_b=tb, epilogue=epilogue) and (out is None or out.is_contiguous())
+
+
 def _measured_config(d: choice.Decision, ta: bool, tb: bool, out, configs: dict = CONFIGS) -> str | None:
     """The config of ``configs`` the measured decision ``d`` kept, where this call can run it (a swap-AB config
-    needs the layout it was measured on and a contiguous ``out``); None: the heuristic's."""
+    needs ``swap_fits``); None: the heuristic's."""
     cfg = d.config
-    if cfg not in configs:
-        return None
-    if configs[cfg].swap_ab and not (swap_serves(trans_a=ta, trans_b=tb) and (out is None or out.is_contiguous())):
+    if cfg not in configs or (configs[cfg].swap_ab and not swap_fits(ta, tb, out)):
         return None
     return cfg
 
@@ -305,8 +310,7 @@ def gemm(a, b, bias, out_dtype, config: str | None = None, out: torch.Tensor | N
     a2 = a.t() if ta else a
     b2 = b.t() if tb else b
     c = out if out is not None else torch.empty((M, N), device=a.device, dtype=out_dtype)
-    swap = residual is None and swap_serves(trans_a=ta, trans_b=tb, epilogue=activation) and (
-        out is None or out.is_contiguous())
+    swap = residual is None and swap_fits(ta, tb, out, activation)
     config = config or choose_config(M, N, K, residual=residual is not None, activation=activation, swap=swap)
     # Kernels take M, N, K at run time: the request that keys the compiled kernel leaves them at 1.
     req = GemmRequest(1, 1, 1, DTYPES[a.dtype], DTYPES[out_dtype], ta, tb, bias is not None,

@@ -73,9 +73,9 @@ CONFIGS.update(decode_configs("dec", DECODE_TILES))
 #: spills (test/codegen/test_swap_codegen.py). Measured on the H200 (sweeps/2026-12-01-h200-decode-swap.json, the
 #: Llama-3 decode shapes at M 1-64): split 1 is the fastest swap config at every shape; 16 rows beat 64 up to M = 32;
 #: the 64- or 128-wide tile wins by shape (up to 10% apart) in a way no rule of N, K and SMs fitted; the best of
-#: them 0.96-1.09x cuBLAS (geomean 1.02), against 0.81-1.08x for ``choose_config``'s dec_* pick. So the heuristic
-#: does not pick them; ``decode_candidates`` offers them to the measured choice (runtime.choice), which keeps the
-#: fastest per site.
+#: them 0.96-1.09x cuBLAS (geomean 1.02), against 0.81-1.08x for the dec_* pick. So the heuristic takes one swap
+#: config up to 32 rows (``SWAP_PICK``), and ``decode_candidates`` offers the others to the measured choice
+#: (runtime.choice), which keeps the fastest per site.
 SWAP_TILES = ((64, 128, (1, 2, 3, 4)), (128, 128, (1, 2, 3, 4)))  # (block_n, block_k, splits)
 SWAP_ROWS = (16, 64)  # bmx: the activation rows of a tile (wgmma N)
 
@@ -164,7 +164,8 @@ def serves_residual(config: str) -> bool:
 
 def serves_swap(config: str, *, trans_a: bool, trans_b: bool, batched: bool = False, epilogue: str = "none") -> bool:
     """Whether ``config`` serves a GEMM of that layout and kind: a swap-AB config only nn.Linear's (A row-major, B a
-    transposed view), 2-D, no swiglu (templates.gemm.swap_reason); every other config all of them."""
+    transposed view), 2-D, no activation (``epilogue``: the GEMM's activation; templates.gemm.swap_reason); every
+    other config all of them."""
     return not CONFIGS[config].swap_ab or swap_serves(trans_a=trans_a, trans_b=trans_b, batched=batched,
                                                       epilogue=epilogue)
 

@@ -33,6 +33,7 @@ from .gemm import (
     decode_pick,
     launch_template,
     replay,
+    swap_fits,
 )
 from .gemm import support_reason as gemm_reason
 from .gemm_configs import SWAP_ROWS, swap_configs, swap_serves
@@ -195,17 +196,13 @@ def gemm_swiglu(a, bg, bu, out_dtype, config: str | None = None, out: torch.Tens
             return None
         config = _measured_config(d, ta, tb, out, CONFIGS)
     name = choose_config(M, N, K) if config in (None, "auto") else config
-    swap = CONFIGS[name].swap_ab
-    if swap and not (swap_serves(trans_a=ta, trans_b=tb) and (out is None or out.is_contiguous())):
+    if CONFIGS[name].swap_ab and not swap_fits(ta, tb, out):
         raise Unsupported(f"config {name} is swap-AB: it serves a row-major a, gate and up weights given as w.t() "
                           f"of row-major [N, K] tensors (nn.Linear's layout) and a contiguous out; name another "
                           f"config, or config='auto'")
     c = out if out is not None else torch.empty((M, N), device=a.device, dtype=out_dtype)
     # M, N, K are run-time scalars: the request that keys the compiled kernel leaves them at 1
     req = GemmRequest(1, 1, 1, DTYPES[a.dtype], DTYPES[out_dtype], ta, tb, epilogue="swiglu")
-    tensors = {"a": a.t() if ta else a, "b": bg.t() if tb else bg, "bu": bu.t() if tb else bu}
-    ptrs = {"c": c} if swap else {}  # a swap-AB tile is C^T's: stored through a pointer
-    if not swap:
-        tensors["c"] = c
-    launch_template(req, CONFIGS[name], tensors, ptrs, M, N, K, a.device, _BOUND, key, (M, N), accumulators=2)
+    tensors = {"a": a.t() if ta else a, "b": bg.t() if tb else bg, "bu": bu.t() if tb else bu, "c": c}
+    launch_template(req, CONFIGS[name], tensors, {}, M, N, K, a.device, _BOUND, key, (M, N), accumulators=2)
     return c
