@@ -80,6 +80,7 @@ def test_deterministic_mode_takes_the_separate_form(sm90, deterministic):
     is refused with what to use instead."""
     assert attention_bwd.support_reason(*_call(), False, 0.1) is None
     assert attention_bwd.choose_dq_mode() == "separate" and attention_bwd.choose_dq_mode("separate") == "separate"
+    assert attention_bwd.choose_dq_mode(None, 64) == "separate"  # not d=64's default "reduce"
     with pytest.raises(Unsupported, match="atomic dQ is not deterministic.*dq_mode='separate' is"):
         attention_bwd.choose_dq_mode("atomic")
     with pytest.raises(Unsupported, match="reduce dQ is not deterministic .*TMA reduce-adds.*dq_mode='separate' is"):
@@ -90,6 +91,9 @@ def test_dq_mode_choice_and_configs():
     assert not torch.are_deterministic_algorithms_enabled()
     assert attention_bwd.choose_dq_mode() == "separate" and attention_bwd.choose_dq_mode("atomic") == "atomic"
     assert attention_bwd.choose_dq_mode("reduce") == "reduce"
+    assert attention_bwd.choose_dq_mode("separate", 64) == "separate"
+    # the measured default per head dim: reduce ahead of separate at d=64 only (attention-bwd-4)
+    assert [attention_bwd.choose_dq_mode(None, d) for d in (64, 128)] == ["reduce", "separate"]
     with pytest.raises(ValueError, match="dq_mode='fast'; use one of"):
         attention_bwd.choose_dq_mode("fast")
     for d in (64, 128):
@@ -209,7 +213,7 @@ def test_backward_op_on_cpu_is_the_vendors(caplog):
     torch.library.opcheck(torch.ops.autows.attention_backward.default, (go, None, q, k, v, out, lse, True, 0.25))
 
 
-@pytest.mark.parametrize("dq_mode,grids,d", [("atomic", [2], 64), ("reduce", [2], 64), (None, [2, 4], 64),
+@pytest.mark.parametrize("dq_mode,grids,d", [("atomic", [2], 64), (None, [2], 64), ("separate", [2, 4], 64),
                                              ("reduce", [2], 128)])
 def test_backward_glue_runs_the_kernel_it_compiles(monkeypatch, dq_mode, grids, d):
     """``backward`` end to end on CPU with the launch replaced by the interpreter running the compiled Program: the

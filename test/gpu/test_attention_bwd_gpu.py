@@ -96,6 +96,26 @@ def test_backward_random(c, poisoned):
         assert err <= tol * r.float().norm().item() + 1e-4 * x.numel() ** 0.5, (name, _rel(x, r), tol)
 
 
+@pytest.mark.parametrize("d", [64, 128])
+def test_row_kernels_match_torch(d):
+    """The preprocess and dQ-convert Triton kernels (runtime/attention_bwd_rows.py) against the torch versions on
+    the GPU: delta to fp32 summation order, lse2 and dQ bitwise; O as a [B, S, H, D] view, a -inf lse row."""
+    from torch_autows.runtime import attention_bwd_rows as rows
+    from torch_autows.templates import attention_bwd as tmpl
+
+    torch.manual_seed(4)
+    o = torch.randn(2, 333, 5, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    do = torch.randn(2, 5, 333, d, device="cuda", dtype=torch.bfloat16)
+    lse, dlse = (torch.randn(2, 5, 333, device="cuda") for _ in range(2))
+    lse[1, 2, 7] = float("-inf")
+    got, want = rows.preprocess(o, do, lse, dlse), tmpl.preprocess(o, do, lse, dlse)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+    assert torch.equal(got[1], want[1])
+    acc = torch.randn(2 * 5 * 384, d, device="cuda")
+    q = torch.empty(2, 5, 333, d, device="cuda", dtype=torch.float16)
+    assert torch.equal(rows.postprocess(acc, 0.3, q), tmpl.postprocess(acc, 0.3, q))
+
+
 def test_repeated_calls_take_the_bound_launch():
     """The second call with the same shapes launches through the per-shape cache and gives the same gradients up to
     the atomic dQ adds' order."""
@@ -156,7 +176,7 @@ def test_deterministic_mode_gives_the_same_bits(d, causal):
     before = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
-        assert rt.choose_dq_mode() == "separate"
+        assert rt.choose_dq_mode(None, d) == "separate"
         runs = [rt.backward(go, None, q, k, v, out, lse, causal, scale) for _ in range(5)]
     finally:
         torch.use_deterministic_algorithms(before)

@@ -2,7 +2,8 @@
 (templates/attention_bwd.py, templates/attention_bwd_dq.py; passes/BACKWARD.md).
 
 ``backward(grad_out, grad_lse, q, k, v, out, lse, is_causal, scale, config=None, dq_mode=None, dq_config=None)
--> (dq, dk, dv)`` runs the torch preprocess (delta, lse2) and then one of three forms (``dq_mode``):
+-> (dq, dk, dv)`` runs the preprocess (delta, lse2: ``attention_bwd_rows``, one Triton kernel) and then one of three
+forms (``dq_mode``):
 
 * "atomic": the main kernel computes dK, dV and adds each step's dQ into a zeroed fp32 workspace with fp32 atomics;
   a torch postprocess gives dQ = scale * workspace. The adds reorder from run to run: not bit-reproducible.
@@ -12,10 +13,11 @@
 * "separate": the main kernel without dQ (4 GEMMs a step), then the dQ kernel (one CTA per Q block, looping over
   the KV blocks; it recomputes S and dP). Every gradient element is written once by one CTA: deterministic.
 
-``dq_mode`` None picks "separate": on the H200 it ran 1.18-1.53x the atomic form's speed at every point of the
-attention-bwd grid (bench/results/2026-12-01-h200-attention-bwd-2.json: s1024-s8192, d64/d128, causal or not), and
-it is deterministic. "atomic" and "reduce" (not measured on the GPU yet) must be asked for, and with deterministic
-algorithms on they raise ``Unsupported``.
+``dq_mode`` None picks by head dim (``choose_dq_mode``): "reduce" at d=64, "separate" at d=128, "separate" always
+under deterministic algorithms. Measured on the H200 (bench/results/2026-12-01-h200-attention-bwd-2.json and -4:
+s1024-s8192, causal or not): separate ran 1.18-1.53x the atomic form everywhere; reduce ran 1.01-1.11x separate at
+d=64 and 0.90-0.92x at d=128 (its split-dQ config). "atomic" must be asked for; with deterministic algorithms on,
+asking for "atomic" or "reduce" raises ``Unsupported``.
 ``config`` names the main kernel's config (``CONFIGS``), ``dq_config`` the dQ kernel's
 (``DQ_CONFIGS``, separate form only); None: ``choose_config`` / ``choose_dq_config``. It raises ``Unsupported``
 with ``support_reason``'s reason where it cannot serve a call; ``attention_grad.attention_backward`` then runs the
@@ -28,8 +30,9 @@ import torch
 
 from ..ir import Options
 from ..templates import attention_bwd_dq as dq_host
-from ..templates.attention_bwd import HEAD_DIMS, AttentionBwdRequest, gradients, kernel_values, preprocess
+from ..templates.attention_bwd import HEAD_DIMS, AttentionBwdRequest, kernel_values
 from ..templates.attention_bwd_dq import AttentionBwdDqRequest
+from . import attention_bwd_rows as rows
 from . import device as dev
 from .fallback import Unsupported
 from .gemm import DTYPES
@@ -110,17 +113,28 @@ def choose_dq_config(d: int, causal: bool) -> str:
     return "dq_128x128_dp2"
 
 
-def choose_dq_mode(dq_mode: str | None = None) -> str:
-    """The form for a call: ``dq_mode`` if given, else "separate" (measured faster than "atomic" everywhere, and
-    deterministic; "reduce" is not measured yet). Raises ``Unsupported`` for "atomic" or "reduce" while deterministic
-    algorithms are on."""
+#: Head dims whose default form is "reduce" (outside deterministic mode). Measured on the H200, side by side
+#: (bench/results/2026-12-01-h200-attention-bwd-4.json, s1024-s8192, causal or not): at d=64 the reduce form ran
+#: 1.006-1.110x the separate form (the gain grows with the sequence: one main kernel, 5 GEMMs a step, against two
+#: kernels and 7); at d=128 its split-dQ config ran 0.90-0.92x separate (32-query steps and two dQ copies).
+REDUCE_HEAD_DIMS = (64,)
+
+
+def choose_dq_mode(dq_mode: str | None = None, d: int | None = None) -> str:
+    """The form for a call at head dim ``d``: ``dq_mode`` if given; else "reduce" at ``REDUCE_HEAD_DIMS`` and
+    "separate" elsewhere (ahead of "atomic" everywhere), and "separate" always while deterministic algorithms are on
+    (every gradient element written once). Raises ``Unsupported`` for "atomic" or "reduce" asked for while
+    deterministic algorithms are on."""
     if dq_mode is not None and dq_mode not in DQ_MODES:
         raise ValueError(f"attention backward dq_mode={dq_mode!r}; use one of {DQ_MODES} or None (chosen per call)")
-    if dq_mode in NONDETERMINISTIC and torch.are_deterministic_algorithms_enabled():
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    if dq_mode in NONDETERMINISTIC and deterministic:
         how = "fp32 atomics" if dq_mode == "atomic" else "TMA reduce-adds"
         raise Unsupported(f"{dq_mode} dQ is not deterministic (its {how} reorder; torch.use_deterministic_algorithms "
                           f"is on); dq_mode='separate' is")
-    return dq_mode or "separate"
+    if dq_mode is None:
+        return "reduce" if d in REDUCE_HEAD_DIMS and not deterministic else "separate"
+    return dq_mode
 
 
 def _same(*ts) -> bool:
@@ -219,8 +233,9 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: floa
     why = support_reason(q, k, v, out, lse, grad_out, is_causal, scale)
     if why:
         raise Unsupported(why)
-    dq_mode = choose_dq_mode(dq_mode)
-    D, causal, scale = q.shape[-1], bool(is_causal), float(scale)
+    D = q.shape[-1]
+    dq_mode = choose_dq_mode(dq_mode, D)
+    causal, scale = bool(is_causal), float(scale)
     config = _checked(config, D, causal, dq_mode)
     if dq_mode == "separate":
         dq_config = dq_config or choose_dq_config(D, causal)
@@ -231,7 +246,7 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: floa
         raise ValueError(f"dq_config={dq_config!r} is for the separate form; pass dq_mode='separate' with it")
     opts = CONFIGS[config]
     form = "none" if dq_mode == "separate" else dq_mode
-    delta, lse2 = preprocess(out, grad_out, lse, grad_lse)
+    delta, lse2 = rows.preprocess(out, grad_out, lse, grad_lse)
     values = kernel_values(q, k, v, grad_out, delta, lse2, causal, scale, opts.block_n, POISON, dq=form,
                            block_m=opts.block_m)
     in_place = grad_out is not None and all(values[n].data_ptr() == t.data_ptr() for n, t in zip(_VIEWS,
@@ -241,7 +256,9 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: floa
     _launch("attention_bwd", AttentionBwdRequest(D, DTYPES[q.dtype], causal, dq=form), opts, values,
             values["BH"] * values["NB"], call + ("main", config, form), in_place, q.device)
     if dq_mode != "separate":
-        return gradients(values, scale, q, k)
+        B, Hkv, Skv = k.shape[:3]
+        return (rows.postprocess(values["dq_acc"], scale, q), values["dk"].view(B, Hkv, Skv, D),
+                values["dv"].view(B, Hkv, Skv, D))
     dq_opts = DQ_CONFIGS[dq_config]
     dq_values = dq_host.kernel_values(q, k, v, grad_out, delta, lse2, causal, scale, POISON, views=values)
     # one CTA per (batch, q-head) and block of queries
