@@ -136,7 +136,8 @@ def test_swap_ab_config_where_the_measurement_kept_it_and_the_layout_allows(monk
         rs.gemm_swiglu(x, wg.t().contiguous(), wu.t().contiguous(), torch.bfloat16, config="swiglu_decs_64x128_m16_s1")
     rs._BOUND.clear()
     assert seen == [["c"], []]  # pointers among a, b, bu, c: the swap-AB launch's C only
-    assert rs.decode_candidates(8, 14336, 4096, swap=True) == [rs.choose_config(8, 14336, 4096)]  # not offered yet
+    monkeypatch.setattr(rs, "OFFER_SWAP", False)
+    assert rs.decode_candidates(8, 14336, 4096, swap=True) == [rs.choose_config(8, 14336, 4096)]  # not offered
     monkeypatch.setattr(rs, "OFFER_SWAP", True)
     assert rs.decode_candidates(8, 14336, 4096, swap=True)[1:] == ["swiglu_decs_64x128_m16_s1",
                                                                     "swiglu_decs_128x128_m16_s1"]

@@ -68,9 +68,9 @@ def choose_config(m: int, n: int, k: int, sms: int = 132) -> str:
 
 
 #: Whether the measured choice offers the swap-AB configs. The choice times candidates but does not check their
-#: numbers, so a config joins only after the GPU tests (test/gpu/test_swiglu_gpu.py) have passed it on an H200: these
-#: were built after the 2026-12-01 session's GPU time (interpreter-verified and compiled offline only).
-OFFER_SWAP = False
+#: numbers, so a config joins only after the GPU tests (test/gpu/test_swiglu_gpu.py) have passed it on an H200: the
+#: swiglu_decs_* configs passed there on 2026-12-01 (every config, nn.Linear's layout, random inputs).
+OFFER_SWAP = True
 
 
 def decode_candidates(m: int, n: int, k: int, swap: bool) -> list[str]:
