@@ -243,6 +243,7 @@ def test_backward_glue_runs_the_kernel_it_compiles(monkeypatch, dq_mode, grids, 
     monkeypatch.setattr(attention_bwd, "compile_kernel", Kernel)
     monkeypatch.setattr(attention_bwd, "POISON", float("nan"))
     monkeypatch.setattr(device, "index", lambda d: 0)
+    monkeypatch.setattr(device, "num_sms", lambda i: 132)  # the persistent dQ kernel's grid: min(tiles, SMs)
     g = torch.Generator().manual_seed(5)
     q = torch.randn(1, 70, 4, d, generator=g).to(torch.bfloat16).transpose(1, 2)
     k, v = (torch.randn(1, 2, 50, d, generator=g).to(torch.bfloat16) for _ in range(2))

@@ -42,6 +42,11 @@ REDUCE_SPILLS = {("bwd_64x128_dp2", 128, False): 532, ("bwd_64x128_dp2", 128, Tr
 REDUCE = [c for c in itertools.product(CONFIGS, (64, 128), (False, True), ("bf16", "fp16"))
           if serves(c[0], c[1], "reduce") or c[:3] in REDUCE_SPILLS]
 
+# The separate form's known spills (bytes, same compile): its 64-query steps at d=128, served although they spill, as
+# the H200 measured them 1.11-1.17x the 0-spill 32-query steps (runtime/attention_bwd.py CONFIG_HEAD_DIMS).
+SEPARATE_SPILLS = {("bwd_64x128_dp2", 128, False, "bf16"): 180, ("bwd_64x128_dp2", 128, True, "bf16"): 524,
+                   ("bwd_64x128_dp2", 128, False, "fp16"): 180, ("bwd_64x128_dp2", 128, True, "fp16"): 524}
+
 SEPARATE = [("main", *c) for c in itertools.product(CONFIGS, (64, 128), (False, True), ("bf16", "fp16"))
             if serves(c[0], c[1], "separate")]
 SEPARATE += [("dq", *c) for c in itertools.product(DQ_CONFIGS, (64, 128), (False, True), ("bf16", "fp16"))
@@ -153,7 +158,7 @@ def test_compiles_for_sm90a(config, d, causal, dtype):
 def test_separate_form_compiles_for_sm90a_without_spills(kernel, config, d, causal, dtype):
     """The main kernel without dQ (4 wgmma a step: S^T, dP^T, dV, dK; no dS SMEM tile) and the dQ kernel (S, dP, dQ;
     dS from registers; one plain store of dQ) compile with two consumer warpgroups (one at dp1), no atomics, no
-    spill."""
+    spill (but for the measured exception, ``SEPARATE_SPILLS``, which may not grow)."""
     program, compiled, s = _compiled(config, d, causal, dtype, kernel)
     opts = (DQ_CONFIGS if kernel == "dq" else CONFIGS)[config]
     n = opts.data_partition
@@ -165,7 +170,8 @@ def test_separate_form_compiles_for_sm90a_without_spills(kernel, config, d, caus
     assert "atom.global" not in ptx and "red.global" not in ptx  # no dQ adds: deterministic
     assert "ttg.local_store" not in ttgir  # dS stays in registers (dQ kernel) or is not needed (main kernel)
     assert s["wgmma"] > 0
-    assert s["spills"] == 0, f"{s['spills']} bytes of spills"
+    known = SEPARATE_SPILLS.get((config, d, causal, dtype), 0) if kernel == "main" else 0
+    assert s["spills"] <= known, f"{s['spills']} bytes of spills (known: {known})"
 
 
 def test_separate_form_issues_its_gemms_back_to_back():

@@ -160,19 +160,23 @@ def test_a_reader_moved_before_its_wait_is_caught():
     assert set(violation_kinds(_with_loop_body(p, "consumer0", tuple(moved)), seeds=2)) == {"release-before-retire"}
 
 
-@pytest.mark.parametrize("kernel,d,dt,causal,dp", [("main", 64, "f32", True, 1), ("main", 64, "f32", False, 2),
-                                                    ("main", 128, "bf16", True, 2), ("dq", 64, "f32", True, 1),
-                                                    ("dq", 64, "f32", False, 2), ("dq", 128, "bf16", True, 2)])
-def test_separate_form_every_policy_and_seed_matches_torch(kernel, d, dt, causal, dp):
+@pytest.mark.parametrize("kernel,d,dt,causal,dp,bm,persistent", [
+    ("main", 64, "f32", True, 1, 64, False), ("main", 64, "f32", False, 2, 64, False),
+    ("main", 128, "bf16", True, 2, 32, False), ("main", 128, "bf16", False, 2, 64, False),
+    ("main", 64, "bf16", False, 2, 64, True), ("dq", 64, "f32", True, 1, 64, False),
+    ("dq", 64, "f32", False, 2, 128, False), ("dq", 128, "bf16", True, 2, 128, False),
+    ("dq", 64, "bf16", False, 2, 128, True), ("dq", 128, "bf16", True, 2, 128, True)])
+def test_separate_form_every_policy_and_seed_matches_torch(kernel, d, dt, causal, dp, bm, persistent):
     """Both kernels of the separate form, verified after every stage and interpreted under every policy and seed
     (ragged lengths, GQA, causal Sq <, =, > Skv at random) against the fp32 math backward. The dQ kernel splits its
-    Q rows over the chains (as the forward), the main kernel its keys; neither has a partial sum."""
+    Q rows over the chains (as the forward), the main kernel its keys; neither has a partial sum. ``bm``: queries a
+    step; ``persistent``: 2 CTAs walk every tile (the picks ``bwd_64x128_dp2_p``, ``dq_128x128_dp2_p``)."""
     if kernel == "dq":
         before = build_dq(AttentionBwdDqRequest(d, dt, causal),
-                          Options(block_m=64 * dp, block_n=64, stages=2, data_partition=dp))
+                          Options(block_m=bm, block_n=64, stages=2, data_partition=dp, persistent=persistent))
     else:
         before = build(AttentionBwdRequest(d, dt, causal, dq="none"),
-                       Options(block_m=32 if d == 128 else 64, block_n=64 * dp, stages=2, data_partition=dp))
+                       Options(block_m=bm, block_n=64 * dp, stages=2, data_partition=dp, persistent=persistent))
     after = pipeline.run(before, verify=True, dump_dir="")
     kinds = [o.kind for pt in after.partitions for o in walk(pt.body)]
     assert kinds.count("mma") == (3 if kernel == "dq" else 4) * dp and "store_ptr" in kinds

@@ -17,20 +17,23 @@ from torch_autows.templates.attention_bwd import AttentionBwdRequest, build, pad
 from torch_autows.verify import VerifyError, check
 
 
-def _opts(dp=1, bn=64):
-    return Options(block_m=64, block_n=bn, stages=2, data_partition=dp)
+def _opts(dp=1, bn=64, persistent=False):
+    return Options(block_m=64, block_n=bn, stages=2, data_partition=dp, persistent=persistent)
 
 
-def _reduce(d=64, dt="f32", causal=False, dp=2):
-    return build(AttentionBwdRequest(d, dt, causal, dq="reduce"), _opts(dp, 64 * dp))
+def _reduce(d=64, dt="f32", causal=False, dp=2, persistent=False):
+    return build(AttentionBwdRequest(d, dt, causal, dq="reduce"), _opts(dp, 64 * dp, persistent))
 
 
-@pytest.mark.parametrize("d,dt,causal,dp", [(64, "f32", True, 1), (64, "f32", False, 2), (64, "bf16", True, 2),
-                                             (128, "bf16", False, 2)])
-def test_every_policy_and_seed_matches_torch(d, dt, causal, dp):
+@pytest.mark.parametrize("d,dt,causal,dp,persistent", [(64, "f32", True, 1, False), (64, "f32", False, 2, False),
+                                                        (64, "bf16", True, 2, False), (128, "bf16", False, 2, False),
+                                                        (64, "bf16", False, 2, True), (64, "f32", True, 1, True)])
+def test_every_policy_and_seed_matches_torch(d, dt, causal, dp, persistent):
     """Verified after every stage; every scheduling policy x 3 seeds (random shapes: ragged lengths, GQA, causal
-    with Sq <, =, > Skv) gives the padded dQ workspace (zero past Sq), dK and dV of the fp32 math backward."""
-    before = _reduce(d, dt, causal, dp)
+    with Sq <, =, > Skv) gives the padded dQ workspace (zero past Sq), dK and dV of the fp32 math backward.
+    ``persistent`` (``bwd_64x128_dp2_p``'s walk): 2 CTAs walk every (head, KV block) tile, the per-tile dK/dV and
+    K/V ring slots reused from tile to tile."""
+    before = _reduce(d, dt, causal, dp, persistent)
     after = pipeline.run(before, verify=True, dump_dir="")
     ok, report = interpret_report(before, after, seeds=3)
     assert ok, report

@@ -45,13 +45,19 @@ DQ_MODES = ("atomic", "reduce", "separate")
 NONDETERMINISTIC = ("atomic", "reduce")
 
 #: Every config of the main kernel the runtime can run (choose_config picks; config= names one; tests compile each
-#: offline). One CTA per (batch, kv-head, block of BN keys), not persistent; a producer warp streams Q and dO through
+#: offline). One CTA per (batch, kv-head, block of BN keys) (``_p``: persistent, a CTA per SM walks those tiles); a
+#: producer warp streams Q and dO through
 #: a 2-deep ring. ``dp2``: two consumer warpgroups of BN/2 keys each (each adds its partial dQ in the atomic form),
 #: producer at 24 registers and consumers at 240 (FA3's split). ``dp1``: one consumer warpgroup.
 CONFIGS: dict[str, Options] = {
     "bwd_64x128_dp2": Options(block_m=64, block_n=128, stages=2, data_partition=2, persistent=False, group_m=1,
                               producer_regs=24),
     "bwd_64x64_dp1": Options(block_m=64, block_n=64, stages=2, data_partition=1, persistent=False, group_m=1),
+    # Persistent: the next tile's K/V loads overlap this tile's dK/dV epilogue. On the H200 (sweeps/2026-12-01-h200-
+    # attention-bwd-configs-2.json) +1-5% at d=64 without a mask, but 6-16% behind with the causal mask (the round-robin
+    # walk hands some CTAs the long diagonal tiles together), and at d=128 it spills more (276 bytes) for nothing.
+    "bwd_64x128_dp2_p": Options(block_m=64, block_n=128, stages=2, data_partition=2, persistent=True, group_m=1,
+                                producer_regs=24),
     # Separate form only (the atomic form's dQ mma would have 32 rows; wgmma takes multiples of 64): 32-query steps
     # keep S^T/dP^T at 16 registers each beside dK/dV (64 each at d=128), so d=128 compiles without spills.
     "bwd_32x128_dp2": Options(block_m=32, block_n=128, stages=2, data_partition=2, persistent=False, group_m=1,
@@ -64,25 +70,31 @@ CONFIGS: dict[str, Options] = {
 }
 
 #: Head dims each main-kernel config serves, per form (what compiles at sm_90a; the separate and reduce forms: without
-#: spills). The reduce form's partial sums spill at d=128 (offline sm_90a, ptxas -v, bytes: bwd_64x128_dp2 532, causal
-#: 684; bwd_64x64_dp1 156, causal 152; test/codegen/test_attention_bwd_codegen.py ``REDUCE_SPILLS``), so d=128 is
-#: served by the split dQ (``bwd_32x128_dp2_dqsplit``, 0 spills); at d=64 neither spills (the split needs D/2 >= 64).
+#: spills, but for one measured exception). The reduce form's partial sums spill at d=128 (offline sm_90a, ptxas -v,
+#: bytes: bwd_64x128_dp2 532, causal 684; bwd_64x64_dp1 156, causal 152; test/codegen/test_attention_bwd_codegen.py
+#: ``REDUCE_SPILLS``), so d=128 is served by the split dQ (``bwd_32x128_dp2_dqsplit``, 0 spills); at d=64 neither
+#: spills (the split needs D/2 >= 64). The exception: the separate form's 64-query steps at d=128 (bwd_64x128_dp2)
+#: spill 180 bytes (causal 524; ``SEPARATE_SPILLS`` there) and still ran 1.11-1.17x the 0-spill 32-query steps on the
+#: H200 (bench/results/sweeps/2026-12-01-h200-attention-bwd-configs.json), so they serve d=128 and are picked there.
 CONFIG_HEAD_DIMS: dict[str, dict[str, tuple[int, ...]]] = {
-    "bwd_64x128_dp2": {"atomic": (64, 128), "reduce": (64,), "separate": (64,)},
+    "bwd_64x128_dp2": {"atomic": (64, 128), "reduce": (64,), "separate": (64, 128)},
+    "bwd_64x128_dp2_p": {"atomic": (), "reduce": (64,), "separate": (64,)},
     "bwd_64x64_dp1": {"atomic": (64, 128), "reduce": (64,), "separate": (64,)},
     "bwd_32x128_dp2": {"atomic": (), "reduce": (), "separate": (64, 128)},
     "bwd_32x128_dp2_dqsplit": {"atomic": (), "reduce": (128,), "separate": ()},
 }
 
-#: Configs of the dQ kernel (separate form). One CTA per (batch, q-head, block of BM queries), not persistent; two
-#: consumer warpgroups of 64 query rows each, as the forward; a producer streams K and V through a 2-deep ring.
+#: Configs of the dQ kernel (separate form). One CTA per (batch, q-head, block of BM queries) (``_p``: persistent);
+#: two consumer warpgroups of 64 query rows each, as the forward; a producer streams K and V through a 2-deep ring.
 DQ_CONFIGS: dict[str, Options] = {
+    "dq_128x128_dp2_p": Options(block_m=128, block_n=128, stages=2, data_partition=2, persistent=True, group_m=1),
     "dq_128x128_dp2": Options(block_m=128, block_n=128, stages=2, data_partition=2, persistent=False, group_m=1),
     "dq_128x64_dp2": Options(block_m=128, block_n=64, stages=2, data_partition=2, persistent=False, group_m=1),
 }
 
 #: Head dims each dQ config serves.
-DQ_CONFIG_HEAD_DIMS: dict[str, tuple[int, ...]] = {"dq_128x128_dp2": (64, 128), "dq_128x64_dp2": (64, 128)}
+DQ_CONFIG_HEAD_DIMS: dict[str, tuple[int, ...]] = {"dq_128x128_dp2": (64, 128), "dq_128x64_dp2": (64, 128),
+                                                   "dq_128x128_dp2_p": (64, 128)}
 
 
 def serves(config: str, d: int, dq_mode: str = "separate") -> bool:
@@ -98,19 +110,25 @@ def dq_serves(config: str, d: int) -> bool:
 def choose_config(d: int, causal: bool, dq_mode: str = "separate") -> str:
     """The main kernel's config for a call. Atomic: two consumer warpgroups of 64 keys and 64-query steps at both
     head dims (offline, sm_90a: d=64 without spills; d=128 spills, test/codegen/test_attention_bwd_codegen.py
-    ``SPILLS``). Separate: the same at d=64; 32-query steps at d=128 (64-query steps spill 180 bytes, causal 524).
+    ``SPILLS``). Separate: the same at both head dims (at d=128 its 180/524 spill bytes cost less than halving the
+    query step: 1.11-1.17x ``bwd_32x128_dp2`` on the H200, sweeps/2026-12-01-h200-attention-bwd-configs.json).
     Reduce: the same as atomic at d=64; at d=128 32-query steps with the split dQ (the only 0-spill config there).
-    The atomic and separate picks are the configs the H200 attention-bwd runs measured (separate ahead of atomic at
-    every point); the reduce form is not measured on the GPU yet, other configs are not swept."""
-    if d == 128 and dq_mode in ("separate", "reduce"):
-        return "bwd_32x128_dp2" if dq_mode == "separate" else "bwd_32x128_dp2_dqsplit"
+    At d=64 without a mask the reduce and separate forms take the persistent walk (+1-5%; the causal mask's uneven
+    tiles make it slower there). Every pick is the fastest config of its form in those sweeps (s1024/s4096, causal
+    or not; deeper Q/dO rings within 2%: sweeps/2026-12-01-h200-attention-bwd-configs.json and -2)."""
+    if d == 128 and dq_mode == "reduce":
+        return "bwd_32x128_dp2_dqsplit"
+    if d == 64 and not causal and dq_mode in ("reduce", "separate"):
+        return "bwd_64x128_dp2_p"
     return "bwd_64x128_dp2"
 
 
 def choose_dq_config(d: int, causal: bool) -> str:
-    """The dQ kernel's config: 128 queries (two warpgroups of 64) x 128 keys per step, no spills at d=64 or 128
-    (offline, sm_90a); unmeasured on the GPU."""
-    return "dq_128x128_dp2"
+    """The dQ kernel's config: 128 queries (two warpgroups of 64) x 128 keys per step, persistent; no spills at d=64
+    or 128 (offline, sm_90a). On the H200 128 keys a step ran 1-3% ahead of 64 (sweeps/2026-12-01-h200-attention-
+    bwd-configs.json), and the persistent walk 0.5-4% ahead of a CTA per tile at 7 of 8 points, 1.4% behind at one
+    (-configs-2)."""
+    return "dq_128x128_dp2_p"
 
 
 #: Head dims whose default form is "reduce" (outside deterministic mode). Measured on the H200, side by side
@@ -190,6 +208,8 @@ def _launch(template: str, request, opts: Options, values: dict, grid: int, key,
     of the kernel, the reduce form's dQ workspace too, goes through a TMA descriptor of its whole shape): through the
     bound launch cached under ``key`` where there is one, else compiled (cached by launch.compile_kernel) and launched,
     and bound for next time where ``in_place``."""
+    if opts.persistent:  # a CTA per SM walks the tiles
+        grid = min(grid, dev.num_sms(dev.index(device)))
     hit = _BOUND.get(key)
     if hit is not None and hit[0](*(values[n].data_ptr() for n in hit[1])):
         return

@@ -90,9 +90,10 @@ def build(req: AttentionBwdDqRequest, opts: Options) -> Program:
         op("store_ptr", [], ["dq16"], arg="dq", row="%s*dq_rb+%s*dq_rh+%s*%d" % (b, h, mi, BM), col="%s*dq_ch" % h,
            ld="%d+(Hq-1)*dq_ch" % D, rows_valid="Sq-%s*%d" % (mi, BM)),
     )
-    name = f"attn_bwd_dq_{dt}_d{req.d}_{BM}x{BN}" + ("_causal" if req.causal else "")
+    name = f"attn_bwd_dq_{dt}_d{req.d}_{BM}x{BN}" + ("_causal" if req.causal else "") + \
+        ("_p" if opts.persistent else "")
     tiles = (("pid_bh", "BH"), ("pid_m", "cdiv(Sq,%d)" % BM))
-    grid = Grid(tiles[::-1] if req.causal else tiles, persistent=False, group=1)
+    grid = Grid(tiles[::-1] if req.causal else tiles, persistent=opts.persistent, group=1)
     return Program(name, args, grid, opts, body, template="attention_bwd_dq")
 
 

@@ -1,0 +1,139 @@
+"""GPU sweep (not a test): every (form, main config, dQ config) of the generated attention backward that serves a
+head dim (runtime/attention_bwd.py ``CONFIGS``, ``DQ_CONFIGS``, ``serves``), timed whole as a user gets it (row
+kernels, workspace, kernels), against cuDNN's backward on a cuDNN forward's out and lse; plus, for the default pick,
+the GPU time per kernel (torch.profiler), to show where the time goes.
+
+``VARIANTS`` (below) adds configs that are not in ``CONFIGS``: deeper Q/dO rings, and the 64-query steps at d=128
+that spill (180-684 bytes offline), to see what the spills and the ring depth cost.
+
+Cases: s1024/s4096 x d64/d128 x causal or not, B*S = 16384 tokens, hidden 2048, bf16. Each time: the median of 3
+interleaved rounds of triton.testing.do_bench. Writes JSON to argv[1] (else $OUT/attention_bwd_configs.json).
+
+    python bench/results/sweeps/attention_bwd_configs.py [out.json [regex]]
+
+``regex`` (argv[2]) keeps the combos ``form:config:dq_config`` it matches (default: all).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import statistics
+import sys
+from collections import defaultdict
+
+import torch
+from triton.testing import do_bench
+
+from torch_autows.attention_grad import _cudnn_backward
+from torch_autows.runtime import attention_bwd as rt
+from torch_autows.sdpa_fallback import fused_attention
+
+#: name -> (base config, Options overrides, {form: head dims}).
+VARIANTS = {
+    "bwd_64x128_dp2_s3": ("bwd_64x128_dp2", {"stages": 3}, {"reduce": (64,), "separate": (64,)}),
+    "bwd_64x128_dp2_s4": ("bwd_64x128_dp2", {"stages": 4}, {"reduce": (64,), "separate": (64,)}),
+    "bwd_32x128_dp2_s3": ("bwd_32x128_dp2", {"stages": 3}, {"separate": (64, 128)}),
+    "bwd_32x128_dp2_s4": ("bwd_32x128_dp2", {"stages": 4}, {"separate": (64, 128)}),
+    "bwd_32x128_dp2_dqsplit_s3": ("bwd_32x128_dp2_dqsplit", {"stages": 3}, {"reduce": (128,)}),
+    "bwd_64x128_dp2_spills": ("bwd_64x128_dp2", {}, {"reduce": (128,), "separate": (128,)}),
+    "bwd_64x128_dp2_p": ("bwd_64x128_dp2", {"persistent": True}, {"reduce": (64,), "separate": (64, 128)}),
+}
+#: dQ-kernel variants: name -> (base, overrides).
+DQ_VARIANTS = {"dq_128x128_dp2_p": ("dq_128x128_dp2", {"persistent": True})}
+
+
+ONLY = sys.argv[2] if len(sys.argv) > 2 else ""
+
+
+def add_variants() -> None:
+    for name, (base, over, dims) in VARIANTS.items():
+        rt.CONFIGS[name] = dataclasses.replace(rt.CONFIGS[base], **over)
+        rt.CONFIG_HEAD_DIMS[name] = {"atomic": (), "reduce": (), "separate": (), **dims}
+    for name, (base, over) in DQ_VARIANTS.items():
+        rt.DQ_CONFIGS[name] = dataclasses.replace(rt.DQ_CONFIGS[base], **over)
+        rt.DQ_CONFIG_HEAD_DIMS[name] = rt.DQ_CONFIG_HEAD_DIMS[base]
+
+
+def combos(d: int):
+    for mode in ("reduce", "separate"):
+        for c in rt.CONFIGS:
+            if not rt.serves(c, d, mode):
+                continue
+            dqs = [x for x in rt.DQ_CONFIGS if rt.dq_serves(x, d)] if c not in VARIANTS else ["dq_128x128_dp2"]
+            if c.endswith("_p"):
+                dqs.append("dq_128x128_dp2_p")
+            for dc in ([None] if mode != "separate" else dqs):
+                if re.search(ONLY, f"{mode}:{c}:{dc}"):
+                    yield mode, c, dc
+
+
+def kernel_times(fn) -> dict[str, float]:
+    """GPU microseconds per kernel name over 10 calls, per call."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            fn()
+        torch.cuda.synchronize()
+    out: dict[str, float] = defaultdict(float)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            out[e.name[:60]] += e.device_time_total / 10
+    return dict(out)
+
+
+def case(s: int, d: int, causal: bool) -> dict:
+    B, H = 16384 // s, 2048 // d
+    scale = d ** -0.5
+    q, k, v, go = (torch.randn(B, H, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    out, lse = fused_attention("cudnn", q, k, v, causal, scale)
+    fns = {"cudnn": lambda: _cudnn_backward(go, q, k, v, out, lse, causal, scale)}
+    for mode, c, dc in combos(d):
+        fns[f"{mode}:{c}:{dc}"] = (lambda m=mode, c=c, dc=dc:
+                                   rt.backward(go, None, q, k, v, out, lse, causal, scale, config=c, dq_mode=m,
+                                               dq_config=dc))
+    ref = fns["cudnn"]()
+    err = {}
+    for n, f in list(fns.items()):
+        try:
+            got = f()
+        except Exception as e:  # a variant that does not compile or launch: recorded, not timed
+            err[n] = f"{type(e).__name__}: {str(e)[:300]}"
+            del fns[n]
+            continue
+        err[n] = max(((x.float() - y.float()).norm() / y.float().norm()).item() for x, y in zip(got, ref))
+    times = defaultdict(list)
+    for _ in range(3):
+        for n, f in fns.items():
+            times[n].append(do_bench(f, warmup=10, rep=60))
+    flops = 2.5 * 4 * B * H * s * s * d / (2 if causal else 1)
+    ms = {n: statistics.median(t) for n, t in times.items()}
+    default = rt.choose_dq_mode(None, d)
+    prof = kernel_times(lambda: rt.backward(go, None, q, k, v, out, lse, causal, scale))
+    return {"case": f"s{s}-d{d}{'-causal' * causal}", "ms": ms, "tflops": {n: flops / t / 1e9 for n, t in ms.items()},
+            "err_vs_cudnn": err, "default": [default, rt.choose_config(d, causal, default)],
+            "default_kernels_us": prof, "cudnn_kernels_us": kernel_times(fns["cudnn"])}
+
+
+def main() -> None:
+    add_variants()
+    rows = []
+    for s in (1024, 4096):
+        for d in (64, 128):
+            for causal in (False, True):
+                r = case(s, d, causal)
+                rows.append(r)
+                best = sorted(r["tflops"].items(), key=lambda t: -t[1])
+                print(r["case"], " ".join(f"{n}={t:.0f}" for n, t in best), flush=True)
+                print("   ours:", {n: round(u) for n, u in r["default_kernels_us"].items()},
+                      "cudnn:", {n: round(u) for n, u in r["cudnn_kernels_us"].items()}, flush=True)
+    path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.environ.get("OUT", "."), "attention_bwd_configs.json")
+    with open(path, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cases": rows}, f, indent=1)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
