@@ -163,8 +163,8 @@ def build(req: AttentionBwdRequest, opts: Options) -> Program:
         op("cast", [Value("dv16", T(dt, (BN, D)))], ["dv_f"]),
         op("store_ptr", [], ["dv16"], arg="dv", **out, **store),
     )
-    name = f"attn_bwd_{dt}_d{req.d}_{BM}x{BN}" + ("_causal" if req.causal else "") + \
-        {"atomic": "", "reduce": "_tmared", "none": "_nodq"}[req.dq] + ("_p" if opts.persistent else "")
+    name = (f"attn_bwd_{dt}_d{req.d}_{BM}x{BN}" + ("_causal" if req.causal else "") + ("_p" if opts.persistent else "")
+            + {"atomic": "", "reduce": "_tmared", "none": "_nodq"}[req.dq])
     grid = Grid((("pid_bh", "BH"), ("pid_n", "NB")), persistent=opts.persistent, group=1)
     return Program(name, args, grid, opts, body, template="attention_bwd")
 
