@@ -206,3 +206,15 @@ def test_dq_kernel_store_of_another_q_block_is_a_global_race():
                      else replace(o, body=drop_block(o.body)) for o in ops)
     mutated = replace(after, partitions=tuple(replace(pt, body=drop_block(pt.body)) for pt in after.partitions))
     assert set(violation_kinds(mutated, seeds=1, shape=(1, 2, 1, 150, 70))) == {"global-race"}
+
+
+def test_causal_grid_walks_group_m_heads_block_by_block():
+    """``group_m`` groups the causal walk: that many heads' KV block 0, then their block 1, ... (Grid.group over
+    (pid_bh, pid_n)); without the mask, and in every runtime config (group_m=1), the walk is head by head."""
+    from torch_autows.runtime.attention_bwd import CONFIGS
+
+    base = CONFIGS["bwd_64x128_dp2"]
+    assert build(AttentionBwdRequest(64, "bf16", True, dq="none"), replace(base, group_m=8)).grid.group == 8
+    assert build(AttentionBwdRequest(64, "bf16", False, dq="none"), replace(base, group_m=8)).grid.group == 1
+    for name, opts in CONFIGS.items():
+        assert build(AttentionBwdRequest(64, "bf16", True, dq="none"), opts).grid.group == 1, name

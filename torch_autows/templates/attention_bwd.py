@@ -165,7 +165,12 @@ def build(req: AttentionBwdRequest, opts: Options) -> Program:
     )
     name = (f"attn_bwd_{dt}_d{req.d}_{BM}x{BN}" + ("_causal" if req.causal else "") + ("_p" if opts.persistent else "")
             + {"atomic": "", "reduce": "_tmared", "none": "_nodq"}[req.dq])
-    grid = Grid((("pid_bh", "BH"), ("pid_n", "NB")), persistent=opts.persistent, group=1)
+    # Causal: KV block n sees the Q blocks from the diagonal on (block 0 the longest). ``group_m`` > 1 walks them
+    # grouped: ``group_m`` heads' block 0, then their block 1, ... (longest first within the group, and the group's
+    # CTAs still share its Q/dO in L2; a walk with the block outermost lost 13-16% at d=64 for want of that sharing,
+    # sweeps/2026-12-01-h200-attention-bwd-configs-3.json). 1, every runtime config: head by head.
+    group = opts.group_m if req.causal else 1
+    grid = Grid((("pid_bh", "BH"), ("pid_n", "NB")), persistent=opts.persistent, group=group)
     return Program(name, args, grid, opts, body, template="attention_bwd")
 
 

@@ -39,6 +39,9 @@ VARIANTS = {
     "bwd_32x128_dp2_dqsplit_s3": ("bwd_32x128_dp2_dqsplit", {"stages": 3}, {"reduce": (128,)}),
     "bwd_64x128_dp2_spills": ("bwd_64x128_dp2", {}, {"reduce": (128,), "separate": (128,)}),
     "bwd_64x128_dp2_p": ("bwd_64x128_dp2", {"persistent": True}, {"reduce": (64,), "separate": (64, 128)}),
+    # causal walks grouped 8 heads at a time, block by block (templates/attention_bwd.py; not measured yet)
+    "bwd_64x128_dp2_g8": ("bwd_64x128_dp2", {"group_m": 8}, {"reduce": (64,), "separate": (64, 128)}),
+    "bwd_64x128_dp2_p_g8": ("bwd_64x128_dp2", {"persistent": True, "group_m": 8}, {"reduce": (64,), "separate": (64,)}),
 }
 #: dQ-kernel variants: name -> (base, overrides).
 DQ_VARIANTS = {"dq_128x128_dp2_p": ("dq_128x128_dp2", {"persistent": True})}
@@ -61,9 +64,8 @@ def combos(d: int):
         for c in rt.CONFIGS:
             if not rt.serves(c, d, mode):
                 continue
-            dqs = [x for x in rt.DQ_CONFIGS if rt.dq_serves(x, d)] if c not in VARIANTS else ["dq_128x128_dp2"]
-            if c.endswith("_p"):
-                dqs.append("dq_128x128_dp2_p")
+            # a variant main kernel: beside the dQ kernel the runtime picks (every dQ config beside the others)
+            dqs = [x for x in rt.DQ_CONFIGS if rt.dq_serves(x, d)] if c not in VARIANTS else [rt.choose_dq_config(d, 0)]
             for dc in ([None] if mode != "separate" else dqs):
                 if re.search(ONLY, f"{mode}:{c}:{dc}"):
                     yield mode, c, dc
