@@ -134,7 +134,8 @@ def choose_dq_config(d: int, causal: bool) -> str:
 #: Head dims whose default form is "reduce" (outside deterministic mode). Measured on the H200, side by side
 #: (bench/results/2026-12-01-h200-attention-bwd-4.json, s1024-s8192, causal or not): at d=64 the reduce form ran
 #: 1.006-1.110x the separate form (the gain grows with the sequence: one main kernel, 5 GEMMs a step, against two
-#: kernels and 7); at d=128 its split-dQ config ran 0.90-0.92x separate (32-query steps and two dQ copies).
+#: kernels and 7); at d=128 its split-dQ config ran 0.90-0.92x the separate form's 32-query steps (it copies dQ
+#: twice) and 0.77-0.84x its 64-query steps picked since (sweeps/2026-12-01-h200-attention-bwd-configs.json).
 REDUCE_HEAD_DIMS = (64,)
 
 
