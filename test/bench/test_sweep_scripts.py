@@ -1,0 +1,52 @@
+"""The GPU sweep scripts under bench/results/sweeps/ stay runnable: what they would time is what the runtime serves.
+(CPU: no timing; the scripts' own selection logic and the programs of their variants.)"""
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import sys
+
+import pytest
+
+from torch_autows.passes import pipeline
+from torch_autows.runtime import attention_bwd as rt
+from torch_autows.templates.attention_bwd import AttentionBwdRequest, build
+
+SWEEPS = pathlib.Path(__file__).resolve().parents[2] / "bench" / "results" / "sweeps"
+
+
+def _load(name: str, argv: list[str], monkeypatch):
+    monkeypatch.setattr(sys, "argv", [name, *argv])
+    spec = importlib.util.spec_from_file_location(f"sweep_{name}", SWEEPS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture
+def restored(monkeypatch):
+    """The runtime's config tables as they were after the test (the script adds its variants to them)."""
+    for table in ("CONFIGS", "CONFIG_HEAD_DIMS", "DQ_CONFIGS", "DQ_CONFIG_HEAD_DIMS"):
+        monkeypatch.setattr(rt, table, dict(getattr(rt, table)))
+    return monkeypatch
+
+
+def test_attention_bwd_configs_times_only_what_serves(restored):
+    """Every combo the backward config sweep would time is a (form, config, dQ config) the runtime serves at that head
+    dim (after the script's variants join the tables); every variant builds through the passes at its head dims; the
+    regex filter keeps only its matches."""
+    mod = _load("attention_bwd_configs", ["out.json"], restored)
+    mod.add_variants()
+    for d in (64, 128):
+        combos = list(mod.combos(d))
+        assert combos
+        for mode, c, dc in combos:
+            assert rt.serves(c, d, mode), (mode, c, d)
+            assert (dc is None) == (mode != "separate") and (dc is None or rt.dq_serves(dc, d))
+    for name in mod.VARIANTS:
+        for form, dims in rt.CONFIG_HEAD_DIMS[name].items():
+            for d in dims:
+                dq = "none" if form == "separate" else form
+                pipeline.run(build(AttentionBwdRequest(d, "bf16", True, dq=dq), rt.CONFIGS[name]))
+    only = _load("attention_bwd_configs", ["out.json", "^reduce:bwd_64x128_dp2_p:"], restored)
+    assert [c for c in only.combos(64)] == [("reduce", "bwd_64x128_dp2_p", None)]
