@@ -70,12 +70,13 @@ CONFIGS: dict[str, Options] = {
 }
 
 #: Head dims each main-kernel config serves, per form (what compiles at sm_90a; the separate and reduce forms: without
-#: spills, but for one measured exception). The reduce form's partial sums spill at d=128 (offline sm_90a, ptxas -v,
-#: bytes: bwd_64x128_dp2 532, causal 684; bwd_64x64_dp1 156, causal 152; test/codegen/test_attention_bwd_codegen.py
-#: ``REDUCE_SPILLS``), so d=128 is served by the split dQ (``bwd_32x128_dp2_dqsplit``, 0 spills); at d=64 neither
-#: spills (the split needs D/2 >= 64). The exception: the separate form's 64-query steps at d=128 (bwd_64x128_dp2)
-#: spill 180 bytes (causal 524; ``SEPARATE_SPILLS`` there) and still ran 1.11-1.17x the 0-spill 32-query steps on the
-#: H200 (bench/results/sweeps/2026-12-01-h200-attention-bwd-configs.json), so they serve d=128 and are picked there.
+#: spills). The reduce form's partial sums spill at d=128 (offline sm_90a, ptxas -v, bytes: bwd_64x128_dp2 532, causal
+#: 684; bwd_64x64_dp1 156, causal 152; test/codegen/test_attention_bwd_codegen.py ``REDUCE_SPILLS``), so d=128 is
+#: served by the split dQ (``bwd_32x128_dp2_dqsplit``, 0 spills); at d=64 neither spills (the split needs D/2 >= 64).
+#: The separate form's 64-query steps at d=128 (bwd_64x128_dp2) spilled 180 bytes (causal 524) until their steps
+#: folded lse2/delta into the S^T/dP^T accumulators (templates/attention_bwd.py ``folds_rows``): 0 now, no exception
+#: left. With the spills they ran 1.11-1.17x the 0-spill 32-query steps on the H200
+#: (bench/results/sweeps/2026-12-01-h200-attention-bwd-configs.json), so they serve d=128 and are picked there.
 CONFIG_HEAD_DIMS: dict[str, dict[str, tuple[int, ...]]] = {
     "bwd_64x128_dp2": {"atomic": (64, 128), "reduce": (64,), "separate": (64, 128)},
     "bwd_64x128_dp2_p": {"atomic": (), "reduce": (64,), "separate": (64,)},
@@ -110,8 +111,9 @@ def dq_serves(config: str, d: int) -> bool:
 def choose_config(d: int, causal: bool, dq_mode: str = "separate") -> str:
     """The main kernel's config for a call. Atomic: two consumer warpgroups of 64 keys and 64-query steps at both
     head dims (offline, sm_90a: d=64 without spills; d=128 spills, test/codegen/test_attention_bwd_codegen.py
-    ``SPILLS``). Separate: the same at both head dims (at d=128 its 180/524 spill bytes cost less than halving the
-    query step: 1.11-1.17x ``bwd_32x128_dp2`` on the H200, sweeps/2026-12-01-h200-attention-bwd-configs.json).
+    ``SPILLS``). Separate: the same at both head dims (at d=128 its 180/524 spill bytes, since removed by
+    ``folds_rows``, cost less than halving the query step: 1.11-1.17x ``bwd_32x128_dp2`` on the H200,
+    sweeps/2026-12-01-h200-attention-bwd-configs.json).
     Reduce: the same as atomic at d=64; at d=128 32-query steps with the split dQ (the only 0-spill config there).
     At d=64 without a mask the reduce and separate forms take the persistent walk (+1-5%; the causal mask's uneven
     tiles make it slower there). Every pick is the fastest config of its form in those sweeps (s1024/s4096, causal
