@@ -41,15 +41,10 @@ from torch_autows.runtime.attention_bwd import CONFIGS  # noqa: E402
 
 
 def source(causal: bool, dtype: str, fold: bool = True) -> tuple[str, dict]:
-    """(Gluon source, signature) of ``bwd_64x128_dp2``'s separate form at d=128, with or without ``folds_rows``."""
-    keep = template.folds_rows
-    if not fold:
-        template.folds_rows = lambda req, opts: False
-    try:
-        req = template.AttentionBwdRequest(128, dtype, causal, dq="none")
-        p = pipeline.run(template.build(req, CONFIGS["bwd_64x128_dp2"]))
-    finally:
-        template.folds_rows = keep
+    """(Gluon source, signature) of the separate form's 64-query steps at d=128, folded (``bwd_64x128_dp2_fold``) or
+    not (``bwd_64x128_dp2``)."""
+    req = template.AttentionBwdRequest(128, dtype, causal, dq="none")
+    p = pipeline.run(template.build(req, CONFIGS["bwd_64x128_dp2_fold" if fold else "bwd_64x128_dp2"]))
     return gluon.generate(p), signature(p)
 
 

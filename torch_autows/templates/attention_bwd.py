@@ -10,7 +10,7 @@ preprocess (``runtime/attention_bwd.py``):
     S^T = K Q^T   dP^T = V dO^T   P^T = exp2(mask(S^T * c) - lse2)   dS^T = P^T (dP^T - delta)
     dV += P^T dO   dK += dS^T Q   dQ_acc[h, m] += (dS^T)^T K   (dS^T through SMEM: smem_store, then a trans view)
 
-and at the end dK *= scale. Where registers are tight (``folds_rows``: 64-query steps at d=128) lse2 and delta
+and at the end dK *= scale. With ``Options.fold_rows`` (``folds_rows``: for 64-query steps at d=128) lse2 and delta
 enter as the accumulators' initial values instead: S^T starts at -lse2/c, dP^T at -delta (scalars ``qk_fold`` = c
 and ``lse_fold`` = -1/c), so P^T = exp2(mask(c * S^T)) and dS^T = P^T dP^T. With ``dq="none"`` (the separate form,
 deterministic) dQ is left out: no dS SMEM tile, no dQ mma, no adds, 4 GEMMs a step; the attention_bwd_dq template
@@ -83,34 +83,21 @@ def q_blocks(BM: int, BN: int, causal: bool) -> tuple[str, str]:
     return lo, "(cdiv(Sq,%d)-%s)" % (BM, lo)
 
 
-#: Per-thread fp32 registers of a step's tiles (``step_registers``) above which, and up to the consumers' 240 (producer
-#: at 24), folds_rows starts S^T and dP^T from the row vectors.
-FOLD_ABOVE, FOLD_UPTO = 192, 240
 #: |c| of the folded form's scale is at least this (``qk_fold``): 1/c stays finite (c = 0 is a valid scale).
 FOLD_MIN = 2.0 ** -100
 
 
-def step_registers(req: AttentionBwdRequest, opts: Options) -> int:
-    """fp32 registers per consumer thread that a step keeps in its accumulators and row vectors: dK and dV (BN/f keys
-    x D each, f = data_partition), S^T and dP^T (BN/f x BM each), the dQ tile if the kernel has one (BM x D; the
-    split dQ's D/f columns), and lse2/delta (BM/4 each: one per column a thread holds in the transposed frame)."""
-    rows = opts.block_n // max(opts.data_partition, 1)
-    dq = 0 if req.dq == "none" else opts.block_m * req.d // (opts.data_partition if opts.dq_split else 1)
-    return (2 * rows * req.d + 2 * rows * opts.block_m + dq) // 128 + 2 * (opts.block_m // 4)
-
-
 def folds_rows(req: AttentionBwdRequest, opts: Options) -> bool:
-    """Whether the step folds lse2 and delta into S^T's and dP^T's initial accumulators: where registers are tight
-    (``step_registers`` above ``FOLD_ABOVE``) but the tiles still fit the consumers (up to ``FOLD_UPTO``; beyond, as
-    with a dQ tile at d=128, the step spills either way and keeps its form). S^T starts at -lse2/c broadcast over its
-    rows and dP^T at -delta, so c * S^T is exp2's argument and the mma gives dP^T - delta directly; the two vectors
-    die when their mmas are issued instead of living across the S^T/dP^T waits, the mask, exp2 and the dV mma's
-    issue (32 registers a thread at BM=64). ``bwd_64x128_dp2``'s separate form at d=128 (224) spilled 180 bytes,
-    causal 524, without it; none with it (test/codegen/probe_fold_rows.py; there ptxas waits for S^T before dP^T's
-    issue in one consumer, C7517, as dP^T's accumulator is written by the ALU while S^T runs). c is ``qk_fold``:
-    scale * log2 e with its magnitude raised to ``FOLD_MIN`` if smaller (``fold_scale``): 1/c is then finite, and a
-    raised c (|scale| < 5.4e-31, or 0) changes exp2's argument by less than |S| * 2**-100."""
-    return FOLD_ABOVE < step_registers(req, opts) <= FOLD_UPTO
+    """Whether the step folds lse2 and delta into S^T's and dP^T's initial accumulators (``Options.fold_rows``): S^T
+    starts at -lse2/c broadcast over its rows and dP^T at -delta, so c * S^T is exp2's argument and the mma gives
+    dP^T - delta directly; the two vectors die when their mmas are issued instead of living across the S^T/dP^T waits,
+    the mask, exp2 and the dV mma's issue (in the transposed frame a thread holds 16 of a 64-query step's columns:
+    32 registers). ``bwd_64x128_dp2``'s separate form at d=128 spills 180 bytes, causal 524, without it and none with
+    it, but ptxas then serialises S^T and dP^T in one consumer (an injected warpgroup.wait), so which is faster is the
+    H200's to say (config ``bwd_64x128_dp2_fold``). c is ``qk_fold``: scale * log2 e with its magnitude raised to
+    ``FOLD_MIN`` if smaller (``fold_scale``): 1/c is then finite, and a raised c (|scale| < 5.4e-31, or 0) changes
+    exp2's argument by less than |S| * 2**-100."""
+    return opts.fold_rows
 
 
 def backward_args(dt: str, outs: tuple, out_views: str) -> tuple:
@@ -224,7 +211,7 @@ def build(req: AttentionBwdRequest, opts: Options) -> Program:
         op("store_ptr", [], ["dv16"], arg="dv", **out, **store),
     )
     name = (f"attn_bwd_{dt}_d{req.d}_{BM}x{BN}" + ("_causal" if req.causal else "") + ("_p" if opts.persistent else "")
-            + {"atomic": "", "reduce": "_tmared", "none": "_nodq"}[req.dq])
+            + ("_fold" if opts.fold_rows else "") + {"atomic": "", "reduce": "_tmared", "none": "_nodq"}[req.dq])
     grid = Grid((("pid_bh", "BH"), ("pid_n", "NB")), persistent=opts.persistent, group=1)
     return Program(name, args, grid, opts, body, template="attention_bwd")
 
@@ -278,13 +265,15 @@ def fold_scale(scale: float) -> float:
 
 
 def kernel_values(q, k, v, grad_out, delta, lse2, causal: bool, scale: float, block_n: int,
-                  fill: float | None = None, dq: str = "atomic", block_m: int | None = None) -> dict:
+                  fill: float | None = None, dq: str = "atomic", block_m: int | None = None,
+                  fold: bool = False) -> dict:
     """A value per argument name of the attention_bwd template. dK/dV are new [B, Hkv, Skv, D] tensors (their
     2-D views under "dk"/"dv"), left uninitialised (``fill``: filled, as the interpreter's poison) except the rows
     of the KV blocks the kernel is not launched for (causal, keys at or past Sq), which are zero; the dQ
     workspace is zero: [B*Hq*Sq, D] (``dq="atomic"``) or [B*Hq*padded_rows(Sq, block_m), D] (``dq="reduce"``, which
     needs ``block_m``); ``dq="none"``: the kernel without dQ, no workspace. ``grad_out`` None: zeros (only a
-    gradient into lse flows)."""
+    gradient into lse flows). ``fold``: the folded step's scalars too (``qk_fold``, ``lse_fold``;
+    ``Options.fold_rows``)."""
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
     make = torch.empty if fill is None else (lambda *s, **kw: torch.full(s, fill, **kw))
@@ -301,8 +290,8 @@ def kernel_values(q, k, v, grad_out, delta, lse2, causal: bool, scale: float, bl
             **({"dq_acc": torch.zeros(B * Hq * ws_rows, D, dtype=torch.float32, device=q.device)} if ws_rows else {}),
             "dk": dk.view(B * Hkv * Skv, D), "dv": dv.view(B * Hkv * Skv, D),
             "Sq": Sq, "Skv": Skv, "Hq": Hq, "Hkv": Hkv, "G": Hq // Hkv, "qk_scale": scale * LOG2E, "scale": scale,
-            "BH": B * Hkv, "NB": NB, "qk_fold": fold_scale(scale),
-            "lse_fold": -1.0 / fold_scale(scale)}
+            "BH": B * Hkv, "NB": NB,
+            **({"qk_fold": fold_scale(scale), "lse_fold": -1.0 / fold_scale(scale)} if fold else {})}
     vals.update(dk_rb=Hkv * Skv, dk_rh=Skv, dk_ch=0)
     return vals
 
