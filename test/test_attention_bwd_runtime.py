@@ -213,14 +213,16 @@ def test_backward_op_on_cpu_is_the_vendors(caplog):
     torch.library.opcheck(torch.ops.autows.attention_backward.default, (go, None, q, k, v, out, lse, True, 0.25))
 
 
-@pytest.mark.parametrize("dq_mode,grids,d", [("atomic", [2], 64), (None, [2], 64), ("separate", [2, 4], 64),
-                                             ("reduce", [2], 128)])
-def test_backward_glue_runs_the_kernel_it_compiles(monkeypatch, dq_mode, grids, d):
+@pytest.mark.parametrize("dq_mode,grids,d,config", [("atomic", [2], 64, None), (None, [2], 64, None),
+                                                    ("separate", [2, 4], 64, None), ("reduce", [2], 128, None),
+                                                    ("separate", [2, 4], 128, "bwd_64x128_dp2_fold")])
+def test_backward_glue_runs_the_kernel_it_compiles(monkeypatch, dq_mode, grids, d, config):
     """``backward`` end to end on CPU with the launch replaced by the interpreter running the compiled Program: the
     argument order, the 2-D views (q in [B, S, H, D]), the grid (B*Hkv x launched KV blocks; the separate form's dQ
     kernel: B*Hq x Q blocks), pre- and postprocess give attention_grad's math gradients (bf16, causal, GQA, a
     gradient into lse, ragged lengths; the reduce form: its padded workspace as a TMA tensor, at d=128 the split dQ
-    with its [32, 64] dQ^T reduce). dK/dV (and the separate form's dQ) are NaN-poisoned before."""
+    with its [32, 64] dQ^T reduce; the folded step, ``bwd_64x128_dp2_fold``, with its two extra scalars). dK/dV (and the
+    separate form's dQ) are NaN-poisoned before."""
     from torch_autows.interp import run_partitioned
     from torch_autows.runtime import launch
 
@@ -249,7 +251,7 @@ def test_backward_glue_runs_the_kernel_it_compiles(monkeypatch, dq_mode, grids, 
     k, v = (torch.randn(1, 2, 50, d, generator=g).to(torch.bfloat16) for _ in range(2))
     out, lse = attention_grad.reference_attention(q, k, v, True, 0.125)
     go, dlse = torch.randn(1, 4, 70, d, generator=g).to(torch.bfloat16), torch.randn(1, 4, 70, generator=g)
-    got = attention_bwd.backward(go, dlse, q, k, v, out, lse, True, 0.125, dq_mode=dq_mode)
+    got = attention_bwd.backward(go, dlse, q, k, v, out, lse, True, 0.125, dq_mode=dq_mode, config=config)
     ref = attention_grad.attention_backward(go.float(), dlse, q.float(), k.float(), v.float(), out.float(), lse, True,
                                             0.125)
     # B*Hkv = 2, one KV block of 128 keys; the dQ kernel: B*Hq = 4, one block of 128 queries

@@ -3,7 +3,9 @@ dS's SMEM tile gets an NVMMA layout of its own (no TMA descriptor fills it), and
 compiles offline to sm_90a with its consumers, producer, wgmma (dQ's with a transposed A from SMEM), the fp32
 atomic dQ adds and no register spills beyond the known ones (``SPILLS``). The separate form (step 8: the main kernel
 built with ``dq="none"`` and the dQ kernel, templates/attention_bwd_dq.py): every config of it compiles with no
-spills at all and no atomics. The reduce form (dQ through an fp32 SMEM staging tile and one TMA bulk reduce-add,
+spills and no atomics, but for the measured exception ``SEPARATE_SPILLS`` (``bwd_64x128_dp2`` at d=128, whose
+``bwd_64x128_dp2_fold`` twin folds lse2/delta into the accumulators and spills nothing; the interpreter checks its
+numerics here too). The reduce form (dQ through an fp32 SMEM staging tile and one TMA bulk reduce-add,
 codegen/gluon_ext.py): every config serving it compiles with the bulk reduce in the PTX, no per-element atomics and no
 spills (d=128: the split dQ, ``bwd_32x128_dp2_dqsplit``); the partial-sum configs at d=128 spill no more than
 ``REDUCE_SPILLS``."""
@@ -19,7 +21,7 @@ from torch_autows.codegen import gluon
 from torch_autows.ir import Options
 from torch_autows.passes import pipeline
 from torch_autows.runtime.attention_bwd import CONFIGS, DQ_CONFIGS, choose_config, dq_serves, serves
-from torch_autows.templates.attention_bwd import AttentionBwdRequest, build
+from torch_autows.templates.attention_bwd import AttentionBwdRequest, build, folds_rows
 from torch_autows.templates.attention_bwd_dq import AttentionBwdDqRequest
 from torch_autows.templates.attention_bwd_dq import build as build_dq
 
@@ -43,7 +45,8 @@ REDUCE = [c for c in itertools.product(CONFIGS, (64, 128), (False, True), ("bf16
           if serves(c[0], c[1], "reduce") or c[:3] in REDUCE_SPILLS]
 
 # The separate form's known spills (bytes, same compile): its 64-query steps at d=128, served although they spill, as
-# the H200 measured them 1.11-1.17x the 0-spill 32-query steps (runtime/attention_bwd.py CONFIG_HEAD_DIMS).
+# the H200 measured them 1.11-1.17x the 0-spill 32-query steps (runtime/attention_bwd.py CONFIG_HEAD_DIMS); the folded
+# twin (bwd_64x128_dp2_fold) has none.
 SEPARATE_SPILLS = {("bwd_64x128_dp2", 128, False, "bf16"): 180, ("bwd_64x128_dp2", 128, True, "bf16"): 524,
                    ("bwd_64x128_dp2", 128, False, "fp16"): 180, ("bwd_64x128_dp2", 128, True, "fp16"): 524}
 
@@ -157,8 +160,8 @@ def test_compiles_for_sm90a(config, d, causal, dtype):
 @pytest.mark.parametrize("kernel,config,d,causal,dtype", SEPARATE)
 def test_separate_form_compiles_for_sm90a_without_spills(kernel, config, d, causal, dtype):
     """The main kernel without dQ (4 wgmma a step: S^T, dP^T, dV, dK; no dS SMEM tile) and the dQ kernel (S, dP, dQ;
-    dS from registers; one plain store of dQ) compile with two consumer warpgroups (one at dp1), no atomics, no
-    spill (but for the measured exception, ``SEPARATE_SPILLS``, which may not grow)."""
+    dS from registers; one plain store of dQ) compile with two consumer warpgroups (one at dp1), no atomics and no
+    spill (but for the measured exception, ``SEPARATE_SPILLS``, which may not grow; its folded twin has none)."""
     program, compiled, s = _compiled(config, d, causal, dtype, kernel)
     opts = (DQ_CONFIGS if kernel == "dq" else CONFIGS)[config]
     n = opts.data_partition
@@ -188,6 +191,55 @@ def test_separate_form_issues_its_gemms_back_to_back():
     consumer = main[main.index("def consumer0("):main.index("def consumer1(")]
     assert consumer.count("warpgroup_mma(") == 4
     assert "gl.atomic_add(" not in main and "dss" not in main
+
+
+def test_only_fold_rows_configs_fold_their_row_vectors():
+    """``folds_rows`` is ``Options.fold_rows``: of the served programs only ``bwd_64x128_dp2_fold`` (the separate form
+    at d=128) folds; every other program's code is as before (golden hashes). A folded step starts S^T at -lse2/c and
+    dP^T at -delta (no zero-initialised accumulator), scales S^T by ``qk_fold`` and subtracts no vector after the
+    mmas."""
+    forms = {"atomic": "atomic", "reduce": "reduce", "separate": "none"}
+    served = [(c, d, f) for c in CONFIGS for d in (64, 128) for f in forms if serves(c, d, f)]
+    folded = {(c, d, f) for c, d, f in served
+              if folds_rows(AttentionBwdRequest(d, "bf16", False, forms[f]), CONFIGS[c])}
+    assert folded == {("bwd_64x128_dp2_fold", 128, "separate")}
+    src = gluon.generate(pipeline.run(build(AttentionBwdRequest(128, "bf16", True, dq="none"),
+                                            CONFIGS["bwd_64x128_dp2_fold"])))
+    consumer = src[src.index("def consumer0("):src.index("def consumer1(")]
+    assert_in_order(consumer, ["v_lc_c0 = v_lv_c0 * lse_fold", "v_s0_c0 = v_z_c0 + v_lr_c0",
+                               "v_st_c0 = warpgroup_mma(v_k_c0, v_qt_c0, v_s0_c0, is_async=True)",
+                               "v_d0_c0 = v_z_c0 - v_dr_c0", "v_dd_c0 = warpgroup_mma(v_v_c0, v_dot_c0, v_d0_c0,",
+                               "v_sd_c0 = v_st_c0_w * qk_fold", "v_pt_c0 = gl.exp2(v_sm_c0)",
+                               "v_dst_c0 = v_pt_c0 * v_dd_c0_w"])
+    assert "use_acc=False" not in consumer and "qk_scale" not in consumer.split("for j in")[1]
+
+
+@pytest.mark.parametrize("causal,scale", [(True, 128 ** -0.5), (False, -0.3), (True, 0.0), (False, 1e-39)])
+def test_folded_step_matches_the_math_backward(causal, scale):
+    """``bwd_64x128_dp2_fold`` at d=128 (the folded step) on the sequential interpreter in fp32 against the math
+    backward: lengths off the tiles, two q-heads a kv-head, a gradient into lse, a negative scale, and scales whose
+    c = scale * log2 e is 0 or subnormal (``qk_fold`` raised to 2**-100 keeps -lse2/c finite: a plain 1/c is inf
+    there and every P NaN)."""
+    import torch
+
+    from torch_autows.attention_grad import attention_backward, reference_attention
+    from torch_autows.interp import run_sequential
+    from torch_autows.templates import attention_bwd as host
+
+    gen = torch.Generator().manual_seed(3)
+    Sq, Skv = (130, 200) if causal else (70, 130)
+    q, k, v = (torch.randn(1, h, s, 128, generator=gen) for h, s in ((2, Sq), (1, Skv), (1, Skv)))
+    out, lse = reference_attention(q, k, v, causal, scale)
+    go, glse = torch.randn(*out.shape, generator=gen), torch.randn(*lse.shape, generator=gen)
+    req = AttentionBwdRequest(128, "f32", causal, dq="none")
+    program = build(req, CONFIGS["bwd_64x128_dp2_fold"])
+    assert folds_rows(req, program.options)
+    delta, lse2 = host.preprocess(out, go, lse, glse)
+    vals = host.kernel_values(q, k, v, go, delta, lse2, causal, scale, 128, fill=float("nan"), dq="none", fold=True)
+    run_sequential(program, vals)
+    _, dk, dv = attention_backward(go, glse, q, k, v, out, lse, causal, scale)
+    for name, a, b in (("dk", vals["dk"].view(k.shape), dk), ("dv", vals["dv"].view(v.shape), dv)):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-4), (name, float((a - b).abs().max()))
 
 
 @pytest.mark.parametrize("config,d,causal,dtype", REDUCE)

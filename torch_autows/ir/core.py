@@ -222,6 +222,10 @@ class Options:
     # key, transposed (FA3's dQ_swapAB: dQ^T = K^T dS^T, so wgmma's M is D/f and BM may be 32), instead of a full-shape
     # partial sum per chain
     dq_split: bool = False
+    # attention backward: S^T's and dP^T's accumulators start at -lse2/c and -delta (c = qk_fold), so the two per-column
+    # row vectors die at their mmas' issue instead of living across the step (templates/attention_bwd.py); where the
+    # step's registers are tight (64-query steps at d=128: 0 spill bytes instead of 180/524)
+    fold_rows: bool = False
 
     def items(self) -> list[tuple[str, Any]]:
         return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]

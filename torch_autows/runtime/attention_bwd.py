@@ -58,6 +58,11 @@ CONFIGS: dict[str, Options] = {
     # walk hands some CTAs the long diagonal tiles together), and at d=128 it spills more (276 bytes) for nothing.
     "bwd_64x128_dp2_p": Options(block_m=64, block_n=128, stages=2, data_partition=2, persistent=True, group_m=1,
                                 producer_regs=24),
+    # The 64-query steps with lse2/delta folded into the S^T/dP^T accumulators (Options.fold_rows): 0 spills at d=128 in
+    # the separate form (bwd_64x128_dp2: 180, causal 524), but ptxas serialises S^T and dP^T in one consumer. Served,
+    # not picked until the H200 has timed it beside bwd_64x128_dp2 (sweeps/attention_bwd_configs.py).
+    "bwd_64x128_dp2_fold": Options(block_m=64, block_n=128, stages=2, data_partition=2, persistent=False, group_m=1,
+                                   producer_regs=24, fold_rows=True),
     # Separate form only (the atomic form's dQ mma would have 32 rows; wgmma takes multiples of 64): 32-query steps
     # keep S^T/dP^T at 16 registers each beside dK/dV (64 each at d=128), so d=128 compiles without spills.
     "bwd_32x128_dp2": Options(block_m=32, block_n=128, stages=2, data_partition=2, persistent=False, group_m=1,
@@ -76,9 +81,11 @@ CONFIGS: dict[str, Options] = {
 #: spills (the split needs D/2 >= 64). The exception: the separate form's 64-query steps at d=128 (bwd_64x128_dp2)
 #: spill 180 bytes (causal 524; ``SEPARATE_SPILLS`` there) and still ran 1.11-1.17x the 0-spill 32-query steps on the
 #: H200 (bench/results/sweeps/2026-12-01-h200-attention-bwd-configs.json), so they serve d=128 and are picked there.
+#: ``bwd_64x128_dp2_fold`` is the same steps without spills (lse2/delta folded into the accumulators), unmeasured.
 CONFIG_HEAD_DIMS: dict[str, dict[str, tuple[int, ...]]] = {
     "bwd_64x128_dp2": {"atomic": (64, 128), "reduce": (64,), "separate": (64, 128)},
     "bwd_64x128_dp2_p": {"atomic": (), "reduce": (64,), "separate": (64,)},
+    "bwd_64x128_dp2_fold": {"atomic": (), "reduce": (), "separate": (128,)},
     "bwd_64x64_dp1": {"atomic": (64, 128), "reduce": (64,), "separate": (64,)},
     "bwd_32x128_dp2": {"atomic": (), "reduce": (), "separate": (64, 128)},
     "bwd_32x128_dp2_dqsplit": {"atomic": (), "reduce": (128,), "separate": ()},
@@ -269,7 +276,7 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: floa
     form = "none" if dq_mode == "separate" else dq_mode
     delta, lse2 = rows.preprocess(out, grad_out, lse, grad_lse)
     values = kernel_values(q, k, v, grad_out, delta, lse2, causal, scale, opts.block_n, POISON, dq=form,
-                           block_m=opts.block_m)
+                           block_m=opts.block_m, fold=opts.fold_rows)
     in_place = grad_out is not None and all(values[n].data_ptr() == t.data_ptr() for n, t in zip(_VIEWS,
                                                                                                  (q, k, v, grad_out)))
     call = _key(grad_out, grad_lse, q, k, v, out, lse, causal, scale)

@@ -10,8 +10,11 @@ preprocess (``runtime/attention_bwd.py``):
     S^T = K Q^T   dP^T = V dO^T   P^T = exp2(mask(S^T * c) - lse2)   dS^T = P^T (dP^T - delta)
     dV += P^T dO   dK += dS^T Q   dQ_acc[h, m] += (dS^T)^T K   (dS^T through SMEM: smem_store, then a trans view)
 
-and at the end dK *= scale. With ``dq="none"`` (the separate form, deterministic) dQ is left out: no dS SMEM tile,
-no dQ mma, no adds, 4 GEMMs a step; the attention_bwd_dq template computes dQ. With ``dq="atomic"`` dQ_acc
+and at the end dK *= scale. With ``Options.fold_rows`` (``folds_rows``: for 64-query steps at d=128) lse2 and delta
+enter as the accumulators' initial values instead: S^T starts at -lse2/c, dP^T at -delta (scalars ``qk_fold`` = c
+and ``lse_fold`` = -1/c), so P^T = exp2(mask(c * S^T)) and dS^T = P^T dP^T. With ``dq="none"`` (the separate form,
+deterministic) dQ is left out: no dS SMEM tile, no dQ mma, no adds, 4 GEMMs a step; the attention_bwd_dq template
+computes dQ. With ``dq="atomic"`` dQ_acc
 [B*Hq*Sq, tile_d] f32 is added to with per-element fp32 atomics (several KV blocks add to one Q block); with
 ``dq="reduce"`` each chain's [BM, D] partial goes to its own fp32 SMEM staging tile and one TMA bulk reduce-add
 (``tma_reduce_add``) adds it into dQ_acc [B*Hq*Sqp, tile_d], Sqp = ``padded_rows(Sq, BM)``: a whole tile lands in its
@@ -39,6 +42,7 @@ itself, so every loop runs at least once.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -79,6 +83,23 @@ def q_blocks(BM: int, BN: int, causal: bool) -> tuple[str, str]:
     return lo, "(cdiv(Sq,%d)-%s)" % (BM, lo)
 
 
+#: |c| of the folded form's scale is at least this (``qk_fold``): 1/c stays finite (c = 0 is a valid scale).
+FOLD_MIN = 2.0 ** -100
+
+
+def folds_rows(req: AttentionBwdRequest, opts: Options) -> bool:
+    """Whether the step folds lse2 and delta into S^T's and dP^T's initial accumulators (``Options.fold_rows``): S^T
+    starts at -lse2/c broadcast over its rows and dP^T at -delta, so c * S^T is exp2's argument and the mma gives
+    dP^T - delta directly; the two vectors die when their mmas are issued instead of living across the S^T/dP^T waits,
+    the mask, exp2 and the dV mma's issue (in the transposed frame a thread holds 16 of a 64-query step's columns:
+    32 registers). ``bwd_64x128_dp2``'s separate form at d=128 spills 180 bytes, causal 524, without it and none with
+    it, but ptxas then serialises S^T and dP^T in one consumer (an injected warpgroup.wait), so which is faster is the
+    H200's to say (config ``bwd_64x128_dp2_fold``). c is ``qk_fold``: scale * log2 e with its magnitude raised to
+    ``FOLD_MIN`` if smaller (``fold_scale``): 1/c is then finite, and a raised c (|scale| < 5.4e-31, or 0) changes
+    exp2's argument by less than |S| * 2**-100."""
+    return opts.fold_rows
+
+
 def backward_args(dt: str, outs: tuple, out_views: str) -> tuple:
     """The arguments both backward kernels take, in order: q, k, v, dO (descriptors), lse2 and delta (f32 row
     vectors), ``outs``, the lengths, head counts and scales, then the 2-D row views' (rb, rh, ch) of q, k/v, dO and
@@ -100,6 +121,9 @@ def build(req: AttentionBwdRequest, opts: Options) -> Program:
     outs = (*dq_arg,
             Arg("dk", "ptr", dt, ("BHSkv", "D"), out=True), Arg("dv", "ptr", dt, ("BHSkv", "D"), out=True))
     args = backward_args(dt, outs, "dk") + (Arg("NB", "scalar", "i32"),)
+    fold = folds_rows(req, opts)
+    if fold:
+        args += (Arg("qk_fold", "scalar", "f32"), Arg("lse_fold", "scalar", "f32"))
     b, kvh = "(pid_bh//Hkv)", "(pid_bh%Hkv)"
     lo, per_head = q_blocks(BM, BN, req.causal)
     h = "(%s*G+j//%s)" % (kvh, per_head)  # the q-head of step j
@@ -110,6 +134,8 @@ def build(req: AttentionBwdRequest, opts: Options) -> Program:
     do_at = ("%s*do_rb+%s*do_rh+%s*%d" % (b, h, m, BM), "%s*do_ch" % h)
     vec = {"offset": row, "size": "(%s*Hq+%s)*Sq+Sq" % (b, h)}
     st_t, kd_t, col_t = T("f32", (BN, BM)), T("f32", (BN, D)), T("f32", (1, BM))
+    mask = {"row": "pid_n*%d" % BN, "col": "%s*%d" % (m, BM), "kv_len": "Skv", "q_len": "Sq", "causal": req.causal,
+            "keys_on_rows": True}
     dq_ops = (op("smem_store", [Value("dss", T(dt, (BN, BM), "smem"))], ["ds16"]),
               op("trans", [Value("ds", T(dt, (BM, BN), "smem"))], ["dss"]),
               op("mma", [Value("dq", T("f32", (BM, D)))], ["ds", "k"]))
@@ -119,25 +145,46 @@ def build(req: AttentionBwdRequest, opts: Options) -> Program:
     else:
         dq_add = (op("atomic_add_ptr", [], ["dq"], arg="dq_acc", row=row, col=0, ld=D,
                      rows_valid="Sq-%s*%d" % (m, BM)),)
+    if fold:  # S^T's and dP^T's accumulators start at -lse2/c and -delta (see folds_rows); dP^T - delta comes out
+        rows_in = (
+            op("mulc", [Value("lc", T("f32", (BM,)))], ["lv"], c="lse_fold"),
+            op("expand", [Value("lr", col_t)], ["lc"], axis=0),
+            op("zeros", [Value("z", st_t)]),
+            op("add", [Value("s0", st_t)], ["z", "lr"]),
+            op("trans", [Value("qt", T(dt, (D, BM), "smem"))], ["q"]),
+            op("mma", [Value("st", st_t)], ["k", "qt", "s0"]),
+            op("expand", [Value("dr", col_t)], ["dl"], axis=0),
+            op("sub", [Value("d0", st_t)], ["z", "dr"]),
+            op("trans", [Value("dot", T(dt, (D, BM), "smem"))], ["do"]),
+            op("mma", [Value("dd", st_t)], ["v", "dot", "d0"]),
+            op("mulc", [Value("sd", st_t)], ["st"], c="qk_fold"),
+            op("mask", [Value("sm", st_t)], ["sd"], **mask),
+            op("exp2", [Value("pt", st_t)], ["sm"]),
+            op("cast", [Value("p16", T(dt, (BN, BM)))], ["pt"]),
+            op("mma", [Value("dv_new", kd_t)], ["p16", "do", "dv"]),
+        )
+    else:
+        rows_in = (
+            op("trans", [Value("qt", T(dt, (D, BM), "smem"))], ["q"]),
+            op("mma", [Value("st", st_t)], ["k", "qt"]),
+            op("trans", [Value("dot", T(dt, (D, BM), "smem"))], ["do"]),
+            op("mma", [Value("dpt", st_t)], ["v", "dot"]),
+            op("mulc", [Value("s2", st_t)], ["st"], c="qk_scale"),
+            op("mask", [Value("sm", st_t)], ["s2"], **mask),
+            op("expand", [Value("lr", col_t)], ["lv"], axis=0),
+            op("sub", [Value("sd", st_t)], ["sm", "lr"]),
+            op("exp2", [Value("pt", st_t)], ["sd"]),
+            op("cast", [Value("p16", T(dt, (BN, BM)))], ["pt"]),
+            op("mma", [Value("dv_new", kd_t)], ["p16", "do", "dv"]),
+            op("expand", [Value("dr", col_t)], ["dl"], axis=0),
+            op("sub", [Value("dd", st_t)], ["dpt", "dr"]),
+        )
     loop_body = (
         op("load", [Value("q", T(dt, (BM, D), "smem"))], arg="q", coords=q_at),
         op("load", [Value("do", T(dt, (BM, D), "smem"))], arg="do", coords=do_at),
         op("load_vec", [Value("lv", T("f32", (BM,)))], arg="lse2", **vec),
         op("load_vec", [Value("dl", T("f32", (BM,)))], arg="delta", **vec),
-        op("trans", [Value("qt", T(dt, (D, BM), "smem"))], ["q"]),
-        op("mma", [Value("st", st_t)], ["k", "qt"]),
-        op("trans", [Value("dot", T(dt, (D, BM), "smem"))], ["do"]),
-        op("mma", [Value("dpt", st_t)], ["v", "dot"]),
-        op("mulc", [Value("s2", st_t)], ["st"], c="qk_scale"),
-        op("mask", [Value("sm", st_t)], ["s2"], row="pid_n*%d" % BN, col="%s*%d" % (m, BM), kv_len="Skv", q_len="Sq",
-           causal=req.causal, keys_on_rows=True),
-        op("expand", [Value("lr", col_t)], ["lv"], axis=0),
-        op("sub", [Value("sd", st_t)], ["sm", "lr"]),
-        op("exp2", [Value("pt", st_t)], ["sd"]),
-        op("cast", [Value("p16", T(dt, (BN, BM)))], ["pt"]),
-        op("mma", [Value("dv_new", kd_t)], ["p16", "do", "dv"]),
-        op("expand", [Value("dr", col_t)], ["dl"], axis=0),
-        op("sub", [Value("dd", st_t)], ["dpt", "dr"]),
+        *rows_in,
         op("mul", [Value("dst", st_t)], ["pt", "dd"]),
         op("cast", [Value("ds16", T(dt, (BN, BM)))], ["dst"]),
         *(dq_ops if req.dq != "none" else ()),
@@ -164,7 +211,7 @@ def build(req: AttentionBwdRequest, opts: Options) -> Program:
         op("store_ptr", [], ["dv16"], arg="dv", **out, **store),
     )
     name = (f"attn_bwd_{dt}_d{req.d}_{BM}x{BN}" + ("_causal" if req.causal else "") + ("_p" if opts.persistent else "")
-            + {"atomic": "", "reduce": "_tmared", "none": "_nodq"}[req.dq])
+            + ("_fold" if opts.fold_rows else "") + {"atomic": "", "reduce": "_tmared", "none": "_nodq"}[req.dq])
     # Causal: KV block n sees the Q blocks from the diagonal on (block 0 the longest). ``group_m`` > 1 walks them
     # grouped: ``group_m`` heads' block 0, then their block 1, ... (longest first within the group, and the group's
     # CTAs still share its Q/dO in L2; a walk with the block outermost lost 13-16% at d=64 for want of that sharing,
@@ -215,14 +262,23 @@ def _rows(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
     return t.reshape(B * H * S, D), (H * S, S, 0)
 
 
+def fold_scale(scale: float) -> float:
+    """``qk_fold``, the folded form's c (``folds_rows``): scale * log2 e, its magnitude at least ``FOLD_MIN``
+    (``lse_fold`` is -1/c)."""
+    c = scale * LOG2E
+    return c if abs(c) >= FOLD_MIN else math.copysign(FOLD_MIN, c)
+
+
 def kernel_values(q, k, v, grad_out, delta, lse2, causal: bool, scale: float, block_n: int,
-                  fill: float | None = None, dq: str = "atomic", block_m: int | None = None) -> dict:
+                  fill: float | None = None, dq: str = "atomic", block_m: int | None = None,
+                  fold: bool = False) -> dict:
     """A value per argument name of the attention_bwd template. dK/dV are new [B, Hkv, Skv, D] tensors (their
     2-D views under "dk"/"dv"), left uninitialised (``fill``: filled, as the interpreter's poison) except the rows
     of the KV blocks the kernel is not launched for (causal, keys at or past Sq), which are zero; the dQ
     workspace is zero: [B*Hq*Sq, D] (``dq="atomic"``) or [B*Hq*padded_rows(Sq, block_m), D] (``dq="reduce"``, which
     needs ``block_m``); ``dq="none"``: the kernel without dQ, no workspace. ``grad_out`` None: zeros (only a
-    gradient into lse flows)."""
+    gradient into lse flows). ``fold``: the folded step's scalars too (``qk_fold``, ``lse_fold``;
+    ``Options.fold_rows``)."""
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
     make = torch.empty if fill is None else (lambda *s, **kw: torch.full(s, fill, **kw))
@@ -239,7 +295,8 @@ def kernel_values(q, k, v, grad_out, delta, lse2, causal: bool, scale: float, bl
             **({"dq_acc": torch.zeros(B * Hq * ws_rows, D, dtype=torch.float32, device=q.device)} if ws_rows else {}),
             "dk": dk.view(B * Hkv * Skv, D), "dv": dv.view(B * Hkv * Skv, D),
             "Sq": Sq, "Skv": Skv, "Hq": Hq, "Hkv": Hkv, "G": Hq // Hkv, "qk_scale": scale * LOG2E, "scale": scale,
-            "BH": B * Hkv, "NB": NB}
+            "BH": B * Hkv, "NB": NB,
+            **({"qk_fold": fold_scale(scale), "lse_fold": -1.0 / fold_scale(scale)} if fold else {})}
     vals.update(dk_rb=Hkv * Skv, dk_rh=Skv, dk_ch=0)
     return vals
 
