@@ -290,3 +290,31 @@ def test_is_real_sees_through_functional_wrappers():
             wrapped = FunctionalTensor.to_functional(fake)
         assert not device.is_real(fake) and not device.is_real(wrapped)
     assert device.is_real(torch.empty(4)) and not device.is_real(torch.empty(4, device="meta"))
+
+
+def test_every_served_config_gets_exactly_its_arguments():
+    """For every main-kernel config and form it serves (and every dQ config), the values the runtime builds name
+    exactly the Program's arguments: the launcher refuses a missing or an extra name (a per-config scalar such as the
+    folded step's ``qk_fold`` must reach only the programs that take it)."""
+    from torch_autows.templates import attention_bwd as tmpl
+    from torch_autows.templates import attention_bwd_dq as tmpl_dq
+
+    g = torch.Generator().manual_seed(2)
+    forms = {"atomic": "atomic", "reduce": "reduce", "separate": "none"}
+    for d in (64, 128):
+        q = torch.randn(1, 2, 70, d, generator=g).to(torch.bfloat16)
+        k, v = (torch.randn(1, 1, 50, d, generator=g).to(torch.bfloat16) for _ in range(2))
+        delta, lse2 = torch.zeros(140), torch.zeros(140)
+        for name, opts in attention_bwd.CONFIGS.items():
+            for mode, form in forms.items():
+                if not attention_bwd.serves(name, d, mode):
+                    continue
+                program = tmpl.build(tmpl.AttentionBwdRequest(d, "bf16", True, dq=form), opts)
+                values = tmpl.kernel_values(q, k, v, q, delta, lse2, True, 0.1, opts.block_n, dq=form,
+                                            block_m=opts.block_m, fold=opts.fold_rows)
+                assert set(values) == {a.name for a in program.args}, (name, mode, d)
+        views = tmpl.kernel_values(q, k, v, q, delta, lse2, True, 0.1, 128, dq="none")
+        for name, opts in attention_bwd.DQ_CONFIGS.items():
+            program = tmpl_dq.build(tmpl_dq.AttentionBwdDqRequest(d, "bf16", True), opts)
+            values = tmpl_dq.kernel_values(q, k, v, q, delta, lse2, True, 0.1, views=views)
+            assert set(values) == {a.name for a in program.args}, (name, d)
