@@ -103,7 +103,8 @@ def test_dq_mode_choice_and_configs():
             assert attention_bwd.dq_serves(attention_bwd.choose_dq_config(d, causal), d)
     assert not attention_bwd.serves("bwd_32x128_dp2", 128, "atomic")  # dQ's wgmma would have 32 rows
     # d=128 reduce: only the split dQ compiles without spills; the separate form keeps its config's plain options
-    assert [c for c in attention_bwd.CONFIGS if attention_bwd.serves(c, 128, "reduce")] == ["bwd_32x128_dp2_dqsplit"]
+    assert [c for c in attention_bwd.CONFIGS if attention_bwd.serves(c, 128, "reduce")] == [
+        "bwd_64x128_dp2_dqsplit_fold", "bwd_32x128_dp2_dqsplit"]  # the folded one served, not picked (unmeasured)
     configs = attention_bwd.CONFIGS
     assert configs["bwd_32x128_dp2_dqsplit"].dq_split and not configs["bwd_32x128_dp2"].dq_split
     assert attention_bwd.choose_config(128, True, "reduce") == "bwd_32x128_dp2_dqsplit"
@@ -267,6 +268,7 @@ def test_backward_refuses_a_config_of_the_other_form(monkeypatch):
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, 2, 9, 128, generator=g) for _ in range(3))
     monkeypatch.setitem(attention_bwd.CONFIG_HEAD_DIMS, "bwd_32x128_dp2_dqsplit", {})  # as before the split dQ
+    monkeypatch.setitem(attention_bwd.CONFIG_HEAD_DIMS, "bwd_64x128_dp2_dqsplit_fold", {})
     with pytest.raises(Unsupported, match="no config serves head dim 128 in the reduce form.*'separate' does"):
         attention_bwd.backward(q, None, q, k, v, q, q[..., 0], False, 0.1, dq_mode="reduce")
     go, q, k, v, out, lse = _cpu_inputs()

@@ -20,12 +20,13 @@ from torch_autows.verify import VerifyError, check
 SHAPE = (1, 2, 1, 100, 190)  # batch, q heads, kv heads, Sq, Skv: several Q blocks a head, two KV blocks, ragged
 
 
-def _opts(split=True, bm=32):
-    return Options(block_m=bm, block_n=128, stages=2, data_partition=2, dq_split=split, producer_regs=24)
+def _opts(split=True, bm=32, fold=False):
+    return Options(block_m=bm, block_n=128, stages=2, data_partition=2, dq_split=split, producer_regs=24,
+                   fold_rows=fold)
 
 
-def _split(causal=False, dt="bf16", d=128):
-    return build(AttentionBwdRequest(d, dt, causal, dq="reduce"), _opts())
+def _split(causal=False, dt="bf16", d=128, bm=32, fold=False):
+    return build(AttentionBwdRequest(d, dt, causal, dq="reduce"), _opts(bm=bm, fold=fold))
 
 
 def _map(p, fn):
@@ -43,11 +44,13 @@ def _map(p, fn):
     return replace(p, partitions=tuple(replace(pt, body=rw(pt.body)) for pt in p.partitions))
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_every_policy_and_seed_matches_torch(causal):
-    """d=128, BM 32: verified after every stage; every policy x 2 seeds (ragged lengths, GQA, causal with Sq <, =,
-    > Skv) gives the padded dQ workspace, dK and dV of the math backward."""
-    before = _split(causal)
+@pytest.mark.parametrize("causal,bm,fold", [(False, 32, False), (True, 32, False), (False, 64, True),
+                                          (True, 64, True)])
+def test_every_policy_and_seed_matches_torch(causal, bm, fold):
+    """d=128, BM 32 (``bwd_32x128_dp2_dqsplit``) and BM 64 with lse2/delta folded into the accumulators
+    (``bwd_64x128_dp2_dqsplit_fold``): verified after every stage; every policy x 2 seeds (ragged lengths, GQA,
+    causal with Sq <, =, > Skv) gives the padded dQ workspace, dK and dV of the math backward."""
+    before = _split(causal, bm=bm, fold=fold)
     after = pipeline.run(before, verify=True, dump_dir="")
     ok, report = interpret_report(before, after, seeds=2)
     assert ok, report

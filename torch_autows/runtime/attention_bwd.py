@@ -63,6 +63,11 @@ CONFIGS: dict[str, Options] = {
     # not picked until the H200 has timed it beside bwd_64x128_dp2 (sweeps/attention_bwd_configs.py).
     "bwd_64x128_dp2_fold": Options(block_m=64, block_n=128, stages=2, data_partition=2, persistent=False, group_m=1,
                                    producer_regs=24, fold_rows=True),
+    # The 5-GEMM reduce form at d=128 with 64-query steps (FA3's plan): the split dQ (dq_split) and the folded row
+    # vectors (fold_rows) together leave it 0 spills offline (424/536 without the fold), SMEM 197104. Served, not
+    # picked until the H200 has timed it beside the separate form's picks (sweeps/attention_bwd_configs.py).
+    "bwd_64x128_dp2_dqsplit_fold": Options(block_m=64, block_n=128, stages=2, data_partition=2, persistent=False,
+                                           group_m=1, producer_regs=24, dq_split=True, fold_rows=True),
     # Separate form only (the atomic form's dQ mma would have 32 rows; wgmma takes multiples of 64): 32-query steps
     # keep S^T/dP^T at 16 registers each beside dK/dV (64 each at d=128), so d=128 compiles without spills.
     "bwd_32x128_dp2": Options(block_m=32, block_n=128, stages=2, data_partition=2, persistent=False, group_m=1,
@@ -86,6 +91,7 @@ CONFIG_HEAD_DIMS: dict[str, dict[str, tuple[int, ...]]] = {
     "bwd_64x128_dp2": {"atomic": (64, 128), "reduce": (64,), "separate": (64, 128)},
     "bwd_64x128_dp2_p": {"atomic": (), "reduce": (64,), "separate": (64,)},
     "bwd_64x128_dp2_fold": {"atomic": (), "reduce": (), "separate": (128,)},
+    "bwd_64x128_dp2_dqsplit_fold": {"atomic": (), "reduce": (128,), "separate": ()},
     "bwd_64x64_dp1": {"atomic": (64, 128), "reduce": (64,), "separate": (64,)},
     "bwd_32x128_dp2": {"atomic": (), "reduce": (), "separate": (64, 128)},
     "bwd_32x128_dp2_dqsplit": {"atomic": (), "reduce": (128,), "separate": ()},
