@@ -42,6 +42,8 @@ VARIANTS = {
     # causal walks grouped 8 heads at a time, block by block (templates/attention_bwd.py; not measured yet)
     "bwd_64x128_dp2_g8": ("bwd_64x128_dp2", {"group_m": 8}, {"reduce": (64,), "separate": (64, 128)}),
     "bwd_64x128_dp2_p_g8": ("bwd_64x128_dp2", {"persistent": True, "group_m": 8}, {"reduce": (64,), "separate": (64,)}),
+    # the folded d=128 step, persistent (0 spills offline; the persistent split-dQ fold spills 80)
+    "bwd_64x128_dp2_fold_p": ("bwd_64x128_dp2_fold", {"persistent": True}, {"separate": (128,)}),
 }
 #: dQ-kernel variants: name -> (base, overrides).
 DQ_VARIANTS = {"dq_128x128_dp2_p": ("dq_128x128_dp2", {"persistent": True})}
