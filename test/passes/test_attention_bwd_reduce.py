@@ -17,23 +17,25 @@ from torch_autows.templates.attention_bwd import AttentionBwdRequest, build, pad
 from torch_autows.verify import VerifyError, check
 
 
-def _opts(dp=1, bn=64, persistent=False):
-    return Options(block_m=64, block_n=bn, stages=2, data_partition=dp, persistent=persistent)
+def _opts(dp=1, bn=64, persistent=False, fold=False):
+    return Options(block_m=64, block_n=bn, stages=2, data_partition=dp, persistent=persistent, fold_rows=fold)
 
 
-def _reduce(d=64, dt="f32", causal=False, dp=2, persistent=False):
-    return build(AttentionBwdRequest(d, dt, causal, dq="reduce"), _opts(dp, 64 * dp, persistent))
+def _reduce(d=64, dt="f32", causal=False, dp=2, persistent=False, fold=False):
+    return build(AttentionBwdRequest(d, dt, causal, dq="reduce"), _opts(dp, 64 * dp, persistent, fold))
 
 
-@pytest.mark.parametrize("d,dt,causal,dp,persistent", [(64, "f32", True, 1, False), (64, "f32", False, 2, False),
-                                                        (64, "bf16", True, 2, False), (128, "bf16", False, 2, False),
-                                                        (64, "bf16", False, 2, True), (64, "f32", True, 1, True)])
-def test_every_policy_and_seed_matches_torch(d, dt, causal, dp, persistent):
+@pytest.mark.parametrize("d,dt,causal,dp,persistent,fold", [
+    (64, "f32", True, 1, False, False), (64, "f32", False, 2, False, False), (64, "bf16", True, 2, False, False),
+    (128, "bf16", False, 2, False, False), (64, "bf16", False, 2, True, False), (64, "f32", True, 1, True, False),
+    (64, "bf16", True, 2, True, True), (64, "f32", False, 2, False, True)])
+def test_every_policy_and_seed_matches_torch(d, dt, causal, dp, persistent, fold):
     """Verified after every stage; every scheduling policy x 3 seeds (random shapes: ragged lengths, GQA, causal
     with Sq <, =, > Skv) gives the padded dQ workspace (zero past Sq), dK and dV of the fp32 math backward.
     ``persistent`` (``bwd_64x128_dp2_p``'s walk): 2 CTAs walk every (head, KV block) tile, the per-tile dK/dV and
-    K/V ring slots reused from tile to tile."""
-    before = _reduce(d, dt, causal, dp, persistent)
+    K/V ring slots reused from tile to tile. ``fold``: lse2/delta folded into the S^T/dP^T accumulators
+    (``Options.fold_rows``; the sweep's ``_fold`` variants at d=64)."""
+    before = _reduce(d, dt, causal, dp, persistent, fold)
     after = pipeline.run(before, verify=True, dump_dir="")
     ok, report = interpret_report(before, after, seeds=3)
     assert ok, report

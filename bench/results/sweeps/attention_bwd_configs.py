@@ -44,6 +44,9 @@ VARIANTS = {
     "bwd_64x128_dp2_p_g8": ("bwd_64x128_dp2", {"persistent": True, "group_m": 8}, {"reduce": (64,), "separate": (64,)}),
     # the folded d=128 step, persistent (0 spills offline; the persistent split-dQ fold spills 80)
     "bwd_64x128_dp2_fold_p": ("bwd_64x128_dp2_fold", {"persistent": True}, {"separate": (128,)}),
+    # the fold at d=64, where registers are not tight: 64 fewer subtractions a thread and step beside the mmas
+    "bwd_64x128_dp2_fold64": ("bwd_64x128_dp2", {"fold_rows": True}, {"reduce": (64,)}),
+    "bwd_64x128_dp2_p_fold64": ("bwd_64x128_dp2", {"persistent": True, "fold_rows": True}, {"reduce": (64,)}),
 }
 #: dQ-kernel variants: name -> (base, overrides).
 DQ_VARIANTS = {"dq_128x128_dp2_p": ("dq_128x128_dp2", {"persistent": True})}
