@@ -201,8 +201,6 @@ def _store(ctx, o, indent):
     return lines
 
 
-
-
 @_sm90("tma_reduce_add")
 def _tma_reduce_add(ctx, o, indent):
     # registers -> the partition's own fp32 staging tile -> a TMA bulk reduce-add into the tensor (one instruction for

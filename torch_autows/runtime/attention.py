@@ -288,7 +288,7 @@ def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
     args = launcher.ordered(values)  # by templates.attention's argument names
     tiles = BH * math.ceil(Sq / program.options.block_m)
     idx = dev.index(out.device)
-    grid = min(tiles, dev.num_sms(idx)) if program.grid.persistent else tiles
+    grid = dev.grid(tiles, program.grid.persistent, idx)
     try:  # the first launch of a specialisation compiles it (Triton's cache may be unwritable)
         launcher(grid, args, idx)
     except OSError as e:

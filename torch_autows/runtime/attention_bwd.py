@@ -6,7 +6,8 @@
 forms (``dq_mode``):
 
 * "atomic": the main kernel computes dK, dV and adds each step's dQ into a zeroed fp32 workspace with fp32 atomics;
-  a torch postprocess gives dQ = scale * workspace. The adds reorder from run to run: not bit-reproducible.
+  the dQ conversion (``attention_bwd_rows``) gives dQ = scale * workspace. The adds reorder from run to run: not
+  bit-reproducible.
 * "reduce": as "atomic", but each step's dQ tile goes registers -> an fp32 SMEM staging tile -> one TMA bulk
   reduce-add (``cp.reduce.async.bulk.tensor ... .add.f32``, FlashAttention-3's dQ accumulation) into a workspace
   padded to whole Q blocks per head; no per-element atomics. Not bit-reproducible either (the adds reorder).
@@ -30,7 +31,7 @@ import torch
 
 from ..ir import Options
 from ..templates import attention_bwd_dq as dq_host
-from ..templates.attention_bwd import HEAD_DIMS, AttentionBwdRequest, kernel_values
+from ..templates.attention_bwd import HEAD_DIMS, AttentionBwdRequest, gradients, kernel_values, kv_gradients
 from ..templates.attention_bwd_dq import AttentionBwdDqRequest
 from . import attention_bwd_rows as rows
 from . import device as dev
@@ -46,9 +47,9 @@ NONDETERMINISTIC = ("atomic", "reduce")
 
 #: Every config of the main kernel the runtime can run (choose_config picks; config= names one; tests compile each
 #: offline). One CTA per (batch, kv-head, block of BN keys) (``_p``: persistent, a CTA per SM walks those tiles); a
-#: producer warp streams Q and dO through
-#: a 2-deep ring. ``dp2``: two consumer warpgroups of BN/2 keys each (each adds its partial dQ in the atomic form),
-#: producer at 24 registers and consumers at 240 (FA3's split). ``dp1``: one consumer warpgroup.
+#: producer warp streams Q and dO through a 2-deep ring. ``dp2``: two consumer warpgroups of BN/2 keys each (each adds
+#: its partial dQ in the atomic form), producer at 24 registers and consumers at 240 (FA3's split). ``dp1``: one
+#: consumer warpgroup.
 CONFIGS: dict[str, Options] = {
     "bwd_64x128_dp2": Options(block_m=64, block_n=128, stages=2, data_partition=2, persistent=False, group_m=1,
                               producer_regs=24),
@@ -222,8 +223,8 @@ def _launch(template: str, request, opts: Options, values: dict, grid: int, key,
     of the kernel, the reduce form's dQ workspace too, goes through a TMA descriptor of its whole shape): through the
     bound launch cached under ``key`` where there is one, else compiled (cached by launch.compile_kernel) and launched,
     and bound for next time where ``in_place``."""
-    if opts.persistent:  # a CTA per SM walks the tiles
-        grid = min(grid, dev.num_sms(dev.index(device)))
+    idx = dev.index(device)
+    grid = dev.grid(grid, opts.persistent, idx)
     hit = _BOUND.get(key)
     if hit is not None and hit[0](*(values[n].data_ptr() for n in hit[1])):
         return
@@ -236,7 +237,6 @@ def _launch(template: str, request, opts: Options, values: dict, grid: int, key,
     descs = [a.name for a in kernel.program.args if a.kind == "tensor"]
     args = launcher.ordered({**values, **{n: Tma(values[n], tuple(values[n].shape), tuple(values[n].stride()))
                                           for n in descs}})
-    idx = dev.index(device)
     try:
         launcher(grid, args, idx)
     except OSError as e:
@@ -290,14 +290,11 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: floa
     _launch("attention_bwd", AttentionBwdRequest(D, DTYPES[q.dtype], causal, dq=form), opts, values,
             values["BH"] * values["NB"], call + ("main", config, form), in_place, q.device)
     if dq_mode != "separate":
-        B, Hkv, Skv = k.shape[:3]
-        return (rows.postprocess(values["dq_acc"], scale, q), values["dk"].view(B, Hkv, Skv, D),
-                values["dv"].view(B, Hkv, Skv, D))
+        return gradients(values, scale, q, k, post=rows.postprocess)
     dq_opts = DQ_CONFIGS[dq_config]
     dq_values = dq_host.kernel_values(q, k, v, grad_out, delta, lse2, causal, scale, POISON, views=values)
     # one CTA per (batch, q-head) and block of queries
     _launch("attention_bwd_dq", AttentionBwdDqRequest(D, DTYPES[q.dtype], causal), dq_opts, dq_values,
             dq_values["BH"] * dq_host.q_tiles(q.shape[2], dq_opts.block_m), call + ("dq", dq_config), in_place,
             q.device)
-    B, Hkv, Skv, _ = k.shape
-    return dq_host.gradient(dq_values, q), values["dk"].view(B, Hkv, Skv, D), values["dv"].view(B, Hkv, Skv, D)
+    return (dq_host.gradient(dq_values, q), *kv_gradients(values, k))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 
 import torch
+import triton
 
 from ..templates import attention_bwd as tmpl
 
@@ -42,9 +43,10 @@ def preprocess(out: torch.Tensor, grad_out: torch.Tensor | None, lse: torch.Tens
     delta = torch.empty(n, dtype=torch.float32, device=out.device)
     lse2 = torch.empty_like(delta)
     block = _rows(D)
-    (kernel or _delta_kernel())[(_cdiv(n, block),)](
+    (kernel or _delta_kernel())[(triton.cdiv(n, block),)](
         out, grad_out, lse, lse if dlse is None else dlse, delta, lse2, n, H, S, *out.stride()[:3],
-        *grad_out.stride()[:3], D=D, DP=_pow2(D), BLOCK=block, HAS_DLSE=dlse is not None, LOG2E=tmpl.LOG2E)
+        *grad_out.stride()[:3], D=D, DP=triton.next_power_of_2(D), BLOCK=block, HAS_DLSE=dlse is not None,
+        LOG2E=tmpl.LOG2E)
     return delta, lse2
 
 
@@ -58,24 +60,15 @@ def postprocess(dq_acc: torch.Tensor, scale: float, q: torch.Tensor, kernel=None
     sqp = dq_acc.shape[0] // (B * H)
     dq = torch.empty(B, H, Sq, D, dtype=q.dtype, device=q.device)
     block = _rows(D)
-    (kernel or _dq_kernel())[(_cdiv(n, block),)](dq_acc, dq, float(scale), n, Sq, sqp, D=D, DP=_pow2(D),
-                                                        BLOCK=block)
+    (kernel or _dq_kernel())[(triton.cdiv(n, block),)](dq_acc, dq, float(scale), n, Sq, sqp, D=D,
+                                                       DP=triton.next_power_of_2(D), BLOCK=block)
     return dq
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _pow2(d: int) -> int:
-    return 1 << (d - 1).bit_length()
 
 
 @functools.cache
 def _delta_kernel():
     """delta[r] = sum_d fp32(O[r, d]) * fp32(dO[r, d]) (- dlse[r]); lse2[r] = lse[r] * log2 e, or 0 where lse[r] is
     -inf; row r = (b * H + h) * S + s of O and dO ([B, H, S, D], any strides but a unit one on D)."""
-    import triton
     import triton.language as tl
 
     @triton.jit
@@ -104,7 +97,6 @@ def _delta_kernel():
 @functools.cache
 def _dq_kernel():
     """dq[r, d] = scale * acc[(r // Sq) * Sqp + r % Sq, d] in dq's dtype; row r = (b * H + h) * Sq + s."""
-    import triton
     import triton.language as tl
 
     @triton.jit
@@ -122,7 +114,6 @@ def _dq_kernel():
 
 def compile_offline(which: str, dtype: str = "bf16", d: int = 128):
     """``which`` ("delta" or "dq") compiled for sm_90a without a GPU (tests)."""
-    import triton
     from triton.backends.compiler import GPUTarget
 
     if which == "delta":
@@ -130,11 +121,11 @@ def compile_offline(which: str, dtype: str = "bf16", d: int = 128):
         sig = {"o_ptr": f"*{dtype}", "do_ptr": f"*{dtype}", **dict.fromkeys(("lse_ptr", "dlse_ptr", "delta_ptr",
                                                                              "lse2_ptr"), "*fp32"),
                **dict.fromkeys(("n", "H", "S", "o_sb", "o_sh", "o_ss", "do_sb", "do_sh", "do_ss"), "i32")}
-        consts = {"D": d, "DP": _pow2(d), "BLOCK": _rows(d), "HAS_DLSE": True, "LOG2E": tmpl.LOG2E}
+        consts = {"D": d, "DP": triton.next_power_of_2(d), "BLOCK": _rows(d), "HAS_DLSE": True, "LOG2E": tmpl.LOG2E}
     else:
         fn = _dq_kernel()
         sig = {"acc_ptr": "*fp32", "dq_ptr": f"*{dtype}", "scale": "fp32", "n": "i32", "Sq": "i32", "Sqp": "i32"}
-        consts = {"D": d, "DP": _pow2(d), "BLOCK": _rows(d)}
+        consts = {"D": d, "DP": triton.next_power_of_2(d), "BLOCK": _rows(d)}
     sig.update(dict.fromkeys(consts, "constexpr"))
     src = triton.compiler.ASTSource(fn, sig, consts)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})

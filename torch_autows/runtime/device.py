@@ -17,6 +17,12 @@ def num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def grid(tiles: int, persistent: bool, device_index: int) -> int:
+    """CTAs to launch for ``tiles`` output tiles: one each, or for a persistent kernel one per SM at most (each walks
+    its tiles)."""
+    return min(tiles, num_sms(device_index)) if persistent else tiles
+
+
 @functools.lru_cache(maxsize=16)
 def capability(device_index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device_index)

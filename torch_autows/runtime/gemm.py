@@ -158,8 +158,7 @@ def launch_template(req: GemmRequest, options: Options, tensors: dict, ptrs: dic
         extra = ((accumulators * o.split_k * tiles * o.block_m * o.block_n, tiles),)
         values["ws"], values["locks"] = scratch.get(idx, *extra[0])
     args = launcher.ordered(values)  # by the Program's argument names
-    grid = tiles * o.split_k
-    grid = min(grid, dev.num_sms(idx)) if persistent else grid
+    grid = dev.grid(tiles * o.split_k, persistent, idx)
     try:  # the first launch of a specialisation compiles it (Triton's cache may be unwritable)
         launcher(grid, args, idx)
     except OSError as e:

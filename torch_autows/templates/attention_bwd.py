@@ -295,8 +295,10 @@ def kernel_values(q, k, v, grad_out, delta, lse2, causal: bool, scale: float, bl
             **({"dq_acc": torch.zeros(B * Hq * ws_rows, D, dtype=torch.float32, device=q.device)} if ws_rows else {}),
             "dk": dk.view(B * Hkv * Skv, D), "dv": dv.view(B * Hkv * Skv, D),
             "Sq": Sq, "Skv": Skv, "Hq": Hq, "Hkv": Hkv, "G": Hq // Hkv, "qk_scale": scale * LOG2E, "scale": scale,
-            "BH": B * Hkv, "NB": NB,
-            **({"qk_fold": fold_scale(scale), "lse_fold": -1.0 / fold_scale(scale)} if fold else {})}
+            "BH": B * Hkv, "NB": NB}
+    if fold:
+        c = fold_scale(scale)
+        vals.update(qk_fold=c, lse_fold=-1.0 / c)
     vals.update(dk_rb=Hkv * Skv, dk_rh=Skv, dk_ch=0)
     return vals
 
@@ -323,8 +325,12 @@ def postprocess(dq_acc: torch.Tensor, scale: float, q: torch.Tensor) -> torch.Te
     return (dq_acc.view(B, Hq, -1, D)[:, :, :Sq] * scale).to(q.dtype).contiguous()
 
 
-def gradients(values: dict, scale: float, q: torch.Tensor, k: torch.Tensor):
-    """(dq, dk, dv) [B, H, S, D] from the values after the kernel ran."""
-    B, Hkv, Skv, D = k.shape
-    return (postprocess(values["dq_acc"], scale, q), values["dk"].view(B, Hkv, Skv, D),
-            values["dv"].view(B, Hkv, Skv, D))
+def kv_gradients(values: dict, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dk, dv) [B, Hkv, Skv, D] from the values after the kernel ran."""
+    return values["dk"].view(k.shape), values["dv"].view(k.shape)
+
+
+def gradients(values: dict, scale: float, q: torch.Tensor, k: torch.Tensor, post=postprocess):
+    """(dq, dk, dv) [B, H, S, D] from the values after the kernel ran; ``post`` turns the dQ workspace into dQ
+    (``postprocess``'s signature; the runtime passes its Triton kernel)."""
+    return (post(values["dq_acc"], scale, q), *kv_gradients(values, k))
