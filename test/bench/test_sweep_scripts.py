@@ -50,3 +50,24 @@ def test_attention_bwd_configs_times_only_what_serves(restored):
                 pipeline.run(build(AttentionBwdRequest(d, "bf16", True, dq=dq), rt.CONFIGS[name]))
     only = _load("attention_bwd_configs", ["out.json", "^reduce:bwd_64x128_dp2_p:"], restored)
     assert [c for c in only.combos(64)] == [("reduce", "bwd_64x128_dp2_p", None)]
+
+
+def test_attention_ablate_patches_what_it_names(restored):
+    """The ablation script's variants build through the passes, and its ``nored``/``nosync`` patches still match the
+    split-dQ kernel's source (the reduce-add and the consumers' meeting); a patch that matches nothing is reported
+    (``Unpatched``), not timed as if it had applied (``novec``: the main kernel reads lse2/delta by TMA now)."""
+    from torch_autows.codegen import gluon
+
+    mod = _load("attention_ablate", ["out.json"], restored)
+    mod.add_variants()
+    assert mod.VARIANTS and all(rt.serves(n, d, m) for n, m, dims in mod.VARIANTS for d in dims)
+    split = gluon.generate(pipeline.run(build(AttentionBwdRequest(128, "bf16", False, dq="reduce"),
+                                              rt.CONFIGS["split"])))
+    for patch in (mod.nored, mod.nosync):
+        assert patch(split) != split
+    assert "async_reduce_add_shared_to_global(dq_acc_desc" not in mod.nored(split)
+    assert "mbarrier.arrive(dss_meet" not in mod.nosync(split)
+    assert mod.novec(split) == split
+    program = pipeline.run(build(AttentionBwdRequest(128, "bf16", False, dq="reduce"), rt.CONFIGS["split_novec"]))
+    with pytest.raises(mod.Unpatched, match="novec"):
+        mod.generate(program)

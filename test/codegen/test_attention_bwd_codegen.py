@@ -29,9 +29,11 @@ from torch_autows.templates.attention_bwd_dq import build as build_dq
 # may not exceed; each is xfailed. d=128: dK, dV and the dQ partial (64 registers each) are live at the dQ adds with
 # their 64 addresses, and loop-invariant index scalars go to local memory (reloaded in the loop). d=64: none. With the
 # intra-step mma overlap (passes/step_overlap.py; S^T and dP^T live together, dK in flight under the dQ adds) the
-# numbers moved: dp2 1036 -> 916 (causal 1580 -> 1484), dp1 416 -> 748 (causal 852 -> 1184); BACKWARD.md step 6.
-SPILLS = {("bwd_64x128_dp2", 128, False): 916, ("bwd_64x128_dp2", 128, True): 1484,
-          ("bwd_64x64_dp1", 128, False): 748, ("bwd_64x64_dp1", 128, True): 1184}
+# numbers moved: dp2 1036 -> 916 (causal 1580 -> 1484), dp1 416 -> 748 (causal 852 -> 1184); BACKWARD.md step 6. With
+# lse2/delta loaded by the producer (no per-step pointer loads and their index math): dp2 440 (causal 660), dp1 200
+# (causal 196).
+SPILLS = {("bwd_64x128_dp2", 128, False): 440, ("bwd_64x128_dp2", 128, True): 660,
+          ("bwd_64x64_dp1", 128, False): 200, ("bwd_64x64_dp1", 128, True): 196}
 
 CASES = [c for c in itertools.product(CONFIGS, (64, 128), (False, True), ("bf16", "fp16"))
          if serves(c[0], c[1], "atomic")]
@@ -39,16 +41,16 @@ CASES = [c for c in itertools.product(CONFIGS, (64, 128), (False, True), ("bf16"
 
 # The reduce form's spills (bytes, same compile as SPILLS) where no config serves it (d=128: dK, dV and the dQ partial
 # live at the staging store; runtime/attention_bwd.py CONFIG_HEAD_DIMS). d=64: none (served).
-REDUCE_SPILLS = {("bwd_64x128_dp2", 128, False): 532, ("bwd_64x128_dp2", 128, True): 684,
-                 ("bwd_64x64_dp1", 128, False): 156, ("bwd_64x64_dp1", 128, True): 152}
+REDUCE_SPILLS = {("bwd_64x128_dp2", 128, False): 532, ("bwd_64x128_dp2", 128, True): 736,
+                 ("bwd_64x64_dp1", 128, False): 196, ("bwd_64x64_dp1", 128, True): 164}
 REDUCE = [c for c in itertools.product(CONFIGS, (64, 128), (False, True), ("bf16", "fp16"))
           if serves(c[0], c[1], "reduce") or c[:3] in REDUCE_SPILLS]
 
 # The separate form's known spills (bytes, same compile): its 64-query steps at d=128, served although they spill, as
 # the H200 measured them 1.11-1.17x the 0-spill 32-query steps (runtime/attention_bwd.py CONFIG_HEAD_DIMS); the folded
 # twin (bwd_64x128_dp2_fold) has none.
-SEPARATE_SPILLS = {("bwd_64x128_dp2", 128, False, "bf16"): 180, ("bwd_64x128_dp2", 128, True, "bf16"): 524,
-                   ("bwd_64x128_dp2", 128, False, "fp16"): 180, ("bwd_64x128_dp2", 128, True, "fp16"): 524}
+SEPARATE_SPILLS = {("bwd_64x128_dp2", 128, False, "bf16"): 120, ("bwd_64x128_dp2", 128, True, "bf16"): 172,
+                   ("bwd_64x128_dp2", 128, False, "fp16"): 120, ("bwd_64x128_dp2", 128, True, "fp16"): 172}
 
 SEPARATE = [("main", *c) for c in itertools.product(CONFIGS, (64, 128), (False, True), ("bf16", "fp16"))
             if serves(c[0], c[1], "separate")]
@@ -195,18 +197,22 @@ def test_separate_form_issues_its_gemms_back_to_back():
 
 def test_only_fold_rows_configs_fold_their_row_vectors():
     """``folds_rows`` is ``Options.fold_rows``: of the served programs only ``bwd_64x128_dp2_fold`` (the separate form
-    at d=128) and ``bwd_64x128_dp2_dqsplit_fold`` (the reduce form there) fold; every other program's code is as
-    before (golden hashes). A folded step starts S^T at -lse2/c and dP^T at -delta (no zero-initialised accumulator),
-    scales S^T by ``qk_fold`` and subtracts no vector after the mmas."""
+    at d=128), ``bwd_64x128_dp2_dqsplit_fold`` (the reduce form there) and ``bwd_64x128_dp2_p_fold`` (the reduce form at
+    d=64) fold; every other program's code is as
+    before (golden hashes). A folded step reads its lse2/delta columns from the SMEM slot the producer filled,
+    starts S^T at -lse2/c and dP^T at -delta (no zero-initialised accumulator), scales S^T by ``qk_fold`` and
+    subtracts no vector after the mmas."""
     forms = {"atomic": "atomic", "reduce": "reduce", "separate": "none"}
     served = [(c, d, f) for c in CONFIGS for d in (64, 128) for f in forms if serves(c, d, f)]
     folded = {(c, d, f) for c, d, f in served
               if folds_rows(AttentionBwdRequest(d, "bf16", False, forms[f]), CONFIGS[c])}
-    assert folded == {("bwd_64x128_dp2_fold", 128, "separate"), ("bwd_64x128_dp2_dqsplit_fold", 128, "reduce")}
+    assert folded == {("bwd_64x128_dp2_fold", 128, "separate"), ("bwd_64x128_dp2_dqsplit_fold", 128, "reduce"),
+                      ("bwd_64x128_dp2_p_fold", 64, "reduce")}
     src = gluon.generate(pipeline.run(build(AttentionBwdRequest(128, "bf16", True, dq="none"),
                                             CONFIGS["bwd_64x128_dp2_fold"])))
     consumer = src[src.index("def consumer0("):src.index("def consumer1(")]
-    assert_in_order(consumer, ["v_lc_c0 = v_lv_c0 * lse_fold", "v_s0_c0 = v_z_c0 + v_lr_c0",
+    assert_in_order(consumer, ["v_lr_c0 = v_lvs.load(MMA_N64)", "v_dr_c0 = v_dls.load(MMA_N64)",
+                               "v_lc_c0 = v_lr_c0 * lse_fold", "v_s0_c0 = v_z_c0 + v_lc_c0",
                                "v_st_c0 = warpgroup_mma(v_k_c0, v_qt_c0, v_s0_c0, is_async=True)",
                                "v_d0_c0 = v_z_c0 - v_dr_c0", "v_dd_c0 = warpgroup_mma(v_v_c0, v_dot_c0, v_d0_c0,",
                                "v_sd_c0 = v_st_c0_w * qk_fold", "v_pt_c0 = gl.exp2(v_sm_c0)",

@@ -80,8 +80,8 @@ def test_a_partial_sum_read_by_anything_but_an_add_is_refused():
 
 def _retarget(p, **change):
     def fix(ops):
-        return tuple(replace(o.with_attrs(**change) if o.kind == "load_vec" and o.attr("arg") == "delta" else o,
-                             body=fix(o.body)) for o in ops)
+        return tuple(replace(o.with_attrs(**change) if o.kind in ("load", "load_vec") and o.attr("arg") == "delta"
+                             else o, body=fix(o.body)) for o in ops)
     return replace(p, body=fix(p.body))
 
 

@@ -109,6 +109,12 @@ def _trans(ctx, o, indent):
     return [f"{v(o.results[0].name)} = {v(o.operands[0])}.permute((1, 0))"]
 
 
+@emitter("smem_read")
+def _smem_read(ctx, o, indent):
+    r = o.results[0].name
+    return [f"{v(r)} = {v(o.operands[0])}.load({ctx.layouts[r]})"]
+
+
 @emitter("load_vec")
 def _load_vec(ctx, o, indent):
     r = o.results[0]

@@ -24,6 +24,12 @@ from .ops import TORCH_DTYPE, InterpError
 TOL = {"bf16": 1e-2, "fp16": 1e-3, "f32": 1e-5, "fp32": 1e-5}
 
 
+def _copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` with its shape and strides (the elements between its rows are uninitialised)."""
+    out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    return out.copy_(t)
+
+
 @dataclass
 class Instance:
     desc: str
@@ -33,8 +39,9 @@ class Instance:
     tol: dict  # out arg -> rtol = atol for ``matches``
 
     def inputs(self) -> dict:
-        """A fresh copy (out tensors re-poisoned): every run writes its own outputs."""
-        return {**{k: v.clone() for k, v in self.tensors.items()}, **self.scalars}
+        """A fresh copy (out tensors re-poisoned): every run writes its own outputs. A strided view keeps its strides
+        (``clone`` would pack it; a kernel's pointer reaches its rows by the pitch)."""
+        return {**{k: _copy(v) for k, v in self.tensors.items()}, **self.scalars}
 
     def error(self, outputs: dict) -> float:
         """Largest |output - reference| over all outputs (inf where a NaN is left; equal infinities match)."""

@@ -229,10 +229,24 @@ def _split_reduce(ctx, o, args):
     return tuple(totals)
 
 
+@semantics("smem_read")
+def _smem_read(ctx, o, args):
+    return args[0].clone()
+
+
+def _memory(t: torch.Tensor) -> torch.Tensor:
+    """The elements a pointer to ``t`` addresses, as a flat tensor: offset i is element i after t's first (a strided
+    view reads through its base's memory, rows pitch apart, as the kernel's pointer does)."""
+    if t.is_contiguous():
+        return t.reshape(-1)
+    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if n > 0)
+    return torch.as_strided(t, (span,), (1,))
+
+
 @semantics("load_vec")
 def _load_vec(ctx, o, args):
     n = o.results[0].type.shape[0]
-    t = ctx.tensor(o.attr("arg")).reshape(-1)
+    t = _memory(ctx.tensor(o.attr("arg")))
     offs = int(ctx.eval(o.attr("offset"))) + torch.arange(n)
     mask = offs < int(ctx.eval(o.attr("size")))
     if mask.any() and (offs[mask].min() < 0 or offs[mask].max() >= t.numel()):

@@ -94,6 +94,10 @@ OPS: dict[str, OpKind] = _kinds(
     # the tile ``step_of`` (both chains store once a step); no channel: the meeting orders it (made by data_partition's
     # ``dq_split``)
     OpKind("smem_view", _UNARY, _ONE, axes="elementwise"),
+    # an SMEM tile read into registers (Gluon ``.load(layout)``), in the layout its users need: a small TMA-loaded
+    # tile the math reads as a register operand (attention backward's lse2/delta rows, which the producer loads with
+    # Q and dO instead of each consumer reading them from global memory at the top of every step)
+    OpKind("smem_read", _UNARY, _ONE, axes="elementwise"),
     # a view of ``size`` columns from ``start`` of an SMEM tile (Gluon ``.slice(start, size, 1)``; a wgmma operand)
     OpKind("slice", _UNARY, _ONE),
     # math

@@ -60,13 +60,19 @@ CONFIGS: dict[str, Options] = {
     "bwd_64x128_dp2_p": Options(block_m=64, block_n=128, stages=2, data_partition=2, persistent=True, group_m=1,
                                 producer_regs=24),
     # The 64-query steps with lse2/delta folded into the S^T/dP^T accumulators (Options.fold_rows): 0 spills at d=128 in
-    # the separate form (bwd_64x128_dp2: 180, causal 524), but ptxas serialises S^T and dP^T in one consumer. Served,
-    # not picked until the H200 has timed it beside bwd_64x128_dp2 (sweeps/attention_bwd_configs.py).
+    # the separate form (bwd_64x128_dp2: 120, causal 172), but ptxas serialises S^T and dP^T in one consumer: on the
+    # H200 within 1% of bwd_64x128_dp2 at causal s1024, 1-3% behind elsewhere (sweeps/2026-12-01-h200-attention-bwd-
+    # configs-5.json). Served, not picked.
     "bwd_64x128_dp2_fold": Options(block_m=64, block_n=128, stages=2, data_partition=2, persistent=False, group_m=1,
                                    producer_regs=24, fold_rows=True),
+    # The persistent walk with the fold at d=64 (reduce form, no mask): 1.3-1.5% ahead of bwd_64x128_dp2_p there (its
+    # two subtractions a column and step go into the mmas' initial accumulators; -configs-5).
+    "bwd_64x128_dp2_p_fold": Options(block_m=64, block_n=128, stages=2, data_partition=2, persistent=True, group_m=1,
+                                     producer_regs=24, fold_rows=True),
     # The 5-GEMM reduce form at d=128 with 64-query steps (FA3's plan): the split dQ (dq_split) and the folded row
-    # vectors (fold_rows) together leave it 0 spills offline (424/536 without the fold), SMEM 197104. Served, not
-    # picked until the H200 has timed it beside the separate form's picks (sweeps/attention_bwd_configs.py).
+    # vectors (fold_rows) together leave it 0 spills offline (424/536 without the fold), SMEM 198176. Served, not
+    # picked: 0.88-0.95x the separate form's pick on the H200 (-configs-5: its dQ reduce-adds and the per-step meeting
+    # of the two consumers cost more than the separate form's two extra GEMMs).
     "bwd_64x128_dp2_dqsplit_fold": Options(block_m=64, block_n=128, stages=2, data_partition=2, persistent=False,
                                            group_m=1, producer_regs=24, dq_split=True, fold_rows=True),
     # Separate form only (the atomic form's dQ mma would have 32 rows; wgmma takes multiples of 64): 32-query steps
@@ -75,23 +81,24 @@ CONFIGS: dict[str, Options] = {
                               producer_regs=24),
     # Reduce form at d=128 (FA3's split dQ, passes/BACKWARD.md step 8 (b)): the same steps, the two consumers share
     # their dS^T tiles through SMEM (one mbarrier meeting a step) and each reduces dQ^T's 64 head-dim rows over all
-    # 128 keys (wgmma M = 64, 16 registers): 0 spills offline, causal or not, bf16 and fp16, SMEM 131568.
+    # 128 keys (wgmma M = 64, 16 registers): 0 spills offline, causal or not, bf16 and fp16, SMEM 133168.
     "bwd_32x128_dp2_dqsplit": Options(block_m=32, block_n=128, stages=2, data_partition=2, persistent=False,
                                       group_m=1, producer_regs=24, dq_split=True),
 }
 
 #: Head dims each main-kernel config serves, per form (what compiles at sm_90a; the separate and reduce forms: without
 #: spills, but for one measured exception). The reduce form's partial sums spill at d=128 (offline sm_90a, ptxas -v,
-#: bytes: bwd_64x128_dp2 532, causal 684; bwd_64x64_dp1 156, causal 152; test/codegen/test_attention_bwd_codegen.py
+#: bytes: bwd_64x128_dp2 532, causal 736; bwd_64x64_dp1 196, causal 164; test/codegen/test_attention_bwd_codegen.py
 #: ``REDUCE_SPILLS``), so d=128 is served by the split dQ (``bwd_32x128_dp2_dqsplit``, 0 spills); at d=64 neither
 #: spills (the split needs D/2 >= 64). The exception: the separate form's 64-query steps at d=128 (bwd_64x128_dp2)
-#: spill 180 bytes (causal 524; ``SEPARATE_SPILLS`` there) and still ran 1.11-1.17x the 0-spill 32-query steps on the
+#: spill 120 bytes (causal 172; ``SEPARATE_SPILLS`` there) and still ran 1.11-1.17x the 0-spill 32-query steps on the
 #: H200 (bench/results/sweeps/2026-12-01-h200-attention-bwd-configs.json), so they serve d=128 and are picked there.
-#: ``bwd_64x128_dp2_fold`` is the same steps without spills (lse2/delta folded into the accumulators), unmeasured.
+#: ``bwd_64x128_dp2_fold`` is the same steps without spills (lse2/delta folded into the accumulators), not faster.
 CONFIG_HEAD_DIMS: dict[str, dict[str, tuple[int, ...]]] = {
     "bwd_64x128_dp2": {"atomic": (64, 128), "reduce": (64,), "separate": (64, 128)},
     "bwd_64x128_dp2_p": {"atomic": (), "reduce": (64,), "separate": (64,)},
     "bwd_64x128_dp2_fold": {"atomic": (), "reduce": (), "separate": (128,)},
+    "bwd_64x128_dp2_p_fold": {"atomic": (), "reduce": (64,), "separate": ()},
     "bwd_64x128_dp2_dqsplit_fold": {"atomic": (), "reduce": (128,), "separate": ()},
     "bwd_64x64_dp1": {"atomic": (64, 128), "reduce": (64,), "separate": (64,)},
     "bwd_32x128_dp2": {"atomic": (), "reduce": (), "separate": (64, 128)},
@@ -124,15 +131,18 @@ def dq_serves(config: str, d: int) -> bool:
 def choose_config(d: int, causal: bool, dq_mode: str = "separate") -> str:
     """The main kernel's config for a call. Atomic: two consumer warpgroups of 64 keys and 64-query steps at both
     head dims (offline, sm_90a: d=64 without spills; d=128 spills, test/codegen/test_attention_bwd_codegen.py
-    ``SPILLS``). Separate: the same at both head dims (at d=128 its 180/524 spill bytes cost less than halving the
+    ``SPILLS``). Separate: the same at both head dims (at d=128 its 120/172 spill bytes cost less than halving the
     query step: 1.11-1.17x ``bwd_32x128_dp2`` on the H200, sweeps/2026-12-01-h200-attention-bwd-configs.json).
     Reduce: the same as atomic at d=64; at d=128 32-query steps with the split dQ (the only 0-spill config there).
     At d=64 without a mask the reduce and separate forms take the persistent walk (+1-5%; the causal mask's uneven
-    tiles make it slower there). Every pick is the fastest config of its form in those sweeps (s1024/s4096, causal
-    or not; deeper Q/dO rings within 2%: sweeps/2026-12-01-h200-attention-bwd-configs.json and -2)."""
+    tiles make it slower there), the reduce form with the folded row vectors (+1.3-1.5%, -configs-5). Every pick is
+    the fastest config of its form in those sweeps (s1024/s4096, causal or not; deeper Q/dO rings within 2%:
+    sweeps/2026-12-01-h200-attention-bwd-configs.json, -2 and -5)."""
     if d == 128 and dq_mode == "reduce":
         return "bwd_32x128_dp2_dqsplit"
-    if d == 64 and not causal and dq_mode in ("reduce", "separate"):
+    if d == 64 and not causal and dq_mode == "reduce":
+        return "bwd_64x128_dp2_p_fold"
+    if d == 64 and not causal and dq_mode == "separate":
         return "bwd_64x128_dp2_p"
     return "bwd_64x128_dp2"
 

@@ -31,7 +31,8 @@ def _rows(d: int) -> int:
 
 def preprocess(out: torch.Tensor, grad_out: torch.Tensor | None, lse: torch.Tensor,
                grad_lse: torch.Tensor | None = None, kernel=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(delta, lse2), each [B*H*S] f32, as ``templates.attention_bwd.preprocess``; one Triton kernel on CUDA.
+    """(delta, lse2), each [B*H, S] f32 with rows ``row_pitch(S)`` apart (``templates.attention_bwd.row_vectors``), as
+    ``templates.attention_bwd.preprocess``; one Triton kernel on CUDA.
     ``kernel``: the kernel to launch (tests pass the interpreted one)."""
     if (grad_out is None or out.stride(-1) != 1 or grad_out.stride(-1) != 1
             or (kernel is None and out.device.type != "cuda")):
@@ -40,11 +41,10 @@ def preprocess(out: torch.Tensor, grad_out: torch.Tensor | None, lse: torch.Tens
     n = B * H * S
     lse = lse.float().reshape(n).contiguous()
     dlse = None if grad_lse is None else grad_lse.float().reshape(n).contiguous()
-    delta = torch.empty(n, dtype=torch.float32, device=out.device)
-    lse2 = torch.empty_like(delta)
+    delta, lse2 = tmpl.row_vectors(B, H, S, out.device)
     block = _rows(D)
     (kernel or _delta_kernel())[(triton.cdiv(n, block),)](
-        out, grad_out, lse, lse if dlse is None else dlse, delta, lse2, n, H, S, *out.stride()[:3],
+        out, grad_out, lse, lse if dlse is None else dlse, delta, lse2, n, H, S, delta.stride(0), *out.stride()[:3],
         *grad_out.stride()[:3], D=D, DP=triton.next_power_of_2(D), BLOCK=block, HAS_DLSE=dlse is not None,
         LOG2E=tmpl.LOG2E)
     return delta, lse2
@@ -68,11 +68,12 @@ def postprocess(dq_acc: torch.Tensor, scale: float, q: torch.Tensor, kernel=None
 @functools.cache
 def _delta_kernel():
     """delta[r] = sum_d fp32(O[r, d]) * fp32(dO[r, d]) (- dlse[r]); lse2[r] = lse[r] * log2 e, or 0 where lse[r] is
-    -inf; row r = (b * H + h) * S + s of O and dO ([B, H, S, D], any strides but a unit one on D)."""
+    -inf; row r = (b * H + h) * S + s of O and dO ([B, H, S, D], any strides but a unit one on D), stored at
+    (b * H + h) * SP + s (rows of the [B*H, S] outputs SP apart)."""
     import triton.language as tl
 
     @triton.jit
-    def attention_bwd_delta(o_ptr, do_ptr, lse_ptr, dlse_ptr, delta_ptr, lse2_ptr, n, H, S, o_sb, o_sh, o_ss,
+    def attention_bwd_delta(o_ptr, do_ptr, lse_ptr, dlse_ptr, delta_ptr, lse2_ptr, n, H, S, SP, o_sb, o_sh, o_ss,
                             do_sb, do_sh, do_ss, D: tl.constexpr, DP: tl.constexpr, BLOCK: tl.constexpr,
                             HAS_DLSE: tl.constexpr, LOG2E: tl.constexpr):
         r = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -88,8 +89,9 @@ def _delta_kernel():
         if HAS_DLSE:
             delta -= tl.load(dlse_ptr + r, mask=live, other=0.0)
         lse = tl.load(lse_ptr + r, mask=live, other=0.0)
-        tl.store(delta_ptr + r, delta, mask=live)
-        tl.store(lse2_ptr + r, tl.where(lse == float("-inf"), 0.0, lse * LOG2E), mask=live)
+        at = r // S * SP + s
+        tl.store(delta_ptr + at, delta, mask=live)
+        tl.store(lse2_ptr + at, tl.where(lse == float("-inf"), 0.0, lse * LOG2E), mask=live)
 
     return attention_bwd_delta
 
@@ -120,7 +122,7 @@ def compile_offline(which: str, dtype: str = "bf16", d: int = 128):
         fn = _delta_kernel()
         sig = {"o_ptr": f"*{dtype}", "do_ptr": f"*{dtype}", **dict.fromkeys(("lse_ptr", "dlse_ptr", "delta_ptr",
                                                                              "lse2_ptr"), "*fp32"),
-               **dict.fromkeys(("n", "H", "S", "o_sb", "o_sh", "o_ss", "do_sb", "do_sh", "do_ss"), "i32")}
+               **dict.fromkeys(("n", "H", "S", "SP", "o_sb", "o_sh", "o_ss", "do_sb", "do_sh", "do_ss"), "i32")}
         consts = {"D": d, "DP": triton.next_power_of_2(d), "BLOCK": _rows(d), "HAS_DLSE": True, "LOG2E": tmpl.LOG2E}
     else:
         fn = _dq_kernel()

@@ -24,8 +24,10 @@ Tensors are read through the forward's 2-D row views (rows ``b*rb + h*rh + s``, 
 and do each with their own (rb, rh, ch), dk and dv written
 through pointers with (dk_rb, dk_rh, dk_ch) and rows of D + (Hkv-1)*dk_ch elements. Rows past a head's end are
 other heads' rows, so every padded score must give P = 0: the mask keeps key < Skv, query < Sq and (causal,
-top-left) key <= query, and lse2/delta are read with a bound (0 past the head), so no NaN enters. dK/dV rows
-are stored up to Skv, dQ rows added up to Sq.
+top-left) key <= query, and lse2/delta ([B*Hq, Sq] views, ``row_vectors``) are loaded with Q and dO by the producer:
+each step's [1, BM] columns by TMA, which reads 0 past Sq, so no NaN enters (a consumer reading them from global memory
+itself waited out the load's latency at the top of every step: 16-23% of the kernel's time on the H200,
+sweeps/2026-12-01-h200-attention-bwd-ablate.json). dK/dV rows are stored up to Skv, dQ rows added up to Sq.
 
 The host side, pure torch (templates of their own later; ``runtime/attention_bwd.py`` runs it around the launch):
 
@@ -92,22 +94,24 @@ def folds_rows(req: AttentionBwdRequest, opts: Options) -> bool:
     starts at -lse2/c broadcast over its rows and dP^T at -delta, so c * S^T is exp2's argument and the mma gives
     dP^T - delta directly; the two vectors die when their mmas are issued instead of living across the S^T/dP^T waits,
     the mask, exp2 and the dV mma's issue (in the transposed frame a thread holds 16 of a 64-query step's columns:
-    32 registers). ``bwd_64x128_dp2``'s separate form at d=128 spills 180 bytes, causal 524, without it and none with
-    it, but ptxas then serialises S^T and dP^T in one consumer (an injected warpgroup.wait), so which is faster is the
-    H200's to say (config ``bwd_64x128_dp2_fold``). c is ``qk_fold``: scale * log2 e with its magnitude raised to
+    32 registers). ``bwd_64x128_dp2``'s separate form at d=128 spills 120 bytes, causal 172, without it and none with
+    it, but ptxas then serialises S^T and dP^T in one consumer (an injected warpgroup.wait): on the H200 the folded
+    config (``bwd_64x128_dp2_fold``) is not faster there; at d=64 (reduce form, persistent, no mask) it is, by 1.3-1.5%
+    (``bwd_64x128_dp2_p_fold``, picked). c is ``qk_fold``: scale * log2 e with its magnitude raised to
     ``FOLD_MIN`` if smaller (``fold_scale``): 1/c is then finite, and a raised c (|scale| < 5.4e-31, or 0) changes
     exp2's argument by less than |S| * 2**-100."""
     return opts.fold_rows
 
 
-def backward_args(dt: str, outs: tuple, out_views: str) -> tuple:
-    """The arguments both backward kernels take, in order: q, k, v, dO (descriptors), lse2 and delta (f32 row
-    vectors), ``outs``, the lengths, head counts and scales, then the 2-D row views' (rb, rh, ch) of q, k/v, dO and
-    ``out_views`` (the written gradients'), and BH."""
+def backward_args(dt: str, outs: tuple, out_views: str, rows: str = "ptr") -> tuple:
+    """The arguments both backward kernels take, in order: q, k, v, dO (descriptors), lse2 and delta (f32, [B*Hq, Sq]
+    with rows ``row_pitch(Sq)`` apart: ``rows`` "tensor", TMA descriptors, or "ptr", pointers), ``outs``, the
+    lengths, head counts and scales, then the 2-D row views' (rb, rh, ch) of q, k/v, dO and ``out_views`` (the
+    written gradients'), and BH."""
     views = [Arg(f"{t}_{s}", "scalar", "i32") for t in ("q", "kv", "do", out_views) for s in ("rb", "rh", "ch")]
     return (Arg("q", "tensor", dt, ("BHSq", "D")), Arg("k", "tensor", dt, ("BHSkv", "D")),
             Arg("v", "tensor", dt, ("BHSkv", "D")), Arg("do", "tensor", dt, ("BHSq", "D")),
-            Arg("lse2", "ptr", "f32", ("BHSq",)), Arg("delta", "ptr", "f32", ("BHSq",)), *outs,
+            Arg("lse2", rows, "f32", ("BHq", "Sq")), Arg("delta", rows, "f32", ("BHq", "Sq")), *outs,
             Arg("Sq", "scalar", "i32"), Arg("Skv", "scalar", "i32"), Arg("Hq", "scalar", "i32"),
             Arg("Hkv", "scalar", "i32"), Arg("G", "scalar", "i32"), Arg("qk_scale", "scalar", "f32"),
             Arg("scale", "scalar", "f32"), *views, Arg("BH", "scalar", "i32"))
@@ -120,7 +124,7 @@ def build(req: AttentionBwdRequest, opts: Options) -> Program:
               "reduce": (Arg("dq_acc", "tensor", "f32", ("BHSqp", "D"), out=True),), "none": ()}[req.dq]
     outs = (*dq_arg,
             Arg("dk", "ptr", dt, ("BHSkv", "D"), out=True), Arg("dv", "ptr", dt, ("BHSkv", "D"), out=True))
-    args = backward_args(dt, outs, "dk") + (Arg("NB", "scalar", "i32"),)
+    args = backward_args(dt, outs, "dk", rows="tensor") + (Arg("NB", "scalar", "i32"),)
     fold = folds_rows(req, opts)
     if fold:
         args += (Arg("qk_fold", "scalar", "f32"), Arg("lse_fold", "scalar", "f32"))
@@ -128,11 +132,11 @@ def build(req: AttentionBwdRequest, opts: Options) -> Program:
     lo, per_head = q_blocks(BM, BN, req.causal)
     h = "(%s*G+j//%s)" % (kvh, per_head)  # the q-head of step j
     m = "(%s+j%%%s)" % (lo, per_head)  # its Q block
-    row = "(%s*Hq+%s)*Sq+%s*%d" % (b, h, m, BM)  # first row of the step in [B*Hq*Sq] (lse2, delta, dq_acc)
+    row = "(%s*Hq+%s)*Sq+%s*%d" % (b, h, m, BM)  # first row of the step in [B*Hq*Sq] (the atomic dq_acc)
     kv_at = ("%s*kv_rb+%s*kv_rh+pid_n*%d" % (b, kvh, BN), "%s*kv_ch" % kvh)
     q_at = ("%s*q_rb+%s*q_rh+%s*%d" % (b, h, m, BM), "%s*q_ch" % h)
     do_at = ("%s*do_rb+%s*do_rh+%s*%d" % (b, h, m, BM), "%s*do_ch" % h)
-    vec = {"offset": row, "size": "(%s*Hq+%s)*Sq+Sq" % (b, h)}
+    vec_at = ("%s*Hq+%s" % (b, h), "%s*%d" % (m, BM))  # the step's lse2/delta columns (TMA: 0 past Sq)
     st_t, kd_t, col_t = T("f32", (BN, BM)), T("f32", (BN, D)), T("f32", (1, BM))
     mask = {"row": "pid_n*%d" % BN, "col": "%s*%d" % (m, BM), "kv_len": "Skv", "q_len": "Sq", "causal": req.causal,
             "keys_on_rows": True}
@@ -147,13 +151,11 @@ def build(req: AttentionBwdRequest, opts: Options) -> Program:
                      rows_valid="Sq-%s*%d" % (m, BM)),)
     if fold:  # S^T's and dP^T's accumulators start at -lse2/c and -delta (see folds_rows); dP^T - delta comes out
         rows_in = (
-            op("mulc", [Value("lc", T("f32", (BM,)))], ["lv"], c="lse_fold"),
-            op("expand", [Value("lr", col_t)], ["lc"], axis=0),
+            op("mulc", [Value("lc", col_t)], ["lr"], c="lse_fold"),
             op("zeros", [Value("z", st_t)]),
-            op("add", [Value("s0", st_t)], ["z", "lr"]),
+            op("add", [Value("s0", st_t)], ["z", "lc"]),
             op("trans", [Value("qt", T(dt, (D, BM), "smem"))], ["q"]),
             op("mma", [Value("st", st_t)], ["k", "qt", "s0"]),
-            op("expand", [Value("dr", col_t)], ["dl"], axis=0),
             op("sub", [Value("d0", st_t)], ["z", "dr"]),
             op("trans", [Value("dot", T(dt, (D, BM), "smem"))], ["do"]),
             op("mma", [Value("dd", st_t)], ["v", "dot", "d0"]),
@@ -171,19 +173,19 @@ def build(req: AttentionBwdRequest, opts: Options) -> Program:
             op("mma", [Value("dpt", st_t)], ["v", "dot"]),
             op("mulc", [Value("s2", st_t)], ["st"], c="qk_scale"),
             op("mask", [Value("sm", st_t)], ["s2"], **mask),
-            op("expand", [Value("lr", col_t)], ["lv"], axis=0),
             op("sub", [Value("sd", st_t)], ["sm", "lr"]),
             op("exp2", [Value("pt", st_t)], ["sd"]),
             op("cast", [Value("p16", T(dt, (BN, BM)))], ["pt"]),
             op("mma", [Value("dv_new", kd_t)], ["p16", "do", "dv"]),
-            op("expand", [Value("dr", col_t)], ["dl"], axis=0),
             op("sub", [Value("dd", st_t)], ["dpt", "dr"]),
         )
     loop_body = (
         op("load", [Value("q", T(dt, (BM, D), "smem"))], arg="q", coords=q_at),
         op("load", [Value("do", T(dt, (BM, D), "smem"))], arg="do", coords=do_at),
-        op("load_vec", [Value("lv", T("f32", (BM,)))], arg="lse2", **vec),
-        op("load_vec", [Value("dl", T("f32", (BM,)))], arg="delta", **vec),
+        op("load", [Value("lvs", T("f32", (1, BM), "smem"))], arg="lse2", coords=vec_at),
+        op("load", [Value("dls", T("f32", (1, BM), "smem"))], arg="delta", coords=vec_at),
+        op("smem_read", [Value("lr", col_t)], ["lvs"]),
+        op("smem_read", [Value("dr", col_t)], ["dls"]),
         *rows_in,
         op("mul", [Value("dst", st_t)], ["pt", "dd"]),
         op("cast", [Value("ds16", T(dt, (BN, BM)))], ["dst"]),
@@ -238,10 +240,28 @@ def padded_rows(Sq: int, block_m: int) -> int:
     return -(-Sq // block_m) * block_m
 
 
+#: lse2/delta rows start ``row_pitch(Sq)`` f32 apart: a multiple of 4 (16 bytes, a TMA descriptor's row alignment).
+ROW_PITCH = 4
+
+
+def row_pitch(Sq: int) -> int:
+    """The row pitch (elements) of the [B*Hq, Sq] lse2/delta views: Sq rounded up to ``ROW_PITCH``."""
+    return -(-Sq // ROW_PITCH) * ROW_PITCH
+
+
+def row_vectors(B: int, Hq: int, Sq: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two new f32 [B*Hq, Sq] views with rows ``row_pitch(Sq)`` apart (the preprocess writes them; the main kernel
+    reads their step columns by TMA, which gives 0 past Sq, the dQ kernel by pointer)."""
+    base = torch.empty(2, B * Hq, row_pitch(Sq), dtype=torch.float32, device=device)
+    return base[0, :, :Sq], base[1, :, :Sq]
+
+
 def preprocess(out: torch.Tensor, grad_out: torch.Tensor | None, lse: torch.Tensor,
                grad_lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(delta, lse2), each [B*Hq*Sq] f32: delta = rowsum(fp32(dO) * fp32(O)) - dlse (a gradient into lse folds in
-    here: dS = P (dP - delta + dlse)); lse2 = lse * log2 e, 0 where lse is -inf (a row with every key masked)."""
+    """(delta, lse2), each [B*Hq, Sq] f32 (``row_vectors``): delta = rowsum(fp32(dO) * fp32(O)) - dlse (a gradient
+    into lse folds in here: dS = P (dP - delta + dlse)); lse2 = lse * log2 e, 0 where lse is -inf (a row with every
+    key masked)."""
+    B, Hq, Sq = lse.shape
     delta = torch.zeros(lse.shape, dtype=torch.float32, device=lse.device)
     if grad_out is not None:
         delta = (grad_out.float() * out.float()).sum(-1)
@@ -249,7 +269,10 @@ def preprocess(out: torch.Tensor, grad_out: torch.Tensor | None, lse: torch.Tens
         delta = delta - grad_lse.float()
     lse = lse.float()
     lse2 = torch.where(lse == float("-inf"), torch.zeros_like(lse), lse * LOG2E)
-    return delta.reshape(-1).contiguous(), lse2.reshape(-1).contiguous()
+    d, l2 = row_vectors(B, Hq, Sq, lse.device)
+    d.copy_(delta.reshape(B * Hq, Sq))
+    l2.copy_(lse2.reshape(B * Hq, Sq))
+    return d, l2
 
 
 def _rows(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:

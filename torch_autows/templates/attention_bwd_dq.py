@@ -11,9 +11,10 @@ walks the KV blocks n of the head's kv-head (causal, top-left: up to the diagona
 registers as the A operand, as the forward's P V). At the end dQ *= scale, stored in q's dtype through a pointer
 with (dq_rb, dq_rh, dq_ch) and rows of D + (Hq-1)*dq_ch elements, up to Sq rows. Every dQ element is written once,
 by one CTA: with the main kernel built with ``dq="none"`` (templates/attention_bwd.py) the backward is deterministic.
-Rows past Sq are other heads' rows: the mask also keeps query < Sq (P = 0 there, no inf), and lse2/delta are read
-with a bound. (Row i of dS only feeds row i of dQ and rows past Sq are not stored, so the forward's mask without the
-query bound would give the same dQ; but at d=128 ptxas then spills 204 bytes, with it none.)
+Rows past Sq are other heads' rows: the mask also keeps query < Sq (P = 0 there, no inf), and lse2/delta (rows
+``row_pitch(Sq)`` apart) are read once a tile through pointers with a bound. (Row i of dS only feeds row i of dQ and
+rows past Sq are not stored, so the forward's mask without the query bound would give the same dQ; but at d=128 ptxas
+then spills 204 bytes, with it none.)
 
 Host side: ``kernel_values(q, k, v, grad_out, delta, lse2, causal, scale, fill=None, views=None)`` gives a value per
 argument name (the 2-D row views of ``templates.attention_bwd.row_views``, or those of the main kernel's values, a new
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from ..ir import Arg, Grid, Options, Program, TileType, Value, op
-from .attention_bwd import DTYPES, HEAD_DIMS, LOG2E, backward_args, row_views
+from .attention_bwd import DTYPES, HEAD_DIMS, LOG2E, ROW_PITCH, backward_args, row_views
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,8 @@ def build(req: AttentionBwdDqRequest, opts: Options) -> Program:
     q_at = ("%s*q_rb+%s*q_rh+%s*%d" % (b, h, mi, BM), "%s*q_ch" % h)
     do_at = ("%s*do_rb+%s*do_rh+%s*%d" % (b, h, mi, BM), "%s*do_ch" % h)
     kv_at = ("%s*kv_rb+(%s//G)*kv_rh+j*%d" % (b, h, BN), "(%s//G)*kv_ch" % h)
-    vec = {"offset": "pid_bh*Sq+%s*%d" % (mi, BM), "size": "pid_bh*Sq+Sq"}
+    pitch = "(cdiv(Sq,%d)*%d)" % (ROW_PITCH, ROW_PITCH)  # row_pitch(Sq)
+    vec = {"offset": "pid_bh*%s+%s*%d" % (pitch, mi, BM), "size": "pid_bh*%s+Sq" % pitch}
     ub = "cdiv(Skv,%d)" % BN
     if req.causal:  # blocks strictly right of the diagonal are fully masked: skip them
         ub = "min(cdiv(Skv,%d),cdiv(%s*%d+%d,%d))" % (BN, mi, BM, BM, BN)

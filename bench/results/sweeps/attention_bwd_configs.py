@@ -46,7 +46,8 @@ VARIANTS = {
     "bwd_64x128_dp2_fold_p": ("bwd_64x128_dp2_fold", {"persistent": True}, {"separate": (128,)}),
     # the fold at d=64, where registers are not tight: 64 fewer subtractions a thread and step beside the mmas
     "bwd_64x128_dp2_fold64": ("bwd_64x128_dp2", {"fold_rows": True}, {"reduce": (64,)}),
-    "bwd_64x128_dp2_p_fold64": ("bwd_64x128_dp2", {"persistent": True, "fold_rows": True}, {"reduce": (64,)}),
+    # the grouped causal walk and the fold together (each ahead alone at causal d=64 in -configs-4)
+    "bwd_64x128_dp2_g8_fold64": ("bwd_64x128_dp2", {"group_m": 8, "fold_rows": True}, {"reduce": (64,)}),
 }
 #: dQ-kernel variants: name -> (base, overrides).
 DQ_VARIANTS = {"dq_128x128_dp2_p": ("dq_128x128_dp2", {"persistent": True})}

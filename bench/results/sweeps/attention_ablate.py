@@ -1,0 +1,203 @@
+"""GPU ablations (not a test; timing only: the patched variants compute wrong numbers on purpose) of the attention
+backward's main kernel, and a profile of the forward at short sequences.
+
+Backward: each variant is a base config with ``group_m`` set to a tag (the non-causal walk ignores it: the same
+program) and its generated source patched per tag before it compiles: ``novec`` (the lse2/delta pointer loads ->
+zeros: their global latency and index math gone), ``nored`` (no TMA reduce-add nor its store_wait), ``nosync`` (no dS
+meeting of the two consumers). Whole calls (do_bench, median of 3 interleaved rounds) and per-kernel GPU time
+(torch.profiler) at s1024/s4096, d64/d128, no mask, against cuDNN. Forward: the generated kernel and cuDNN at
+s512/s1024, d64/d128, causal or not, timed plainly and as CUDA graphs of 10 calls (host overhead out), with their
+kernel times.
+
+Run at 8cd7bb1 (``sweeps/2026-12-01-h200-attention-bwd-ablate.json``, ``-attention-short-probe.json``), where the main
+kernel read lse2/delta through pointers at the top of every step: ``novec`` took 16-23% off its time. Since, the
+producer loads them by TMA (templates/attention_bwd.py) and ``novec`` only matches the dQ kernel's once-a-tile loads; a
+variant whose patch no longer matches is reported and skipped.
+
+    python bench/results/sweeps/attention_ablate.py [out.json]
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import statistics
+import sys
+from collections import defaultdict
+
+import torch
+from triton.testing import do_bench
+
+import torch_autows.codegen.compile as cc
+from torch_autows.attention_grad import _cudnn_backward
+from torch_autows.runtime import attention_bwd as rt
+from torch_autows.sdpa_fallback import fused_attention
+
+PATCH = {}  # group_m tag -> patches
+_gen = cc.generate
+
+
+def novec(src):
+    return re.sub(r"gl\.load\((lse2|delta)_ptr \+ (v_\w+_offs), mask=[^\n]*other=0\.0\)\.to\(gl\.float32\)",
+                  r"(\2 * 0).to(gl.float32)", src)
+
+
+def nored(src):
+    src = re.sub(r"\n\s*tma\.store_wait\(0\)[^\n]*", "", src)
+    return re.sub(r"\n\s*async_reduce_add_shared_to_global\([^\n]*", "", src)
+
+
+def nosync(src):
+    return re.sub(r"\n\s*mbarrier\.(arrive|wait)\(dss_meet[^\n]*", "", src)
+
+
+class Unpatched(Exception):
+    pass
+
+
+def generate(program):
+    src = _gen(program)
+    for p in PATCH.get(program.options.group_m, ()):
+        new = p(src)
+        if new == src:
+            raise Unpatched(f"{p.__name__} does not match {program.name}'s source")
+        src = new
+    return src
+
+VARIANTS = []  # (name, mode, base config, patches, d)
+
+
+def add(name, mode, base, patches, dims):
+    tag = 100 + len(VARIANTS)
+    rt.CONFIGS[name] = dataclasses.replace(rt.CONFIGS[base], group_m=tag)
+    rt.CONFIG_HEAD_DIMS[name] = {"atomic": (), "reduce": (), "separate": (), mode: dims}
+    PATCH[tag] = patches
+    VARIANTS.append((name, mode, dims))
+
+
+def add_variants() -> None:
+    add("sep", "separate", "bwd_64x128_dp2", (), (128,))
+    add("sep_novec", "separate", "bwd_64x128_dp2", (novec,), (128,))
+    add("sepfold", "separate", "bwd_64x128_dp2_fold", (), (128,))
+    add("sepfold_novec", "separate", "bwd_64x128_dp2_fold", (novec,), (128,))
+    add("split", "reduce", "bwd_64x128_dp2_dqsplit_fold", (), (128,))
+    add("split_novec", "reduce", "bwd_64x128_dp2_dqsplit_fold", (novec,), (128,))
+    add("split_nored", "reduce", "bwd_64x128_dp2_dqsplit_fold", (nored,), (128,))
+    add("split_novec_nored", "reduce", "bwd_64x128_dp2_dqsplit_fold", (novec, nored), (128,))
+    add("split_novec_nosync", "reduce", "bwd_64x128_dp2_dqsplit_fold", (novec, nosync), (128,))
+    add("split_novec_nored_nosync", "reduce", "bwd_64x128_dp2_dqsplit_fold", (novec, nored, nosync), (128,))
+    rt.CONFIGS["red64_fold_base"] = dataclasses.replace(rt.CONFIGS["bwd_64x128_dp2"], fold_rows=True)
+    rt.CONFIG_HEAD_DIMS["red64_fold_base"] = {"reduce": (64,)}
+    add("red64", "reduce", "bwd_64x128_dp2", (), (64,))
+    add("red64_novec", "reduce", "bwd_64x128_dp2", (novec,), (64,))
+    add("red64fold", "reduce", "red64_fold_base", (), (64,))
+    add("red64fold_novec", "reduce", "red64_fold_base", (novec,), (64,))
+
+
+def kernel_times(fn):
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            fn()
+        torch.cuda.synchronize()
+    out = defaultdict(float)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            out[e.name[:50]] += e.device_time_total / 10
+    return {k: round(v, 1) for k, v in out.items()}
+
+
+def case(s, d):
+    B, H = 16384 // s, 2048 // d
+    scale = d ** -0.5
+    q, k, v, go = (torch.randn(B, H, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    out, lse = fused_attention("cudnn", q, k, v, False, scale)
+    fns = {"cudnn": lambda: _cudnn_backward(go, q, k, v, out, lse, False, scale)}
+    for name, mode, dims in VARIANTS:
+        if d in dims:
+            dc = "dq_128x128_dp2_p" if mode == "separate" else None
+            fns[name] = (lambda m=mode, c=name, dc=dc:
+                         rt.backward(go, None, q, k, v, out, lse, False, scale, config=c, dq_mode=m, dq_config=dc))
+    ref = fns["cudnn"]()
+    err = {}
+    for n, f in list(fns.items()):
+        try:
+            got = f()
+        except Exception as e:
+            err[n] = f"{type(e).__name__}: {str(e)[:400]}"
+            print(n, err[n], flush=True)
+            del fns[n]
+            continue
+        err[n] = max(((x.float() - y.float()).norm() / y.float().norm()).item() for x, y in zip(got, ref))
+    times = defaultdict(list)
+    for _ in range(3):
+        for n, f in fns.items():
+            times[n].append(do_bench(f, warmup=10, rep=60))
+    ms = {n: statistics.median(t) for n, t in times.items()}
+    flops = 2.5 * 4 * B * H * s * s * d
+    kt = {n: kernel_times(f) for n, f in fns.items()}
+    r = {"case": f"s{s}-d{d}", "ms": ms, "tflops": {n: flops / t / 1e9 for n, t in ms.items()}, "err": err,
+         "kernels_us": kt}
+    print(r["case"], flush=True)
+    for n in ms:
+        main = {k_: u for k_, u in kt[n].items() if "attn_bwd" in k_ or "kernel" in k_ or "cudnn" in k_.lower()}
+        print(f"  {n:28s} {r['tflops'][n]:6.0f} TF  err {err[n] if isinstance(err[n], str) else round(err[n], 4)}"
+              f"  {main}", flush=True)
+    return r
+
+
+
+
+def graphed(fn):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(10):
+            fn()
+    return g.replay
+
+
+def fwd_case(s, d, causal):
+    from torch_autows.runtime import attention as fa
+    B, H = 16384 // s, 2048 // d
+    scale = d ** -0.5
+    q, k, v = (torch.randn(B, H, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    fns = {"cudnn": lambda: fused_attention("cudnn", q, k, v, causal, scale),
+           "autows": lambda: fa.attention(q, k, v, causal, scale, config="auto")}
+    ref = fns["cudnn"]()[0]
+    got = fns["autows"]()[0]
+    err = ((got.float() - ref.float()).norm() / ref.float().norm()).item()
+    res = {}
+    for _ in range(3):
+        for n, f in fns.items():
+            res.setdefault(n, []).append(do_bench(f, warmup=10, rep=60))
+            res.setdefault(n + "_graph10", []).append(do_bench(graphed(f), warmup=5, rep=60) / 10)
+    ms = {n: statistics.median(t) for n, t in res.items()}
+    flops = 4 * B * H * s * s * d / (2 if causal else 1)
+    kt = {n: kernel_times(f) for n, f in fns.items()}
+    name = f"fwd-s{s}-d{d}{'-causal' * causal}"
+    print(name, "err", round(err, 4), {n: round(flops / t / 1e9) for n, t in ms.items()}, kt, flush=True)
+    return {"case": name, "ms": ms, "kernels_us": kt, "err": err}
+
+
+def main() -> None:
+    add_variants()
+    cc.generate = generate
+    rows = [case(s, d) for s in (1024, 4096) for d in (128, 64)]
+    fwd = [fwd_case(s, d, c) for s in (512, 1024) for d in (64, 128) for c in (False, True)]
+    path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.environ.get("OUT", "."), "attention_ablate.json")
+    with open(path, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "backward": rows,
+                   "forward": fwd}, f, indent=1)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
