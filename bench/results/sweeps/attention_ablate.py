@@ -15,6 +15,7 @@ producer loads them by TMA (templates/attention_bwd.py) and ``novec`` only match
 variant whose patch no longer matches is reported and skipped.
 
     python bench/results/sweeps/attention_ablate.py [out.json]
+    python bench/results/sweeps/attention_ablate.py --fwd-epilogue [out.json]   # the forward's O / lse stores dropped
 """
 from __future__ import annotations
 
@@ -93,6 +94,45 @@ def add_variants() -> None:
     add("red64_novec", "reduce", "bwd_64x128_dp2", (novec,), (64,))
     add("red64fold", "reduce", "red64_fold_base", (), (64,))
     add("red64fold_novec", "reduce", "red64_fold_base", (novec,), (64,))
+
+
+def noo(src):
+    return re.sub(r"\n\s*gl\.store\(v_out_\w+_p, [^\n]*", "", src)
+
+
+def nolse(src):
+    return re.sub(r"\n\s*gl\.store\(lse_ptr [^\n]*", "", src)
+
+
+#: Forward variants (``--fwd-epilogue``): the short-sequence pick with its O / lse stores dropped (no mask: the walk
+#: ignores group_m, the tag).
+FWD = {"fwd": (), "fwd_noo": (noo,), "fwd_nolse": (nolse,), "fwd_noo_nolse": (noo, nolse)}
+
+
+def add_fwd_variants() -> None:
+    from torch_autows.runtime import attention as fa
+    for name, patches in FWD.items():
+        tag = 200 + len(PATCH)
+        fa.CONFIGS[name] = dataclasses.replace(fa.CONFIGS["ws_p_128x128_q2_rm_g16"], group_m=tag)
+        fa.HEAD_DIMS[name] = (64, 128)
+        PATCH[tag] = patches
+
+
+def fwd_epilogue(s, d):
+    """Kernel and call times of the FWD variants (timing only: the dropped stores leave out/lse unwritten)."""
+    from torch_autows.runtime import attention as fa
+    B, H = 16384 // s, 2048 // d
+    q, k, v = (torch.randn(B, H, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    fns = {"cudnn": lambda: fused_attention("cudnn", q, k, v, False, d ** -0.5)}
+    fns.update({n: (lambda n=n: fa.attention(q, k, v, False, d ** -0.5, config=n)) for n in FWD})
+    res = defaultdict(list)
+    for _ in range(3):
+        for n, f in fns.items():
+            res[n].append(do_bench(f, warmup=10, rep=40))
+    ms = {n: statistics.median(t) for n, t in res.items()}
+    kt = {n: kernel_times(f) for n, f in fns.items()}
+    print(f"fwd-s{s}-d{d}", {n: round(t * 1e3, 1) for n, t in ms.items()}, kt, flush=True)
+    return {"case": f"fwd-s{s}-d{d}", "ms": ms, "kernels_us": kt}
 
 
 def kernel_times(fn):
@@ -188,6 +228,16 @@ def fwd_case(s, d, causal):
 
 
 def main() -> None:
+    if "--fwd-epilogue" in sys.argv:
+        sys.argv.remove("--fwd-epilogue")
+        add_fwd_variants()
+        cc.generate = generate
+        rows = [fwd_epilogue(s, d) for s, d in ((512, 128), (512, 64), (1024, 128))]
+        path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.environ.get("OUT", "."), "fwd_epilogue.json")
+        with open(path, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "forward": rows}, f,
+                      indent=1)
+        return
     add_variants()
     cc.generate = generate
     rows = [case(s, d) for s in (1024, 4096) for d in (128, 64)]
