@@ -10,7 +10,7 @@ import pytest
 from programs import violation_kinds
 
 from torch_autows.interp import POLICIES, interpret_report
-from torch_autows.ir import Options, Value, op, walk
+from torch_autows.ir import Options, TileType, Value, op, walk
 from torch_autows.passes import PassError, data_partition, pipeline
 from torch_autows.templates.attention_bwd import AttentionBwdRequest, build
 from torch_autows.templates.attention_bwd_dq import AttentionBwdDqRequest
@@ -83,6 +83,25 @@ def _retarget(p, **change):
         return tuple(replace(o.with_attrs(**change) if o.kind in ("load", "load_vec") and o.attr("arg") == "delta"
                              else o, body=fix(o.body)) for o in ops)
     return replace(p, body=fix(p.body))
+
+
+def test_verifier_checks_what_smem_read_reads():
+    """The producer's lse2/delta rows reach the math through ``smem_read`` (SMEM -> registers, same shape and dtype);
+    reading a register tile, or changing the shape on the way, is refused at the template."""
+    p = build(AttentionBwdRequest(64, "bf16", False, dq="none"), _opts())
+    check(p, "template")
+    loop = next(o for o in p.body if o.kind == "loop")
+
+    def swap(o):
+        return replace(p, body=tuple(replace(x, body=tuple(o(y) for y in x.body)) if x is loop else x for x in p.body))
+
+    reg = swap(lambda o: replace(o, operands=("lr",)) if o.kind == "smem_read" and o.results[0].name == "dr" else o)
+    with pytest.raises(VerifyError, match="reads an SMEM tile into registers"):
+        check(reg, "template")
+    wide = swap(lambda o: replace(o, results=(Value("dr", TileType("f32", (2, 64))),))
+                if o.kind == "smem_read" and o.results[0].name == "dr" else o)
+    with pytest.raises(VerifyError, match="the same shape and dtype"):
+        check(wide, "template")
 
 
 def test_verifier_checks_what_atomic_adds_accumulate_into():

@@ -3,7 +3,8 @@
 Stages are ``passes.pipeline.STAGES`` ("template" and the name of each pass in PIPELINE); each stage's
 checks include those of the stages before it. At every stage: values are SSA and op kinds are in the op table
 (``ssa``). From the template on: accumulating outputs add f32 into an f32 out arg nothing else touches
-(``dataflow._check_accumulate``) and no ``chain_sync`` (``sync._check_meetings``: from data_partition on, its chains
+(``dataflow._check_accumulate``), an ``smem_read`` reads SMEM into registers of its shape
+(``dataflow._check_smem_reads``) and no ``chain_sync`` (``sync._check_meetings``: from data_partition on, its chains
 balance); from data_partition on: chains are independent and split-K sums what it should
 (``dataflow``); from loop_schedule on: loop stages respect latencies (``schedule._check_schedule``); from
 partition_schedule, buffers and memory_plan on: partitions, channels and SMEM fit (``resources``). From
@@ -23,7 +24,7 @@ from __future__ import annotations
 from ..ir import Program
 from ..passes.pipeline import STAGES
 from .base import VerifyError
-from .dataflow import _check_accumulate, _check_chains, _check_split
+from .dataflow import _check_accumulate, _check_chains, _check_smem_reads, _check_split
 from .resources import _check_channels, _check_memory, _check_partitions
 from .schedule import _check_pipelined, _check_schedule
 from .ssa import _check_ssa
@@ -46,7 +47,8 @@ def check(program: Program, stage: str = STAGES[-1]) -> None:
 
 
 #: The checks that hold from a stage on (after ``_check_ssa``, which holds at every stage), in pipeline order.
-_FROM_STAGE = (("template", (_check_accumulate, _check_meetings)), ("data_partition", (_check_chains, _check_split)),
+_FROM_STAGE = (("template", (_check_accumulate, _check_meetings, _check_smem_reads)),
+               ("data_partition", (_check_chains, _check_split)),
                ("loop_schedule", (_check_schedule,)),
                ("partition_schedule", (_check_partitions,)), ("buffers", (_check_channels,)),
                ("memory_plan", (_check_memory,)), ("code_partition", (_check_code, _check_turns)),

@@ -1,7 +1,7 @@
 """What a program's values may flow into, from the template and data_partition on: accumulating outputs add
 f32 into an f32 out arg nothing else touches (``_check_accumulate``), data-partition chains read only their own
-values and read-only loads (``_check_chains``), and split-K's parts, workspace and predicated stores agree
-(``_check_split``)."""
+values and read-only loads (``_check_chains``), split-K's parts, workspace and predicated stores agree
+(``_check_split``), and an ``smem_read`` reads an SMEM tile into registers of its shape (``_check_smem_reads``)."""
 from __future__ import annotations
 
 from ..ir import Program, defs, value_types, walk
@@ -10,6 +10,22 @@ from .base import _fail
 
 #: The argument kind each accumulating output adds through: pointers (per-element atomics) or a TMA descriptor.
 _TARGET_KIND = {"atomic_add_ptr": "ptr", "tma_reduce_add": "tensor"}
+
+
+def _check_smem_reads(p: Program, stage: str):
+    """An ``smem_read`` takes an SMEM tile and gives a register tile of the same shape and dtype (codegen reads the
+    slot with ``.load(layout)``; a register operand would have no slot to read)."""
+    types = value_types(p.body)
+    for o in walk(p.body):
+        if o.kind != "smem_read":
+            continue
+        src, dst = types.get(o.operands[0]), o.results[0].type
+        if src is None or src.space != "smem" or dst.space != "reg":
+            _fail(stage, f"smem_read of %{o.operands[0]} ({src.space if src else 'undefined'}) into {dst.space}: it "
+                  f"reads an SMEM tile into registers", o)
+        if (src.shape, src.dtype) != (dst.shape, dst.dtype):
+            _fail(stage, f"smem_read of a {src.dtype}{list(src.shape)} tile gives {dst.dtype}{list(dst.shape)}; the "
+                  f"same shape and dtype (cast after the read)", o)
 
 
 def _check_accumulate(p: Program, stage: str):
