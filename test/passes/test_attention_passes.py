@@ -59,8 +59,10 @@ class TestAttentionPasses(expecttest.TestCase):
       %acc_new:f32[128,64] = mma(%p16, %v, %acc_s)
       yield(%m_new, %l_new, %acc_new)
     }
-    %l_col:f32[128,1] = expand(%l_f) {axis=1}
-    %out_f:f32[128,64] = div0(%acc_f, %l_col)
+    %one:f32[128] = full() {value=1.0}
+    %rl:f32[128] = div0(%one, %l_f)
+    %rl_col:f32[128,1] = expand(%rl) {axis=1}
+    %out_f:f32[128,64] = mul(%acc_f, %rl_col)
     %out:bf16[128,64] = cast(%out_f)
     store_ptr(%out) {arg='o', col='(pid_bh%Hq)*o_ch', ld='64+(Hq-1)*o_ch', row='(pid_bh//Hq)*o_rb+(pid_bh%Hq)*o_rh+(cdiv(Sq,128)-1-pid_m)*128', rows_valid='Sq-(cdiv(Sq,128)-1-pid_m)*128'}
     %lse_v:f32[128] = lse(%m_f, %l_f)
@@ -121,10 +123,14 @@ class TestAttentionPasses(expecttest.TestCase):
       %acc_new_c1:f32[64,64] = mma(%p16_c1, %v, %acc_s_c1) [chain=1]
       yield(%m_new_c0, %m_new_c1, %l_new_c0, %l_new_c1, %acc_new_c0, %acc_new_c1)
     }
-    %l_col_c0:f32[64,1] = expand(%l_f_c0) {axis=1} [chain=0]
-    %l_col_c1:f32[64,1] = expand(%l_f_c1) {axis=1} [chain=1]
-    %out_f_c0:f32[64,64] = div0(%acc_f_c0, %l_col_c0) [chain=0]
-    %out_f_c1:f32[64,64] = div0(%acc_f_c1, %l_col_c1) [chain=1]
+    %one_c0:f32[64] = full() {value=1.0} [chain=0]
+    %one_c1:f32[64] = full() {value=1.0} [chain=1]
+    %rl_c0:f32[64] = div0(%one_c0, %l_f_c0) [chain=0]
+    %rl_c1:f32[64] = div0(%one_c1, %l_f_c1) [chain=1]
+    %rl_col_c0:f32[64,1] = expand(%rl_c0) {axis=1} [chain=0]
+    %rl_col_c1:f32[64,1] = expand(%rl_c1) {axis=1} [chain=1]
+    %out_f_c0:f32[64,64] = mul(%acc_f_c0, %rl_col_c0) [chain=0]
+    %out_f_c1:f32[64,64] = mul(%acc_f_c1, %rl_col_c1) [chain=1]
     %out_c0:bf16[64,64] = cast(%out_f_c0) [chain=0]
     %out_c1:bf16[64,64] = cast(%out_f_c1) [chain=1]
     store_ptr(%out_c0) {arg='o', col='(pid_bh%Hq)*o_ch', ld='64+(Hq-1)*o_ch', row='(pid_bh//Hq)*o_rb+(pid_bh%Hq)*o_rh+(cdiv(Sq,128)-1-pid_m)*128', rows_valid='Sq-(cdiv(Sq,128)-1-pid_m)*128'} [chain=0]
@@ -226,8 +232,10 @@ class TestAttentionPasses(expecttest.TestCase):
     release() {group='g0', guard=False, lag=1}
     release() {group='g1', lag=0}
     advance() {group='g1'}
-    %l_col_c0:f32[64,1] = expand(%l_f_c0) {axis=1} [chain=0 partition=consumer0]
-    %out_f_c0:f32[64,64] = div0(%acc_f_c0, %l_col_c0) [chain=0 partition=consumer0]
+    %one_c0:f32[64] = full() {value=1.0} [chain=0 partition=consumer0]
+    %rl_c0:f32[64] = div0(%one_c0, %l_f_c0) [chain=0 partition=consumer0]
+    %rl_col_c0:f32[64,1] = expand(%rl_c0) {axis=1} [chain=0 partition=consumer0]
+    %out_f_c0:f32[64,64] = mul(%acc_f_c0, %rl_col_c0) [chain=0 partition=consumer0]
     %out_c0:bf16[64,64] = cast(%out_f_c0) [chain=0 partition=consumer0]
     store_ptr(%out_c0) {arg='o', col='(pid_bh%Hq)*o_ch', ld='64+(Hq-1)*o_ch', row='(pid_bh//Hq)*o_rb+(pid_bh%Hq)*o_rh+(cdiv(Sq,128)-1-pid_m)*128', rows_valid='Sq-(cdiv(Sq,128)-1-pid_m)*128'} [chain=0 partition=consumer0]
     %lse_v_c0:f32[64] = lse(%m_f_c0, %l_f_c0) [chain=0 partition=consumer0]
@@ -294,8 +302,10 @@ class TestAttentionPasses(expecttest.TestCase):
     release() {group='g0', guard=False, lag=1}
     release() {group='g1', lag=0}
     advance() {group='g1'}
-    %l_col_c1:f32[64,1] = expand(%l_f_c1) {axis=1} [chain=1 partition=consumer1]
-    %out_f_c1:f32[64,64] = div0(%acc_f_c1, %l_col_c1) [chain=1 partition=consumer1]
+    %one_c1:f32[64] = full() {value=1.0} [chain=1 partition=consumer1]
+    %rl_c1:f32[64] = div0(%one_c1, %l_f_c1) [chain=1 partition=consumer1]
+    %rl_col_c1:f32[64,1] = expand(%rl_c1) {axis=1} [chain=1 partition=consumer1]
+    %out_f_c1:f32[64,64] = mul(%acc_f_c1, %rl_col_c1) [chain=1 partition=consumer1]
     %out_c1:bf16[64,64] = cast(%out_f_c1) [chain=1 partition=consumer1]
     store_ptr(%out_c1) {arg='o', col='(pid_bh%Hq)*o_ch', ld='64+(Hq-1)*o_ch', row='(pid_bh//Hq)*o_rb+(pid_bh%Hq)*o_rh+(cdiv(Sq,128)-1-pid_m)*128+64', rows_valid='Sq-(cdiv(Sq,128)-1-pid_m)*128-64'} [chain=1 partition=consumer1]
     %lse_v_c1:f32[64] = lse(%m_f_c1, %l_f_c1) [chain=1 partition=consumer1]

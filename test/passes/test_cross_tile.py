@@ -47,8 +47,10 @@ wait_ready() {group='g0'}
 %s_c0_pro_nx:f32[64,128] = mma(%q_c0_nx, %kt_c0_pro_nx) {pending=0, wait=False}
 %acc_f_c0_pt_done:f32[64,128] = mma_wait(%acc_f_c0_pt, %p16_c0_last_pt) {pending=1}
 release() {group='g2', guard=False, lag=1}
-%l_col_c0_pt:f32[64,1] = expand(%l_f_c0_pt) {axis=1}
-%out_f_c0_pt:f32[64,128] = div0(%acc_f_c0_pt_done, %l_col_c0_pt)
+%one_c0_pt:f32[64] = full() {value=1.0}
+%rl_c0_pt:f32[64] = div0(%one_c0_pt, %l_f_c0_pt)
+%rl_col_c0_pt:f32[64,1] = expand(%rl_c0_pt) {axis=1}
+%out_f_c0_pt:f32[64,128] = mul(%acc_f_c0_pt_done, %rl_col_c0_pt)
 %out_c0_pt:bf16[64,128] = cast(%out_f_c0_pt)
 store_ptr(%out_c0_pt) {arg='o', col='(pid_bh_prev%Hq)*o_ch', ld='128+(Hq-1)*o_ch', row='(pid_bh_prev//Hq)*o_rb+(pid_bh_prev%Hq)*o_rh+(cdiv(Sq,128)-1-pid_m_prev)*128', rows_valid='Sq-(cdiv(Sq,128)-1-pid_m_prev)*128'}
 %m_fs_c0_pt:f32[64] = mulc(%m_f_c0_pt) {c='qk_scale'}

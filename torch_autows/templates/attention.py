@@ -126,9 +126,13 @@ def build(req: AttentionRequest, opts: Options) -> Program:
         op("zeros", [Value("acc0", acc_t)]),
         op("loop", [Value("m_f", row_t), Value("l_f", row_t), Value("acc_f", acc_t)], ["m0", "l0", "acc0"],
            loop_body, var="j", lb=0, ub=ub, iter_args=("m", "l", "acc"), min_trip=1),
-        # epilogue: out = acc / l (0 where l == 0), lse = (m + log2 l) * ln 2
-        op("expand", [Value("l_col", T("f32", (BM, 1)))], ["l_f"], axis=1),
-        op("div0", [Value("out_f", acc_t)], ["acc_f", "l_col"]),
+        # epilogue: out = acc * (1 / l) (0 where l == 0: then every P and acc are 0), lse = (m + log2 l) * ln 2; one
+        # reciprocal a row and a multiply an element (a division an element was 369 of the epilogue's 728 SASS
+        # instructions a tile at d=128, offline sm_90a)
+        op("full", [Value("one", row_t)], value=1.0),
+        op("div0", [Value("rl", row_t)], ["one", "l_f"]),
+        op("expand", [Value("rl_col", T("f32", (BM, 1)))], ["rl"], axis=1),
+        op("mul", [Value("out_f", acc_t)], ["acc_f", "rl_col"]),
         op("cast", [Value("out", T(dt, (BM, D)))], ["out_f"]),
         op("store_ptr", [], ["out"], arg="o", row=o_row, col="(pid_bh%Hq)*o_ch", ld="%d+(Hq-1)*o_ch" % req.d,
            rows_valid="Sq-%s*%d" % (mi, BM), **({"cols_valid": req.d} if D != req.d else {})),
