@@ -39,6 +39,21 @@ def test_explain_attention_compile(capsys):
     assert len(summary["partitions"]) == 3 and summary["smem_bytes"] <= SM90.smem_limit
 
 
+def test_explain_sass_counts_each_gluon_line(capsys):
+    """--sass: the Gluon with each line's SASS instructions (compiled as launched, offline), every partition's total;
+    the forward's epilogue normalises by a reciprocal a row (a multiply an element, no division per element)."""
+    assert main(["explain", "attention", "--b", "32", "--s", "512", "--d", "128", "--gluon", "--sass"]) == 0
+    out = capsys.readouterr().out
+    section = out.split("# ---- SASS instructions per line (sm_90a, compiled as launched) ----\n")[1]
+    rows = [line for line in section.splitlines() if line and not line.startswith("# totals")]
+    counted = {r[8:].strip(): int(r[:6]) for r in rows if r[:6].strip()}
+    assert counted["v_out_f_c0 = v_acc_f_c0 * v_rl_col_c0"] == 64  # one FMUL a register of the 64x128 tile
+    assert not any("v_acc_f_c0 /" in text for text in counted)
+    totals = section.split("# totals: ")[1].splitlines()[0]
+    assert all(re.search(rf"\b{p} \d+", totals) for p in ("consumer0", "consumer1", "producer")), totals
+    assert int(re.search(r"consumer0 (\d+)", totals).group(1)) > 1000  # the whole consumer, loop body once
+
+
 def test_explain_attention_unsupported_head_dim():
     r = subprocess.run([sys.executable, "-m", "torch_autows", "explain", "attention", "--d", "80"],
                        capture_output=True, text=True)

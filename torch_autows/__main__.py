@@ -7,12 +7,14 @@ By default it prints the IR after every pipeline stage and the generated Gluon (
 --gluon select). --compile also compiles the Gluon offline to a sm_90a cubin (no GPU needed) and prints,
 as the last line, summary: <json>, with the cubin's path and Triton's cache key. --interpret runs the
 program on the CPU interpreter, before and after partitioning, and compares every output with torch.
+--sass compiles it as the runtime launches it and prints each Gluon line with the SASS instructions it became.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import sys
 from dataclasses import replace
 
@@ -126,6 +128,8 @@ def _show(kernel, args, shape, interp) -> int:
         print(report)
         if not ok:
             return 1
+    if args.sass:
+        _sass(program)
     if args.compile:
         from .codegen.compile import compile_offline, summary
 
@@ -135,6 +139,26 @@ def _show(kernel, args, shape, interp) -> int:
         info["cache_key"] = kernel.hash
         print("summary: " + json.dumps(info))
     return 0
+
+
+def _sass(program) -> None:
+    """The generated Gluon with, left of each line, the SASS instructions the kernel compiled as the runtime launches
+    it (integers divisible by 16, aligned pointers) spends on it; then each partition's total."""
+    from .codegen import gluon
+    from .codegen.compile import compile_as_launched, sass_per_line
+
+    counts = sass_per_line(program, compile_as_launched(program))
+    print("\n# ---- SASS instructions per line (sm_90a, compiled as launched) ----")
+    totals, part = {}, None
+    for i, text in enumerate(gluon.generate(program).splitlines(), 1):
+        m = re.match(r"def (\w+)\(", text)
+        part = m.group(1) if m else part
+        n = counts.get(i, 0)
+        if part is not None and n:
+            totals[part] = totals.get(part, 0) + n
+        print(f"{n or '':>6}  {text}")
+    print("# totals: " + ", ".join(f"{p} {n}" for p, n in totals.items())
+          + (f", in triton's library functions {counts[0]}" if counts.get(0) else ""))
 
 
 def _cubin_path(kernel, out: str | None) -> str | None:
@@ -207,6 +231,9 @@ def _parser() -> _Parser:
         out.add_argument("--compile", action="store_true",
                          help="compile offline to a sm_90a cubin (no GPU needed) and print a JSON summary as the "
                               "last line, with the cubin's path and Triton's cache key")
+        out.add_argument("--sass", action="store_true",
+                         help="compile for sm_90a as the runtime launches it (no GPU needed) and print the generated "
+                              "Gluon with the SASS instructions each line became, and each partition's total")
         out.add_argument("--out", metavar="DIR", default=None,
                          help="with --compile: also write the cubin to DIR and report that path")
         out.add_argument("--interpret", action="store_true",

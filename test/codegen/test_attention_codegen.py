@@ -58,19 +58,10 @@ def test_compiles_with_three_partitions(config, d, causal, dtype):
 def test_known_spills_are_gone_as_the_runtime_compiles(config, d, causal):
     """A case in ``_SPILLS`` compiled as the runtime's launch compiles a typical call (Triton specialises integer
     arguments divisible by 16 and 16-byte aligned pointers; the group size G left open): no spills."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    from torch_autows.codegen.compile import load_module, num_warps, ptxas_info, signature
+    from torch_autows.codegen.compile import compile_as_launched, ptxas_info
 
     program = pipeline.run(build(AttentionRequest(d, "bf16", causal), CONFIGS[config]))
-    sig = signature(program)
-    attrs = {(i,): [["tt.divisibility", 16]] for i, (name, ty) in enumerate(sig.items())
-             if name != "G" and (ty == "i32" or ty.startswith("*"))}
-    src = GluonASTSource(load_module(gluon.generate(program), program.arch).kernel, sig, {}, attrs)
-    target = GPUTarget("cuda", program.arch.sm, 32)
-    kernel = triton.compile(src, target=target, options={"num_warps": num_warps(program)})
+    kernel = compile_as_launched(program)
     assert ptxas_info(kernel.asm["ptx"], program.arch)["spills"] == 0
 
 def test_generated_attention_source_in_order():

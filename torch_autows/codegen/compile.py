@@ -179,6 +179,46 @@ def compile_offline(program: Program):
     return triton.compile(src, target=target, options={"num_warps": num_warps(program)})
 
 
+def compile_as_launched(program: Program):
+    """``compile_offline`` with the specialisation a typical launch gets (Triton's: integer arguments divisible by
+    16 and 16-byte aligned pointers; the GQA group size ``G`` left open), which the runtime's kernels are compiled
+    with on the GPU: its register use and instruction counts are the launched kernel's, not the generic one's."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    sig = signature(program)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (name, ty) in enumerate(sig.items())
+             if name != "G" and (ty == "i32" or ty.startswith("*"))}
+    src = GluonASTSource(load_module(generate(program), program.arch).kernel, sig, {}, attrs)
+    return triton.compile(src, target=GPUTarget("cuda", program.arch.sm, 32),
+                          options={"num_warps": num_warps(program)})
+
+
+def sass_per_line(program: Program, kernel) -> dict[int, int]:
+    """Line of the generated Gluon (``generate(program)``, 1-based) -> SASS instructions the compiled ``kernel``
+    attributes to it (``nvdisasm -g`` on its cubin), to see where a kernel's instructions go without a GPU
+    (``python -m torch_autows explain ... --sass``). Line 0: instructions of Triton's library functions the kernel
+    inlined (``gl.cdiv``, the reductions' combine steps), whose debug lines name triton's own files."""
+    from triton import knobs
+
+    path = load_module(generate(program), program.arch).__file__
+    with tempfile.TemporaryDirectory() as d:
+        cubin = os.path.join(d, "k.cubin")
+        with open(cubin, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        sass = subprocess.run([knobs.nvidia.nvdisasm.path, "-c", "-g", cubin], capture_output=True, text=True,
+                              check=True).stdout
+    counts: dict[int, int] = {}
+    line = None
+    for text in sass.splitlines():
+        m = re.search(r'//## File "([^"]+)", line (\d+)', text)
+        if m:
+            line = int(m.group(2)) if os.path.basename(m.group(1)) == os.path.basename(path) else 0
+        elif line is not None and re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+\S", text):
+            counts[line] = counts.get(line, 0) + 1
+    return counts
+
+
 def ptxas_info(ptx: str, arch: Arch = SM90) -> dict:
     """Registers and spills per ptxas -v on the PTX (the same ptxas triton uses)."""
     from triton.backends.nvidia.compiler import get_ptxas
