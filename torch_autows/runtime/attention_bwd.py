@@ -233,11 +233,11 @@ def _launch(template: str, request, opts: Options, values: dict, grid: int, key,
     of the kernel, the reduce form's dQ workspace too, goes through a TMA descriptor of its whole shape): through the
     bound launch cached under ``key`` where there is one, else compiled (cached by launch.compile_kernel) and launched,
     and bound for next time where ``in_place``."""
-    idx = dev.index(device)
-    grid = dev.grid(grid, opts.persistent, idx)
     hit = _BOUND.get(key)
     if hit is not None and hit[0](*(values[n].data_ptr() for n in hit[1])):
         return
+    idx = dev.index(device)
+    grid = dev.grid(grid, opts.persistent, idx)
     try:  # no directory to write the kernel source to (or another OSError): the vendor's backward serves the call
         kernel = compile_kernel(template, request, opts)
         launcher = kernel.launcher

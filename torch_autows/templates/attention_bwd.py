@@ -249,6 +249,10 @@ def row_pitch(Sq: int) -> int:
     return -(-Sq // ROW_PITCH) * ROW_PITCH
 
 
+#: ``row_pitch(Sq)`` as a kernel index expression (a kernel reading those views through pointers).
+ROW_PITCH_EXPR = "(cdiv(Sq,%d)*%d)" % (ROW_PITCH, ROW_PITCH)
+
+
 def row_vectors(B: int, Hq: int, Sq: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Two new f32 [B*Hq, Sq] views with rows ``row_pitch(Sq)`` apart (the preprocess writes them; the main kernel
     reads their step columns by TMA, which gives 0 past Sq, the dQ kernel by pointer)."""

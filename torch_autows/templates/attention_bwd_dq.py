@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from ..ir import Arg, Grid, Options, Program, TileType, Value, op
-from .attention_bwd import DTYPES, HEAD_DIMS, LOG2E, ROW_PITCH, backward_args, row_views
+from .attention_bwd import DTYPES, HEAD_DIMS, LOG2E, ROW_PITCH_EXPR, backward_args, row_views
 
 
 @dataclass(frozen=True)
@@ -54,8 +54,7 @@ def build(req: AttentionBwdDqRequest, opts: Options) -> Program:
     q_at = ("%s*q_rb+%s*q_rh+%s*%d" % (b, h, mi, BM), "%s*q_ch" % h)
     do_at = ("%s*do_rb+%s*do_rh+%s*%d" % (b, h, mi, BM), "%s*do_ch" % h)
     kv_at = ("%s*kv_rb+(%s//G)*kv_rh+j*%d" % (b, h, BN), "(%s//G)*kv_ch" % h)
-    pitch = "(cdiv(Sq,%d)*%d)" % (ROW_PITCH, ROW_PITCH)  # row_pitch(Sq)
-    vec = {"offset": "pid_bh*%s+%s*%d" % (pitch, mi, BM), "size": "pid_bh*%s+Sq" % pitch}
+    vec = {"offset": "pid_bh*%s+%s*%d" % (ROW_PITCH_EXPR, mi, BM), "size": "pid_bh*%s+Sq" % ROW_PITCH_EXPR}
     ub = "cdiv(Skv,%d)" % BN
     if req.causal:  # blocks strictly right of the diagonal are fully masked: skip them
         ub = "min(cdiv(Skv,%d),cdiv(%s*%d+%d,%d))" % (BN, mi, BM, BM, BN)

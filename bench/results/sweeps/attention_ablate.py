@@ -35,6 +35,9 @@ from torch_autows.attention_grad import _cudnn_backward
 from torch_autows.runtime import attention_bwd as rt
 from torch_autows.sdpa_fallback import fused_attention
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling sweep script's profile helper
+from attention_bwd_configs import kernel_times as _kernel_times  # noqa: E402
+
 PATCH = {}  # group_m tag -> patches
 _gen = cc.generate
 
@@ -136,17 +139,8 @@ def fwd_epilogue(s, d):
 
 
 def kernel_times(fn):
-    fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(10):
-            fn()
-        torch.cuda.synchronize()
-    out = defaultdict(float)
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            out[e.name[:50]] += e.device_time_total / 10
-    return {k: round(v, 1) for k, v in out.items()}
+    """``attention_bwd_configs.kernel_times`` (GPU us per kernel name and call), rounded for the printout."""
+    return {k: round(v, 1) for k, v in _kernel_times(fn).items()}
 
 
 def case(s, d):
