@@ -54,8 +54,10 @@ def cases():
             if not rt_attention.serves(config, d):
                 continue
             opts = rt_attention.options_for(config, scale)
-            req = AttentionRequest(d, dt, causal)
-            out.append((f"attention/{config}/{req}/scale{'+' if scale > 0 else '-'}", build_attention, req, opts))
+            for o_tma in (False, True) if rt_attention.o_tma_ok(opts.block_m, d, opts) else (False,):
+                req = AttentionRequest(d, dt, causal, o_tma=o_tma)
+                key = str(req).replace(", o_tma=False", "")  # the keys from before the field
+                out.append((f"attention/{config}/{key}/scale{'+' if scale > 0 else '-'}", build_attention, req, opts))
     out += _attention_bwd_cases()
     return out
 

@@ -66,7 +66,7 @@ def _gemm(args) -> int:
 
 
 def _attention(args) -> int:
-    from .runtime.attention import CONFIGS, HEAD_DIMS, choose_config, serves
+    from .runtime.attention import CONFIGS, HEAD_DIMS, choose_config, o_tma_ok, serves
     from .runtime.launch import compile_kernel
     from .templates.attention import AttentionRequest
 
@@ -75,7 +75,7 @@ def _attention(args) -> int:
         print(f"unknown config {config!r}; choose one of {sorted(CONFIGS)}", file=sys.stderr)
         return 2
     try:
-        req = AttentionRequest(args.d, args.dtype, args.causal)
+        req = AttentionRequest(args.d, args.dtype, args.causal, o_tma=o_tma_ok(args.s, args.d, CONFIGS[config]))
     except ValueError as e:
         print(f"{e}; torch_autows.ops.attention falls back to torch SDPA for it", file=sys.stderr)
         return 2

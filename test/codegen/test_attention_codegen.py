@@ -54,6 +54,24 @@ def test_compiles_with_three_partitions(config, d, causal, dtype):
     assert "ttg.warp_specialize" in kernel.asm["ttgir"]
 
 
+_O_TMA = [(c, d, causal) for c, d, causal in itertools.product(CONFIGS, (64, 128, 256), (False, True))
+          if serves(c, d) and not CONFIGS[c].cross_tile]
+
+
+@pytest.mark.parametrize("config,d,causal", _O_TMA)
+def test_o_tma_compiles_and_stores_by_tma(config, d, causal):
+    """The whole-tile form (``o_tma``: O stored by TMA from the consumer's Q slot) of every config that takes it."""
+    program = pipeline.run(build(AttentionRequest(d, "bf16", causal, o_tma=True), CONFIGS[config]))
+    kernel = compile_offline(program)
+    s = summary(program, kernel)
+    known = _SPILLS.get((config, d, causal), 0)
+    assert s["spills"] <= known, f"{s['spills']} bytes of spills (known: {known})"
+    assert s["smem_bytes"] <= 232448 and s["wgmma"] > 0
+    ptx = kernel.asm["ptx"]
+    assert re.search(r"cp\.async\.bulk\.tensor\.2d\.global\.shared::cta", ptx)  # the O store
+    assert "cp.async.bulk.wait_group.read" in ptx  # its wait before the Q slot goes back to the producer
+
+
 @pytest.mark.parametrize("config,d,causal", sorted(_SPILLS))
 def test_known_spills_are_gone_as_the_runtime_compiles(config, d, causal):
     """A case in ``_SPILLS`` compiled as the runtime's launch compiles a typical call (Triton specialises integer

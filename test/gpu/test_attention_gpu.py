@@ -1,9 +1,10 @@
 """Numerics of the generated flash-attention forward on sm_90 against fp32 math SDPA: >= 200 configurations.
 
-Sequence lengths with tails (1, 17, 1000, 4097), Sq != Skv, causal (top-left, as torch), GQA, bf16 and
-fp16, head dims 64/128 (and 60 cases of 96/192/256), [B, S, H, D] views transposed to [B, H, S, D] (q/v and
-k independently, so k and v may differ in layout; at odd lengths sliced from a fused QKV projection, rows
-3*H*D apart), every runtime config in turn; out and lse both checked; outputs poisoned with NaN before each run.
+Sequence lengths with tails (1, 17, 1000, 4097) and in whole query tiles (128, 384: O stored by TMA), Sq != Skv,
+causal (top-left, as torch), GQA, bf16 and fp16, head dims 64/128 (and 60 cases of 96/192/256), [B, S, H, D] views
+transposed to [B, H, S, D] (q/v and k independently, so k and v may differ in layout; at odd lengths sliced from a
+fused QKV projection, rows 3*H*D apart), every runtime config in turn; out and lse both checked; outputs poisoned
+with NaN before each run.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from torch_autows.runtime import fallback
 
 def _cases(n=220, seed=1, dims=(64, 128)):
     rng = random.Random(seed)
-    seqs = [1, 17, 64, 127, 128, 129, 300, 1000, 4097]
+    seqs = [1, 17, 64, 127, 128, 129, 300, 384, 1000, 4097]  # 128 and 384: whole tiles, O by TMA store (o_tma)
     out = []
     for i in range(n):
         hkv = rng.choice([1, 2, 4])

@@ -69,7 +69,8 @@ def _partition_fn(program: Program, part) -> list[str]:
     if program.turns and part.name in program.turns.partitions:
         body.append("    turn_n = 0  # mma issue groups this partition ran (ping-pong turns)")
     body += [f"    {ctx.stage_buf[o.operands[0]].name}_n = 0  # stores issued from this staging ring"
-             for o in walk(part.body) if o.kind == "store" and ctx.stage_buf[o.operands[0]].count > 1]
+             for o in walk(part.body) if o.kind == "store" and not o.attr("stage")
+             and ctx.stage_buf[o.operands[0]].count > 1]
     body += [f"    {b.name}_n = 0  # register stores into this SMEM tile's {b.count} copies"
              for o in walk(part.body) if o.kind == "smem_store"
              for b in program.buffers if b.value == o.results[0].name and b.count > 1]

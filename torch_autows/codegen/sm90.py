@@ -180,8 +180,14 @@ def _chain_sync(ctx, o, indent):
 
 @_sm90("store")
 def _store(ctx, o, indent):
-    b = ctx.stage_buf[o.operands[0]]
     coords = ", ".join(expr(c) for c in o.attr("coords"))
+    if o.attr("stage"):  # staged in the held slot of a per-tile tile this partition has read (passes/buffers)
+        slot = v(o.operands[1])
+        return [f"{slot}.store({v(o.operands[0])})  # {o.attr('stage')}'s slot, read for the last time before this",
+                "fence_async_shared()",
+                f"tma.async_copy_shared_to_global({o.attr('arg')}_desc, [{coords}], {slot})",
+                "tma.store_wait(0)  # TMA has read the slot: its release may hand it back to the producer"]
+    b = ctx.stage_buf[o.operands[0]]
     if b.count == 1:
         wait = "tma.store_wait(0)  # the previous TMA store out of this staging tile has finished reading it"
         buf, step = b.name, []

@@ -71,6 +71,9 @@ def _store(pr, o: Op):
     if skipped(pr, o):  # after a split_reduce, in a CTA that did not sum the parts
         return
     x = o.operands[0]
+    if o.attr("stage"):  # staged in the held slot of a per-tile tile (passes/buffers.stage_in_slots)
+        yield from _store_in_slot(pr, o)
+        return
     named = o.attr("buffer")  # a reduce names its staging tile (passes/buffers); a store's is found by its value
     buf = next((b for b in pr.run.program.buffers
                 if ((b.name == named) if named else (b.value == x and b.name.endswith("_stage")))), None)
@@ -92,6 +95,29 @@ def _store(pr, o: Op):
     rec = StoreRead(pr, o, pr.run.step, key, tag, tuple(int(pr.eval(c)) for c in o.attr("coords")))
     pr.cta.smem.slots[key].reads.append(rec)
     pr.stores.append(rec)
+
+
+def _store_in_slot(pr, o: Op):
+    """A ``store`` with ``stage``: the slot its second operand holds must still hold the fill this partition waited
+    for (not released and refilled) and no wgmma may still read it; the register tile goes into it, TMA stores it,
+    and the store waits for TMA to have read it (``tma.store_wait(0)``) before the partition goes on to release it."""
+    ref = pr.raw(o.operands[1], o)
+    if not isinstance(ref, SlotRef):
+        raise InterpError(f"interp: store of %{o.operands[0]} stages in %{o.operands[1]}, which is not an SMEM slot")
+    pr.cta.read_slot(ref, pr.name, o)
+    key = (ref.buf, ref.slot)
+    data = pr.value(pr.raw(o.operands[0], o), o)
+    pr.cta.check_write(key, f"{pr.name}'s register store into {ref.buf}[{ref.slot}] (staging)", pr.name, o)
+    tag = ("stage", pr.name, pr.run.step)
+    pr.cta.store_slot(key, data, tag)
+    yield None  # fence_async_shared(); then the TMA store is issued
+    if pr.cta.smem.slots[key].tag != tag:
+        pr.fail("overwrite", f"{ref.buf}[{ref.slot}] was overwritten between {pr.name}'s register store and its TMA "
+                f"store")
+    rec = StoreRead(pr, o, pr.run.step, key, tag, tuple(int(pr.eval(c)) for c in o.attr("coords")))
+    pr.cta.smem.slots[key].reads.append(rec)
+    pr.stores.append(rec)
+    pr.store_wait(0)
 
 
 def _smem_store(pr, o: Op):

@@ -177,6 +177,8 @@ def _attention(program: Program, seed: int, shape) -> Instance:
     D = next((x.attr("cols_valid") for x in walk(program.body) if x.kind == "store_ptr" and x.attr("cols_valid")), tile)
     causal = any(x.attr("causal") for x in walk(program.body) if x.kind == "mask")
     B, Hq, Hkv, Sq, Skv = shape if shape is not None else _attention_shape(rng, o)
+    if shape is None and program.arg("o").kind == "tensor":  # O by TMA store: whole query tiles only (o_tma)
+        Sq = -(-Sq // o.block_m) * o.block_m
     dt = TORCH_DTYPE[program.arg("q").dtype]
     gen = torch.Generator().manual_seed(seed)
     q4, k4, v4 = (torch.randn((B, h, s, D), generator=gen).to(dt) for h, s in ((Hq, Sq), (Hkv, Skv), (Hkv, Skv)))

@@ -65,7 +65,10 @@ OPS: dict[str, OpKind] = _kinds(
     # a masked pointer load of a 2-D tile straight into registers (the residual epilogue's R): rows row + r
     # (r < rows_valid), columns col + c (c < cols_valid) of a row-major tensor with leading dim ``ld``, else 0
     OpKind("load_ptr", _NONE, _ONE, axes="source", row_attrs=(("row", "offset"), ("rows_valid", "bound"))),
-    OpKind("store", _UNARY, _NONE, output=True, blocking=True),
+    # a TMA store of a register tile through an SMEM staging tile: its own ``<value>_stage`` buffer, or (``stage``, set
+    # by passes/buffers) the slot of a per-tile SMEM value the partition has finished reading, its second operand; the
+    # store then waits for TMA to have read the slot, so the slot's release (after its last reader, this op) is safe
+    OpKind("store", (1, 2), _NONE, output=True, blocking=True),
     # made by passes/split_k: the partial accumulator tiles in, the sums of the split's parts out (in the last
     # CTA), one result per operand
     OpKind("split_reduce", (1, None), (1, None), axes="elementwise", row_attrs=(("rows_valid", "bound"),)),

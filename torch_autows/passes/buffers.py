@@ -3,7 +3,9 @@
 Assumes: partition_schedule ran (every non-container op has a partition).
 Guarantees: each TMA ``load`` result has a Buffer (its landing tile); each ``store`` and ``tma_reduce_add`` operand
 has a staging Buffer ``<value>_stage`` (TMA stores and reduces read SMEM; a ``tma_reduce_add`` names it in its
-``buffer`` attribute, as later passes rename the operand; a ``transposed`` one's is the transposed shape); each
+``buffer`` attribute, as later passes rename the operand; a ``transposed`` one's is the transposed shape), but a
+top-level ``store`` that stages in a slot it may take (``stage_in_slots``: the tile type of a per-tile TMA load
+only its partition reads, all before the store; attention's O in its chain's Q slot); each
 ``smem_store`` result has a Buffer its partition alone writes (another chain may view it: data_partition's dq_split);
 every value used in a partition other than its producer's goes through a Channel (value, src, dsts, buffer), but
 the tile an ``smem_view`` reads (no ring: the chains' ``chain_sync`` orders the owner's store before the view).
@@ -85,7 +87,43 @@ def channel_groups(program: Program, counts: dict[str, int] | None = None) -> li
     return list(keyed.values())
 
 
+def stage_in_slots(body: tuple[Op, ...]) -> tuple[Op, ...]:
+    """``body`` with each top-level TMA ``store`` staged, where it may be, in the slot of a per-tile SMEM value: a
+    top-level ``load`` result of the store's chain and tile type (dtype and shape) that only the storing partition
+    reads (itself or through ``trans``/``slice`` views), every reader before the store in program order (a loop
+    counts whole). The store gets ``stage`` = that value and reads it as a second operand, so code_partition releases
+    the slot after the store, and the store waits for TMA to have read the slot before it goes on (codegen, both
+    interpreters): the producer cannot refill it under the store. It then needs no staging buffer of its own. A
+    value stages one store at most."""
+    types = {r.name: r.type for o in walk(body) for r in o.results}
+    taken: set[str] = set()
+    out = list(body)
+    for i, st in enumerate(body):
+        if st.kind != "store" or st.attr("stage") or len(st.operands) != 1:
+            continue
+        t = types.get(st.operands[0])
+        for ld in body[:i]:
+            y = ld.results[0] if ld.kind == "load" and ld.chain == st.chain else None
+            if (y is None or y.name in taken or t is None or y.type.space != "smem"
+                    or (y.type.dtype, y.type.shape) != (t.dtype, t.shape)):
+                continue
+            names, ok = {y.name}, True
+            for k, top in enumerate(body):
+                for u in walk((top,)):
+                    if names.isdisjoint(u.operands):
+                        continue
+                    if u.kind in ("trans", "slice"):
+                        names.add(u.results[0].name)
+                    ok = ok and u.kind not in ("yield", "loop") and u.partition == st.partition and k < i
+            if ok:
+                out[i] = replace(st, operands=(st.operands[0], y.name)).with_attrs(stage=y.name)
+                taken.add(y.name)
+                break
+    return tuple(out)
+
+
 def run(program: Program, options=None) -> Program:
+    program = replace(program, body=stage_in_slots(program.body))
     dmap = defs(program.body)
     users: dict[str, set[str]] = {}
     for o in walk(program.body):
@@ -101,7 +139,7 @@ def run(program: Program, options=None) -> Program:
         if o.kind == "smem_store":  # a partition's own SMEM tile (attention backward's dS): no channel
             v = o.results[0]
             buffers.append(Buffer(f"{v.name}_smem", v.type, v.name))
-        if o.kind in ("store", "tma_reduce_add"):  # TMA reads its source from SMEM: a staging tile
+        if o.kind in ("store", "tma_reduce_add") and not o.attr("stage"):  # TMA reads its source from SMEM: staging
             x = o.operands[0]
             t = next(r.type for r in dmap[x].results if r.name == x)
             if o.attr("transposed"):  # a reduce of the tile's transpose stages in the target's orientation

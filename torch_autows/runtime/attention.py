@@ -125,6 +125,14 @@ def options_for(config: str, scale: float) -> Options:
     return replace(opts, raw_max=False) if opts.raw_max and not scale > 0 else opts
 
 
+def o_tma_ok(Sq: int, d: int, opts: Options, out: torch.Tensor | None = None) -> bool:
+    """Whether O may be stored by TMA (templates.attention, ``o_tma``): every query tile whole (Sq % block_m == 0) and
+    no padding columns (d a power of two), so no tile row or column lies in another head; ``out`` 16-byte aligned
+    (TMA's rule; a row pitch of whole 16 bytes is _out_view's). cross_tile refuses TMA stores (passes/cross_tile)."""
+    return (Sq % opts.block_m == 0 and tile_d(d) == d and not opts.cross_tile
+            and (out is None or out.data_ptr() % 16 == 0))
+
+
 def _plan(req: AttentionRequest, opts: Options):
     """(Program, Launcher) of a request (launch.compile_kernel caches them)."""
     kernel = compile_kernel("attention", req, opts)
@@ -276,13 +284,15 @@ def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
     config = config or choose_config(D, is_causal, Skv)
     if not serves(config, D):
         raise ValueError(f"attention config {config!r} serves head dims {HEAD_DIMS.get(config, ())}, not {D}")
+    opts = options_for(config, scale)
+    req = AttentionRequest(D, DTYPES[q.dtype], bool(is_causal), o_tma=o_tma_ok(Sq, D, opts, out))
     try:  # no directory to write the kernel source to (or another OSError): torch serves the call, with why
-        program, launcher = _plan(AttentionRequest(D, DTYPES[q.dtype], bool(is_causal)), options_for(config, scale))
+        program, launcher = _plan(req, opts)
     except OSError as e:
         raise Unsupported(f"could not build the kernel: {e}") from e
     BH = B * Hq
-    values = {"q": _tma(qv), "k": _tma(kv), "v": _tma(vv), "o": out, "lse": lse, "Sq": Sq, "Skv": Skv, "Hq": Hq,
-              "Hkv": Hkv, "G": Hq // Hkv, "qk_scale": float(scale) * LOG2E, "BH": BH}
+    values = {"q": _tma(qv), "k": _tma(kv), "v": _tma(vv), "o": _tma(ov) if req.o_tma else out, "lse": lse,
+              "Sq": Sq, "Skv": Skv, "Hq": Hq, "Hkv": Hkv, "G": Hq // Hkv, "qk_scale": float(scale) * LOG2E, "BH": BH}
     for prefix, view in (("q", qv), ("kv", kv), ("o", ov)):  # (rb, rh, ch) of each row view
         values.update(zip((f"{prefix}_rb", f"{prefix}_rh", f"{prefix}_ch"), view[1:4]))
     args = launcher.ordered(values)  # by templates.attention's argument names

@@ -7,7 +7,12 @@ whose rows are sequence positions: element (b, h, s, d) is at row ``b*rb + h*rh 
 ch=D) are read in place. GQA maps q-head h to kv-head h // (Hq // Hkv). o is written the same way
 through a pointer, with its own (o_rb, o_rh, o_ch) and rows of D + (Hq-1)*o_ch elements, so a caller
 can have the output in q's layout (a model's transpose back to [B, S, H*D] is then a view); lse is
-[B*Hq*Sq].
+[B*Hq*Sq]. With ``AttentionRequest.o_tma`` (the caller guarantees Sq % BM == 0 and D == tile_d(D), so no tile
+row or column of O lies outside its head) o is a TMA row view like q's and the tile is stored by TMA from SMEM:
+asynchronous, whole 128-byte lines, where the pointer store is one 4-byte store a register pair that the
+consumers wait on (the pointer stores were 19% of the kernel's time at s512 d=128 on the H200, 5% at s4096:
+bench/results/sweeps, ``attention_ablate.py --fwd-epilogue``). passes/buffers stages it in the consumer's own
+Q slot, whose tile it has finished reading by then, so it needs no SMEM of its own.
 Head dims 96 and 192 run in tiles of 128 and 256 columns (``tile_d``: Gluon tensors have power-of-two shapes):
 the caller's q/k/v views must end each row at the head's last column (TMA then reads the padding columns as
 zeros, so they add nothing to Q K^T; V's padding only feeds output columns past D), and the output store is
@@ -39,8 +44,12 @@ class AttentionRequest:
     d: int
     dtype: str = "bf16"
     causal: bool = False
+    o_tma: bool = False  # O by TMA store (module docstring): only for Sq % block_m == 0 and d == tile_d(d)
 
     def __post_init__(self):
+        if self.o_tma and tile_d(self.d) != self.d:
+            raise ValueError(f"attention template: o_tma needs a power-of-two head dim (its tile would store "
+                             f"{tile_d(self.d) - self.d} columns of the next head); d={self.d} takes o_tma=False")
         if self.dtype not in ("bf16", "fp16"):
             raise ValueError(f"attention template: dtype {self.dtype!r} not served; use bf16 or fp16")
         if self.d not in HEAD_DIMS:
@@ -57,7 +66,8 @@ def build(req: AttentionRequest, opts: Options) -> Program:
     BM, BN, D, dt = opts.block_m, opts.block_n, tile_d(req.d), req.dtype
     T = TileType
     args = (Arg("q", "tensor", dt, ("BHSq", "D")), Arg("k", "tensor", dt, ("BHSkv", "D")),
-            Arg("v", "tensor", dt, ("BHSkv", "D")), Arg("o", "ptr", dt, ("BHSq", "D"), out=True),
+            Arg("v", "tensor", dt, ("BHSkv", "D")),
+            Arg("o", "tensor" if req.o_tma else "ptr", dt, ("BHSq", "D"), out=True),
             Arg("lse", "ptr", "f32", ("BHSq",), out=True),
             Arg("Sq", "scalar", "i32"), Arg("Skv", "scalar", "i32"), Arg("Hq", "scalar", "i32"),
             Arg("Hkv", "scalar", "i32"), Arg("G", "scalar", "i32"), Arg("qk_scale", "scalar", "f32"),
@@ -134,13 +144,14 @@ def build(req: AttentionRequest, opts: Options) -> Program:
         op("expand", [Value("rl_col", T("f32", (BM, 1)))], ["rl"], axis=1),
         op("mul", [Value("out_f", acc_t)], ["acc_f", "rl_col"]),
         op("cast", [Value("out", T(dt, (BM, D)))], ["out_f"]),
+        op("store", [], ["out"], arg="o", coords=(o_row, "(pid_bh%Hq)*o_ch")) if req.o_tma else
         op("store_ptr", [], ["out"], arg="o", row=o_row, col="(pid_bh%Hq)*o_ch", ld="%d+(Hq-1)*o_ch" % req.d,
            rows_valid="Sq-%s*%d" % (mi, BM), **({"cols_valid": req.d} if D != req.d else {})),
         *((op("mulc", [Value("m_fs", row_t)], ["m_f"], c="qk_scale"),) if opts.raw_max else ()),
         op("lse", [Value("lse_v", row_t)], ["m_fs" if opts.raw_max else "m_f", "l_f"]),
         op("store_vec", [], ["lse_v"], arg="lse", offset=lse_row, valid="Sq-%s*%d" % (mi, BM)),
     )
-    name = f"attn_fwd_{dt}_d{req.d}_{BM}x{BN}" + ("_causal" if req.causal else "")
+    name = f"attn_fwd_{dt}_d{req.d}_{BM}x{BN}" + ("_causal" if req.causal else "") + ("_otma" if req.o_tma else "")
     tiles = (("pid_bh", "BH"), ("pid_m", "cdiv(Sq,%d)" % BM))
     # causal: ``group_m`` query tiles of a head run back to back (1: every head's longest tile first)
     grid = (Grid(tiles[::-1], opts.persistent, opts.group_m, opts.serpentine) if req.causal
