@@ -55,8 +55,12 @@ def test_attention_bwd_configs_times_only_what_serves(restored):
 def test_attention_ablate_patches_what_it_names(restored):
     """The ablation script's variants build through the passes, and its ``nored``/``nosync`` patches still match the
     split-dQ kernel's source (the reduce-add and the consumers' meeting); a patch that matches nothing is reported
-    (``Unpatched``), not timed as if it had applied (``novec``: the main kernel reads lse2/delta by TMA now)."""
+    (``Unpatched``), not timed as if it had applied (``novec``: the main kernel reads lse2/delta by TMA now). The
+    forward's ``ooff``/``lseoff`` predicate the pointer stores off and keep them (so nothing upstream is dead code)."""
     from torch_autows.codegen import gluon
+    from torch_autows.runtime import attention as fa
+    from torch_autows.templates.attention import AttentionRequest
+    from torch_autows.templates.attention import build as build_fwd
 
     mod = _load("attention_ablate", ["out.json"], restored)
     mod.add_variants()
@@ -68,6 +72,12 @@ def test_attention_ablate_patches_what_it_names(restored):
     assert "async_reduce_add_shared_to_global(dq_acc_desc" not in mod.nored(split)
     assert "mbarrier.arrive(dss_meet" not in mod.nosync(split)
     assert mod.novec(split) == split
+    mod.add("split_novec", "reduce", "bwd_64x128_dp2_dqsplit_fold", (mod.novec,), (128,))
     program = pipeline.run(build(AttentionBwdRequest(128, "bf16", False, dq="reduce"), rt.CONFIGS["split_novec"]))
     with pytest.raises(mod.Unpatched, match="novec"):
         mod.generate(program)
+    for table in ("CONFIGS", "HEAD_DIMS"):
+        restored.setattr(fa, table, dict(getattr(fa, table)))
+    mod.add_fwd_variants()
+    fwd = mod.generate(pipeline.run(build_fwd(AttentionRequest(128, "bf16", False), fa.CONFIGS["fwd_ooff_lseoff"])))
+    assert fwd.count("gl.store(v_out_c") == 2 and fwd.count("& (qk_scale < 0.0))") == 4

@@ -218,7 +218,7 @@ def _tma_reduce_add(ctx, o, indent):
     if b.count != 1:
         raise ValueError(f"codegen: tma_reduce_add stages in {b.count} copies of {b.name}; only one is lowered "
                          f"(memory_plan gives 1)")
-    if any(x.kind == "store" for x in walk(ctx.part.body)):
+    if any(x.kind == "store" and not x.attr("stage") for x in walk(ctx.part.body)):  # a staged one waits at once
         raise ValueError(f"codegen: partition {ctx.part.name} issues TMA stores and reduces; store_wait counts them "
                          f"together, so the reduce's wait would be wrong: keep them in separate partitions")
     coords = ", ".join(expr(c) for c in o.attr("coords"))

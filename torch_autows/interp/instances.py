@@ -230,6 +230,10 @@ def _bwd_problem(program: Program, seed: int, shape):
     D = next(x.results[0].type.shape[-1] for x in walk(program.body) if x.kind == "load" and x.attr("arg") == "q")
     causal = any(x.attr("causal") for x in walk(program.body) if x.kind == "mask")
     B, Hq, Hkv, Sq, Skv = shape if shape is not None else _attention_shape(rng, o)
+    tma_out = {a.name for a in program.args if a.out and a.kind == "tensor"}
+    if shape is None:  # gradients stored by TMA (kv_tma, dq_tma): whole tiles only, as the runtime launches them
+        Skv = -(-Skv // o.block_n) * o.block_n if "dk" in tma_out else Skv
+        Sq = -(-Sq // o.block_m) * o.block_m if "dq" in tma_out else Sq
     dt = TORCH_DTYPE[program.arg("q").dtype]
     gen = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn((B, h, s, D), generator=gen).to(dt) for h, s in ((Hq, Sq), (Hkv, Skv), (Hkv, Skv)))

@@ -27,9 +27,12 @@ tensors' addresses (``launch.BoundCache``), as the forward.
 """
 from __future__ import annotations
 
+import functools
+from dataclasses import replace
+
 import torch
 
-from ..ir import Options
+from ..ir import Options, walk
 from ..templates import attention_bwd_dq as dq_host
 from ..templates.attention_bwd import HEAD_DIMS, AttentionBwdRequest, gradients, kernel_values, kv_gradients
 from ..templates.attention_bwd_dq import AttentionBwdDqRequest
@@ -255,6 +258,25 @@ def _launch(template: str, request, opts: Options, values: dict, grid: int, key,
         _BOUND.remember(key, launcher, grid, args, idx, names)
 
 
+@functools.lru_cache(maxsize=256)
+def _stages_in_slots(template: str, request, opts: Options) -> bool:
+    """Whether ``request``'s program stages every TMA store in a slot its partition has finished reading
+    (passes/buffers.stage_in_slots): the gradients then go out by TMA with the SMEM plan of the pointer stores. Where
+    a store would need SMEM of its own (the dq_split configs' dV: K is read by both chains), the pointer form stays."""
+    try:
+        program = compile_kernel(template, request, opts).program
+    except OSError:  # no directory for the kernel source: _launch says so for the form it falls back to
+        return False
+    return all(o.attr("stage") for pt in program.partitions for o in walk(pt.body) if o.kind == "store")
+
+
+def tma_request(template: str, request, opts: Options, whole: bool, field: str):
+    """``request`` with ``field`` (kv_tma, dq_tma: gradient tiles stored by TMA) set where its tiles are ``whole`` (no
+    tile row in another head) and the stores stage in slots (``_stages_in_slots``), else ``request``."""
+    tma = replace(request, **{field: True})
+    return tma if whole and _stages_in_slots(template, tma, opts) else request
+
+
 def _checked(config: str | None, d: int, causal: bool, dq_mode: str) -> str:
     if not any(serves(c, d, dq_mode) for c in CONFIGS):
         raise Unsupported(f"no config serves head dim {d} in the {dq_mode} form without spills (CONFIG_HEAD_DIMS); "
@@ -296,15 +318,20 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: floa
     in_place = grad_out is not None and all(values[n].data_ptr() == t.data_ptr() for n, t in zip(_VIEWS,
                                                                                                  (q, k, v, grad_out)))
     call = _key(grad_out, grad_lse, q, k, v, out, lse, causal, scale)
+    Sq, Skv = q.shape[2], k.shape[2]
+    main = tma_request("attention_bwd", AttentionBwdRequest(D, DTYPES[q.dtype], causal, dq=form), opts,
+                       Skv % opts.block_n == 0, "kv_tma")
     # one CTA per (batch, kv-head) and launched KV block
-    _launch("attention_bwd", AttentionBwdRequest(D, DTYPES[q.dtype], causal, dq=form), opts, values,
+    _launch("attention_bwd", main, opts, values,
             values["BH"] * values["NB"], call + ("main", config, form), in_place, q.device)
     if dq_mode != "separate":
         return gradients(values, scale, q, k, post=rows.postprocess)
     dq_opts = DQ_CONFIGS[dq_config]
     dq_values = dq_host.kernel_values(q, k, v, grad_out, delta, lse2, causal, scale, POISON, views=values)
+    dq_req = tma_request("attention_bwd_dq", AttentionBwdDqRequest(D, DTYPES[q.dtype], causal), dq_opts,
+                         Sq % dq_opts.block_m == 0, "dq_tma")
     # one CTA per (batch, q-head) and block of queries
-    _launch("attention_bwd_dq", AttentionBwdDqRequest(D, DTYPES[q.dtype], causal), dq_opts, dq_values,
+    _launch("attention_bwd_dq", dq_req, dq_opts, dq_values,
             dq_values["BH"] * dq_host.q_tiles(q.shape[2], dq_opts.block_m), call + ("dq", dq_config), in_place,
             q.device)
     return (dq_host.gradient(dq_values, q), *kv_gradients(values, k))

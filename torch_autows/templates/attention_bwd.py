@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..ir import Arg, Grid, Options, Program, TileType, Value, op
+from ..ir import Arg, Grid, Op, Options, Program, TileType, Value, op
 
 #: Head dims the template takes (tile width = head dim).
 HEAD_DIMS = (64, 128)
@@ -68,6 +68,7 @@ class AttentionBwdRequest:
     dtype: str = "bf16"
     causal: bool = False
     dq: str = "atomic"  # DQ_FORMS
+    kv_tma: bool = False  # dK/dV stored by TMA (Skv % block_n == 0: no tile row in another head; see build)
 
     def __post_init__(self):
         if self.dq not in DQ_FORMS:
@@ -122,8 +123,9 @@ def build(req: AttentionBwdRequest, opts: Options) -> Program:
     T = TileType
     dq_arg = {"atomic": (Arg("dq_acc", "ptr", "f32", ("BHSq", "D"), out=True),),
               "reduce": (Arg("dq_acc", "tensor", "f32", ("BHSqp", "D"), out=True),), "none": ()}[req.dq]
+    kv_out = "tensor" if req.kv_tma else "ptr"
     outs = (*dq_arg,
-            Arg("dk", "ptr", dt, ("BHSkv", "D"), out=True), Arg("dv", "ptr", dt, ("BHSkv", "D"), out=True))
+            Arg("dk", kv_out, dt, ("BHSkv", "D"), out=True), Arg("dv", kv_out, dt, ("BHSkv", "D"), out=True))
     args = backward_args(dt, outs, "dk", rows="tensor") + (Arg("NB", "scalar", "i32"),)
     fold = folds_rows(req, opts)
     if fold:
@@ -199,6 +201,13 @@ def build(req: AttentionBwdRequest, opts: Options) -> Program:
     # the split-dQ kernel's registers are full at the dK/dV stores (dV still live): per-row pointers instead of a 64-bit
     # address per element (passes/BACKWARD.md step 8 (b): 96 spill bytes -> 0 at d=128; elsewhere they cost spills)
     store = {"row_ptr": True} if opts.dq_split else {}
+
+    def kv_store(x: str, arg: str) -> tuple[Op, ...]:
+        # kv_tma: whole KV tiles (the runtime's rule), so a TMA store of the tile stays in its head's rows; it stages
+        # in the chain's K (dK) or V (dV) slot where only its partition reads it (passes/buffers.stage_in_slots)
+        if req.kv_tma:
+            return (op("store", [], [x], arg=arg, coords=(dk_row, "%s*dk_ch" % kvh)),)
+        return (op("store_ptr", [], [x], arg=arg, **out, **store),)
     body = (
         op("load", [Value("k", T(dt, (BN, D), "smem"))], arg="k", coords=kv_at),
         op("load", [Value("v", T(dt, (BN, D), "smem"))], arg="v", coords=kv_at),
@@ -208,11 +217,12 @@ def build(req: AttentionBwdRequest, opts: Options) -> Program:
            ub="G*%s" % per_head, iter_args=("dk", "dv"), min_trip=1),
         op("mulc", [Value("dks", kd_t)], ["dk_f"], c="scale"),
         op("cast", [Value("dk16", T(dt, (BN, D)))], ["dks"]),
-        op("store_ptr", [], ["dk16"], arg="dk", **out, **store),
+        *kv_store("dk16", "dk"),
         op("cast", [Value("dv16", T(dt, (BN, D)))], ["dv_f"]),
-        op("store_ptr", [], ["dv16"], arg="dv", **out, **store),
+        *kv_store("dv16", "dv"),
     )
     name = (f"attn_bwd_{dt}_d{req.d}_{BM}x{BN}" + ("_causal" if req.causal else "") + ("_p" if opts.persistent else "")
+            + ("_kvtma" if req.kv_tma else "")
             + ("_fold" if opts.fold_rows else "") + {"atomic": "", "reduce": "_tmared", "none": "_nodq"}[req.dq])
     # Causal: KV block n sees the Q blocks from the diagonal on (block 0 the longest). ``group_m`` > 1 walks them
     # grouped: ``group_m`` heads' block 0, then their block 1, ... (longest first within the group, and the group's

@@ -35,6 +35,7 @@ class AttentionBwdDqRequest:
     d: int
     dtype: str = "bf16"
     causal: bool = False
+    dq_tma: bool = False  # dQ stored by TMA (Sq % block_m == 0: no tile row in another head; see build)
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -46,7 +47,7 @@ class AttentionBwdDqRequest:
 def build(req: AttentionBwdDqRequest, opts: Options) -> Program:
     BM, BN, D, dt = opts.block_m, opts.block_n, req.d, req.dtype
     T = TileType
-    args = backward_args(dt, (Arg("dq", "ptr", dt, ("BHSq", "D"), out=True),), "dq")
+    args = backward_args(dt, (Arg("dq", "tensor" if req.dq_tma else "ptr", dt, ("BHSq", "D"), out=True),), "dq")
     # causal tiles differ in length: the longest (last Q blocks) first, as the forward
     mi = "(cdiv(Sq,%d)-1-pid_m)" % BM if req.causal else "pid_m"
     b, h = "(pid_bh//Hq)", "(pid_bh%Hq)"
@@ -88,11 +89,15 @@ def build(req: AttentionBwdDqRequest, opts: Options) -> Program:
         op("loop", [Value("dq_f", acc_t)], ["dq0"], loop_body, var="j", lb=0, ub=ub, iter_args=("dq",), min_trip=1),
         op("mulc", [Value("dqs", acc_t)], ["dq_f"], c="scale"),
         op("cast", [Value("dq16", T(dt, (BM, D)))], ["dqs"]),
+        # dq_tma: whole Q tiles (the runtime's rule), so a TMA store of the tile stays in its head's rows; it stages in
+        # the chain's Q slot (passes/buffers.stage_in_slots), as the forward's O
+        op("store", [], ["dq16"], arg="dq", coords=("%s*dq_rb+%s*dq_rh+%s*%d" % (b, h, mi, BM), "%s*dq_ch" % h))
+        if req.dq_tma else
         op("store_ptr", [], ["dq16"], arg="dq", row="%s*dq_rb+%s*dq_rh+%s*%d" % (b, h, mi, BM), col="%s*dq_ch" % h,
            ld="%d+(Hq-1)*dq_ch" % D, rows_valid="Sq-%s*%d" % (mi, BM)),
     )
     name = f"attn_bwd_dq_{dt}_d{req.d}_{BM}x{BN}" + ("_causal" if req.causal else "") + \
-        ("_p" if opts.persistent else "")
+        ("_p" if opts.persistent else "") + ("_tma" if req.dq_tma else "")
     tiles = (("pid_bh", "BH"), ("pid_m", "cdiv(Sq,%d)" % BM))
     grid = Grid(tiles[::-1] if req.causal else tiles, persistent=opts.persistent, group=1)
     return Program(name, args, grid, opts, body, template="attention_bwd_dq")

@@ -15,7 +15,7 @@ producer loads them by TMA (templates/attention_bwd.py) and ``novec`` only match
 variant whose patch no longer matches is reported and skipped.
 
     python bench/results/sweeps/attention_ablate.py [out.json]
-    python bench/results/sweeps/attention_ablate.py --fwd-epilogue [out.json]   # the forward's O / lse stores predicated off
+    python bench/results/sweeps/attention_ablate.py --fwd-epilogue [out.json]   # the forward's O / lse stores off
 """
 from __future__ import annotations
 
