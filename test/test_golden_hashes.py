@@ -63,7 +63,8 @@ def cases():
 
 
 def _attention_bwd_cases():
-    """The reduce form of the attention backward's main kernel, as runtime.attention_bwd builds it."""
+    """The reduce form of the attention backward's main kernel, as runtime.attention_bwd builds it (dK/dV by pointer
+    and, for whole KV tiles, by TMA)."""
     from torch_autows.runtime import attention_bwd as rt_bwd
     from torch_autows.templates.attention_bwd import HEAD_DIMS, AttentionBwdRequest
     from torch_autows.templates.attention_bwd import build as build_bwd
@@ -73,7 +74,10 @@ def _attention_bwd_cases():
         for d, dt, causal in itertools.product(HEAD_DIMS, ("bf16", "fp16"), (False, True)):
             if rt_bwd.serves(config, d, "reduce"):
                 req = AttentionBwdRequest(d, dt, causal, dq="reduce")
-                out.append((f"attention_bwd/{config}/{req}", build_bwd, req, opts))
+                tma = rt_bwd.tma_request("attention_bwd", req, opts, True, "kv_tma")  # whole KV tiles
+                for r in dict.fromkeys((req, tma)):
+                    key = str(r).replace(", kv_tma=False", "")  # the keys from before the field
+                    out.append((f"attention_bwd/{config}/{key}", build_bwd, r, opts))
     return out
 
 

@@ -339,3 +339,37 @@ def test_gluon_ext_reduce_compiles_to_the_bulk_reduce():
     assert "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.bulk_group" in ptx
     assert "fence.proxy.async.shared::cta" in ptx and "cp.async.bulk.wait_group.read" in ptx
     assert ptxas_info(ptx)["spills"] == 0
+
+
+# The whole-tile forms (kv_tma: dK/dV, dq_tma: dQ stored by TMA from the chain's K/V/Q slot) of every served config
+# whose stores stage in slots (runtime.attention_bwd.tma_request), without a mask, bf16. Not the atomic form: the
+# runtime keeps its pointer stores (at d=128 the staged stores spill 540 bytes against 440).
+TMA = [("main", c, d, m) for c in CONFIGS for m in ("separate", "reduce") for d in (64, 128)
+       if serves(c, d, m) and "dqsplit" not in c] + [("dq", c, d, "separate") for c in DQ_CONFIGS for d in (64, 128)
+                                                     if dq_serves(c, d)]
+
+
+@pytest.mark.parametrize("kernel,config,d,mode", TMA)
+def test_tma_gradient_stores_compile_for_sm90a(kernel, config, d, mode):
+    from torch_autows.codegen.compile import compile_offline, summary
+    from torch_autows.runtime.attention_bwd import tma_request
+
+    if kernel == "dq":
+        req = tma_request("attention_bwd_dq", AttentionBwdDqRequest(d, "bf16", False), DQ_CONFIGS[config], True,
+                          "dq_tma")
+        assert req.dq_tma
+        program = pipeline.run(build_dq(req, DQ_CONFIGS[config]))
+    else:
+        form = "none" if mode == "separate" else mode
+        req = tma_request("attention_bwd", AttentionBwdRequest(d, "bf16", False, dq=form), CONFIGS[config], True,
+                          "kv_tma")
+        assert req.kv_tma
+        program = pipeline.run(build(req, CONFIGS[config]))
+    compiled = compile_offline(program)
+    s = summary(program, compiled)
+    ptx = compiled.asm["ptx"]
+    stores = ptx.count("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group")
+    assert stores == (1 if kernel == "dq" else 2) * (DQ_CONFIGS if kernel == "dq" else CONFIGS)[config].data_partition
+    assert s["smem_bytes"] <= 232448
+    known = SEPARATE_SPILLS.get((config, d, False, "bf16"), 0) if (kernel, mode) == ("main", "separate") else 0
+    assert s["spills"] <= known, f"{s['spills']} bytes of spills (known: {known})"

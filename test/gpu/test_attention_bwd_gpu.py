@@ -1,13 +1,13 @@
 """Numerics of the generated attention backward (runtime/attention_bwd.py) on sm_90 against attention_grad's math
-backward in fp32, on fresh random inputs with (out, lse) from our forward: head dims 64/128, bf16/fp16, causal or not,
-Sq != Skv both ways, lengths off the tiles (1, 63, 200, 1000), GQA groups 1/4/8, [B, S, H, D] views, a gradient into
-lse, and none into out. dK/dV are NaN-poisoned before each launch (``attention_bwd.POISON``). The tolerance per
-gradient is max(2 x the vendor backward's own error on the same inputs, 1e-2), relative Frobenius norm, plus an
-absolute 1e-4 per element (for gradients that are zero in exact arithmetic). Each case runs in every form
-(``dq_mode``: atomic dQ adds, TMA reduce-adds (d=128 through the split dQ, ``bwd_32x128_dp2_dqsplit``: the chains
-share dS through SMEM and meet once a step), or the separate dQ kernel). Plus one end-to-end ``torch.autograd`` run
-through ``ops.attention`` with ``config.attention_backward = "autows"``, and bitwise-equal gradients over runs under
-``torch.use_deterministic_algorithms(True)`` (the separate form)."""
+backward in fp32, on fresh random inputs with (out, lse) from our forward: head dims 64/128, bf16/fp16, causal or
+not, Sq != Skv both ways, lengths off the tiles (1, 63, 200, 1000) and in whole tiles (128, 384: dK/dV and dQ stored
+by TMA), GQA groups 1/4/8, [B, S, H, D] views, a gradient into lse, and none into out. dK/dV are NaN-poisoned before
+each launch (``attention_bwd.POISON``). The tolerance per gradient is max(2 x the vendor backward's own error on the
+same inputs, 1e-2), relative Frobenius norm, plus an absolute 1e-4 per element (for gradients that are zero in exact
+arithmetic). Each case runs in every form (``dq_mode``: atomic dQ adds, TMA reduce-adds (d=128 through the split dQ,
+``bwd_32x128_dp2_dqsplit``: the chains share dS through SMEM and meet once a step), or the separate dQ kernel). Plus
+one end-to-end ``torch.autograd`` run through ``ops.attention`` with ``config.attention_backward = "autows"``, and
+bitwise-equal gradients over runs under ``torch.use_deterministic_algorithms(True)`` (the separate form)."""
 from __future__ import annotations
 
 import math
@@ -24,7 +24,7 @@ from torch_autows.runtime import fallback
 
 def _cases(mode: str, n=48, seed=3):
     rng = random.Random(seed)
-    seqs = [1, 63, 200, 1000]
+    seqs = [1, 63, 128, 200, 384, 1000]  # 128, 384: whole tiles, the gradients stored by TMA (kv_tma, dq_tma)
     out, dq_configs = [], list(rt.DQ_CONFIGS)
     dims = [d for d in (64, 128) if any(rt.serves(c, d, mode) for c in rt.CONFIGS)]
     for i in range(n):

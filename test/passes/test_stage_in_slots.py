@@ -141,3 +141,61 @@ def test_runtime_takes_o_tma_only_for_whole_tiles_and_power_of_two_heads():
     assert not o_tma_ok(512, 128, CONFIGS["ws_p_128x128_q2_rm_g16_xt"])  # cross_tile refuses TMA stores
     with pytest.raises(ValueError, match="o_tma needs a power-of-two head dim"):
         AttentionRequest(96, o_tma=True)
+
+
+# ------------------------------------------------------------------------------------------ the backward's gradients
+
+
+def _bwd_programs():
+    """(name, request, before) of every served backward main kernel (each form) and dQ kernel, with the request the
+    runtime takes for whole tiles (runtime.attention_bwd.tma_request)."""
+    from torch_autows.runtime import attention_bwd as rt
+    from torch_autows.templates.attention_bwd import AttentionBwdRequest
+    from torch_autows.templates.attention_bwd import build as build_bwd
+    from torch_autows.templates.attention_bwd_dq import AttentionBwdDqRequest
+    from torch_autows.templates.attention_bwd_dq import build as build_dq
+
+    out = []
+    for config, mode, d in [(c, m, d) for c in rt.CONFIGS for m in ("separate", "reduce") for d in (64, 128)
+                            if rt.serves(c, d, m)]:
+        req = AttentionBwdRequest(d, "bf16", d == 64, dq="none" if mode == "separate" else mode)
+        tma = rt.tma_request("attention_bwd", req, rt.CONFIGS[config], True, "kv_tma")
+        out.append((f"{config}/{mode}/d{d}", tma, build_bwd(tma, rt.CONFIGS[config])))
+    for config, d in [(c, d) for c in rt.DQ_CONFIGS for d in (64, 128) if rt.dq_serves(c, d)]:
+        req = AttentionBwdDqRequest(d, "bf16", d == 128)
+        tma = rt.tma_request("attention_bwd_dq", req, rt.DQ_CONFIGS[config], True, "dq_tma")
+        out.append((f"dq/{config}/d{d}", tma, build_dq(tma, rt.DQ_CONFIGS[config])))
+    return out
+
+
+def _tma(req) -> bool:
+    return getattr(req, "kv_tma", False) or getattr(req, "dq_tma", False)
+
+
+def test_backward_gradients_stage_in_their_own_slots():
+    """dK and dV in the chain's K and V slots, dQ (the dQ kernel) in the chain's Q slot; where a store could not stage
+    (the dq_split configs: K is read by both chains, so dV finds no slot) the runtime keeps the pointer stores."""
+    staged, kept = {}, []
+    for name, req, before in _bwd_programs():
+        after = pipeline.run(before)
+        stores = [(o.operands[0].rsplit("_c", 1)[0], o.attr("stage")) for pt in after.partitions for o in walk(pt.body)
+                  if o.kind == "store"]
+        if _tma(req):
+            assert stores and all(s for _, s in stores), (name, stores)
+            staged[name] = sorted({(x, s.rsplit("_c", 1)[0]) for x, s in stores})
+        else:
+            assert not stores, (name, stores)
+            kept.append(name)
+    assert staged["bwd_64x128_dp2/separate/d128"] == [("dk16", "k"), ("dv16", "v")]
+    assert staged["bwd_64x128_dp2_p_fold/reduce/d64"] == [("dk16", "k"), ("dv16", "v")]
+    assert staged["dq/dq_128x128_dp2_p/d128"] == [("dq16", "q")]
+    assert kept and all("dqsplit" in n for n in kept), kept
+
+
+@pytest.mark.parametrize("name", [n for n, r, _ in _bwd_programs() if _tma(r)])
+def test_backward_tma_forms_match_torch_under_every_policy(name):
+    from torch_autows.interp import interpret_report
+
+    _, _, before = next(x for x in _bwd_programs() if x[0] == name)
+    ok, report = interpret_report(before, pipeline.run(before, verify=True), seeds=3)
+    assert ok, report
