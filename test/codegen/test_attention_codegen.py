@@ -1,5 +1,6 @@
 """Every attention config the runtime can pick compiles offline to sm_90a with the WS structure asserted, for
-every head dim it serves (64, 96, 128, 192, 256), without register spills (one known case, bounded: ``_SPILLS``)."""
+every head dim it serves (64, 96, 128, 192, 256; 96 and 192 padded or in pieces, ``split_d``), without register spills
+(one known case, bounded: ``_SPILLS``)."""
 from __future__ import annotations
 
 import itertools
@@ -18,7 +19,7 @@ from torch_autows.templates.attention import AttentionRequest, build
 # templates.attention.tile_d) in bf16 (fp16 allocates the same registers), 96 under the config picked for it (it
 # differs from 128 only in the output's column mask), 192 and 256 under every config serving them
 _WIDE = [(c, d, causal, "bf16") for c, d, causal in itertools.product(CONFIGS, (96, 192, 256), (False, True))
-         if serves(c, d) and (d != 96 or c == choose_config(d, causal, 4096))]
+         if serves(c, d) and (d != 96 or c == choose_config(d, causal, 4096) or CONFIGS[c].split_d)]
 
 
 # Known spills (bytes, ptxas -v at sm_90a) a case may not exceed. ws_p_128x128_q2_rm_g16_xt at d=128, not causal: two
@@ -54,8 +55,8 @@ def test_compiles_with_three_partitions(config, d, causal, dtype):
     assert "ttg.warp_specialize" in kernel.asm["ttgir"]
 
 
-_O_TMA = [(c, d, causal) for c, d, causal in itertools.product(CONFIGS, (64, 128, 256), (False, True))
-          if serves(c, d) and not CONFIGS[c].cross_tile]
+_O_TMA = [(c, d, causal) for c, d, causal in itertools.product(CONFIGS, (64, 96, 128, 192, 256), (False, True))
+          if serves(c, d) and not CONFIGS[c].cross_tile and (d in (64, 128, 256) or CONFIGS[c].split_d)]
 
 
 @pytest.mark.parametrize("config,d,causal", _O_TMA)

@@ -139,8 +139,8 @@ def test_runtime_takes_o_tma_only_for_whole_tiles_and_power_of_two_heads():
     assert not o_tma_ok(1000, 128, opts)  # a ragged last tile would store into the next head's rows
     assert not o_tma_ok(512, 96, opts)  # tiles of 128 columns: 32 of them are the next head's
     assert not o_tma_ok(512, 128, CONFIGS["ws_p_128x128_q2_rm_g16_xt"])  # cross_tile refuses TMA stores
-    with pytest.raises(ValueError, match="o_tma needs a power-of-two head dim"):
-        AttentionRequest(96, o_tma=True)
+    with pytest.raises(ValueError, match="o_tma needs tiles that end at the head's last column"):
+        build(AttentionRequest(96, o_tma=True), opts)
 
 
 # ------------------------------------------------------------------------------------------ the backward's gradients

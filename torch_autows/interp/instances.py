@@ -172,7 +172,9 @@ def _attention_shape(rng: random.Random, o) -> tuple[int, int, int, int, int]:
 def _attention(program: Program, seed: int, shape) -> Instance:
     o = program.options
     rng = random.Random(seed)
-    tile = next(x.results[0].type.shape[-1] for x in walk(program.body) if x.kind == "load" and x.attr("arg") == "q")
+    # the columns the q tiles cover: one tile (maybe padded past D), or the pieces of a split head dim (split_d)
+    tile = sum(x.results[0].type.shape[-1] for x in walk(program.body)
+               if x.kind == "load" and x.attr("arg") == "q" and x.chain in (None, 0))
     # a head dim narrower than the tiles (templates.attention.tile_d) is the output store's column bound
     D = next((x.attr("cols_valid") for x in walk(program.body) if x.kind == "store_ptr" and x.attr("cols_valid")), tile)
     causal = any(x.attr("causal") for x in walk(program.body) if x.kind == "mask")

@@ -226,6 +226,10 @@ class Options:
     # row vectors die at their mmas' issue instead of living across the step (templates/attention_bwd.py); where the
     # step's registers are tight (64-query steps at d=128: 0 spill bytes instead of 180/524)
     fold_rows: bool = False
+    # attention forward: a head dim that is not a power of two runs in power-of-two column pieces (192 = 128 + 64: two
+    # Q K^T mmas chained into one S, an accumulator and a P V mma per piece, a store per piece) instead of one tile
+    # padded to the next power of two (templates.attention.d_pieces)
+    split_d: bool = False
 
     def items(self) -> list[tuple[str, Any]]:
         return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]

@@ -17,7 +17,7 @@ import torch
 
 from ..ir import Options
 from ..templates.attention import HEAD_DIMS as TEMPLATE_HEAD_DIMS
-from ..templates.attention import AttentionRequest, tile_d
+from ..templates.attention import AttentionRequest, pieces, tile_d
 from . import choice
 from . import device as dev
 from .fallback import Unsupported
@@ -66,6 +66,13 @@ CONFIGS: dict[str, Options] = {
     # spills at d=192); Q 64 KB + 2 K/V stages of 32 KB each (192 KB). Picked for d > 128.
     "ws_p_128x64_rm_g16": _WIDE,
     "ws_p_128x64_rm_g16_pp": replace(_WIDE, pingpong=True),
+    # Head dims 96 and 192 in equal power-of-two column pieces (split_d: 192 = 3 x 64, 96 = 3 x 32) instead of tiles
+    # padded to 128 / 256 columns, so no wgmma works on padding (a quarter of the padded tile at 192 and 96): at d=192
+    # each consumer's accumulators are 96 registers a thread instead of 128, Q 48 KB a copy. The second keeps two Q
+    # copies and defers P V (FA3's d=128 schedule), which the padded tiles could not afford. Neither picked: not yet
+    # measured on a GPU (0 spills offline at sm_90a; the padded pick runs 0.73-0.77x cuDNN at d=192).
+    "ws_p_128x64_rm_g16_sd": replace(_WIDE, split_d=True),
+    "ws_p_128x64_q2_rm_g16_sd_dm": replace(_WIDE, split_d=True, tile_buffers=2, defer_mma=True),
 }
 
 #: Head dims each config serves (every config is listed). 96 runs in the 128-column tiles of 128, 192 in the
@@ -76,6 +83,7 @@ HEAD_DIMS: dict[str, tuple[int, ...]] = {
     "ws_p_128x128_q2_rm_g16_xt": (64, 128),
     "ws_p3_192x128_q2": (64,), "ws_p3_192x128_q2_rm_g8": (64,), "ws_p3_192x64_q2": (64,),
     "ws_p_128x64_rm_g16": (192, 256), "ws_p_128x64_rm_g16_pp": (192, 256),
+    "ws_p_128x64_rm_g16_sd": (96, 192), "ws_p_128x64_q2_rm_g16_sd_dm": (96, 192),
 }
 
 
@@ -127,9 +135,10 @@ def options_for(config: str, scale: float) -> Options:
 
 def o_tma_ok(Sq: int, d: int, opts: Options, out: torch.Tensor | None = None) -> bool:
     """Whether O may be stored by TMA (templates.attention, ``o_tma``): every query tile whole (Sq % block_m == 0) and
-    no padding columns (d a power of two), so no tile row or column lies in another head; ``out`` 16-byte aligned
+    no padding columns (d a power of two, or split in pieces: ``split_d``), so no tile row or column lies in another
+    head; ``out`` 16-byte aligned
     (TMA's rule; a row pitch of whole 16 bytes is _out_view's). cross_tile refuses TMA stores (passes/cross_tile)."""
-    return (Sq % opts.block_m == 0 and tile_d(d) == d and not opts.cross_tile
+    return (Sq % opts.block_m == 0 and (tile_d(d) == d or opts.split_d) and not opts.cross_tile
             and (out is None or out.data_ptr() % 16 == 0))
 
 
@@ -273,7 +282,12 @@ def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
     config = None if config == "auto" else config
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
-    own_cols = tile_d(D) != D  # tiles wider than D: q, k and v read so that the columns past D are zeros
+    config = config or choose_config(D, is_causal, Skv)
+    if not serves(config, D):
+        raise ValueError(f"attention config {config!r} serves head dims {HEAD_DIMS.get(config, ())}, not {D}")
+    opts = options_for(config, scale)
+    # tiles wider than D (a padded head dim): q, k and v read so that the columns past D are zeros
+    own_cols = sum(w for _, w in pieces(AttentionRequest(D), opts)) != D
     qv, (kv, vv) = _rows_view(q, own_cols), _kv_views(k, v, own_cols)
     given = out
     ov = _out_view(out) if out is not None else None
@@ -281,10 +295,6 @@ def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
         out = empty_out(q)
         ov = _out_view(out)
     lse = lse if lse is not None else torch.empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
-    config = config or choose_config(D, is_causal, Skv)
-    if not serves(config, D):
-        raise ValueError(f"attention config {config!r} serves head dims {HEAD_DIMS.get(config, ())}, not {D}")
-    opts = options_for(config, scale)
     req = AttentionRequest(D, DTYPES[q.dtype], bool(is_causal), o_tma=o_tma_ok(Sq, D, opts, out))
     try:  # no directory to write the kernel source to (or another OSError): torch serves the call, with why
         program, launcher = _plan(req, opts)

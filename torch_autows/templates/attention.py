@@ -16,7 +16,9 @@ Q slot, whose tile it has finished reading by then, so it needs no SMEM of its o
 Head dims 96 and 192 run in tiles of 128 and 256 columns (``tile_d``: Gluon tensors have power-of-two shapes):
 the caller's q/k/v views must end each row at the head's last column (TMA then reads the padding columns as
 zeros, so they add nothing to Q K^T; V's padding only feeds output columns past D), and the output store is
-bounded to D columns (``store_ptr``'s ``cols_valid``).
+bounded to D columns (``store_ptr``'s ``cols_valid``). With ``Options.split_d`` they run instead in equal
+power-of-two column pieces (``d_pieces``: 192 = 3 x 64): Q K^T is one mma a piece chained into S, and each piece
+has its own accumulator, P V mma and store, so no wgmma works on padding and every tile ends inside its head.
 A KV tile that runs past Skv reads other rows of the tensor (or TMA zeros): the ``mask`` op sets
 those scores to -inf, so their probabilities are exactly 0. Query rows past Sq are computed but never
 stored (``store_ptr``/``store_vec`` mask rows). Causal masking is top-left aligned (col <= row), as
@@ -47,9 +49,6 @@ class AttentionRequest:
     o_tma: bool = False  # O by TMA store (module docstring): only for Sq % block_m == 0 and d == tile_d(d)
 
     def __post_init__(self):
-        if self.o_tma and tile_d(self.d) != self.d:
-            raise ValueError(f"attention template: o_tma needs a power-of-two head dim (its tile would store "
-                             f"{tile_d(self.d) - self.d} columns of the next head); d={self.d} takes o_tma=False")
         if self.dtype not in ("bf16", "fp16"):
             raise ValueError(f"attention template: dtype {self.dtype!r} not served; use bf16 or fp16")
         if self.d not in HEAD_DIMS:
@@ -62,8 +61,29 @@ def tile_d(d: int) -> int:
     return 1 << (d - 1).bit_length()
 
 
+def d_pieces(d: int) -> tuple[tuple[int, int], ...]:
+    """(first column, width) of the column pieces a head dim splits into: equal widths, the largest power of two that
+    divides d (192: three of 64; 96: three of 32; a power of two is one piece), so each tensor is read and written in
+    one TMA block shape (one descriptor). ``Options.split_d`` runs each piece as its own tiles instead of one tile of
+    ``tile_d(d)`` columns."""
+    w = d & -d
+    return tuple((c, w) for c in range(0, d, w))
+
+
+def pieces(req: AttentionRequest, opts: Options) -> tuple[tuple[int, int], ...]:
+    """The column pieces ``build`` runs for a request under ``opts``: ``d_pieces`` with ``split_d``, else one tile of
+    ``tile_d`` columns (padded)."""
+    return d_pieces(req.d) if opts.split_d else ((0, tile_d(req.d)),)
+
+
 def build(req: AttentionRequest, opts: Options) -> Program:
-    BM, BN, D, dt = opts.block_m, opts.block_n, tile_d(req.d), req.dtype
+    BM, BN, dt = opts.block_m, opts.block_n, req.dtype
+    cols = pieces(req, opts)
+    D = sum(w for _, w in cols)  # the columns the tiles cover: tile_d(d), or d itself in pieces
+    if req.o_tma and D != req.d:
+        raise ValueError(f"attention template: o_tma needs tiles that end at the head's last column (a power-of-two "
+                         f"head dim, or split_d); d={req.d} in {D}-column tiles would store {D - req.d} columns of "
+                         f"the next head: use o_tma=False")
     T = TileType
     args = (Arg("q", "tensor", dt, ("BHSq", "D")), Arg("k", "tensor", dt, ("BHSkv", "D")),
             Arg("v", "tensor", dt, ("BHSkv", "D")),
@@ -86,7 +106,7 @@ def build(req: AttentionRequest, opts: Options) -> Program:
     ub = "cdiv(Skv,%d)" % BN
     if req.causal:  # blocks strictly right of the diagonal are fully masked: skip them
         ub = "min(cdiv(Skv,%d),cdiv(%s*%d+%d,%d))" % (BN, mi, BM, BM, BN)
-    s_t, row_t, acc_t = T("f32", (BM, BN)), T("f32", (BM,)), T("f32", (BM, D))
+    s_t, row_t = T("f32", (BM, BN)), T("f32", (BM,))
     if opts.raw_max:  # m on raw scores; the scale folds into one FFMA per score: exp2(s*c - m*c), for c > 0
         scores = (
             op("mask", [Value("s_m", s_t)], ["s"], row=row0, col="j*%d" % BN, kv_len="Skv", causal=req.causal),
@@ -113,40 +133,65 @@ def build(req: AttentionRequest, opts: Options) -> Program:
             op("expand", [Value("m_col", T("f32", (BM, 1)))], ["m_use"], axis=1),
             op("sub", [Value("sd", s_t)], ["s_m", "m_col"]),
         )
+    n = len(cols)
+
+    def nm(base: str, i: int) -> str:  # piece 0 keeps the plain names (one piece: the IR as before pieces)
+        return base if i == 0 else "%s_p%d" % (base, i)
+
+    def at(coords: tuple[str, str], c0: int) -> tuple[str, str]:
+        return coords if c0 == 0 else (coords[0], "%s+%d" % (coords[1], c0))
+
+    def acc_t(i: int) -> TileType:
+        return T("f32", (BM, cols[i][1]))
+
+    # S = sum over pieces of Q_i K_i^T, chained through the accumulator (the last one is S)
+    qk = [op("mma", [Value("s" if i == n - 1 else "s_k%d" % i, s_t)],
+             [nm("q", i), nm("kt", i)] + ([] if i == 0 else ["s_k%d" % (i - 1)]))
+          for i in range(n)]
     loop_body = (
-        op("load", [Value("k", T(dt, (BN, D), "smem"))], arg="k", coords=kv_at),
-        op("load", [Value("v", T(dt, (BN, D), "smem"))], arg="v", coords=kv_at),
-        op("trans", [Value("kt", T(dt, (D, BN), "smem"))], ["k"]),
-        op("mma", [Value("s", s_t)], ["q", "kt"]),
+        *(op("load", [Value(nm("k", i), T(dt, (BN, w), "smem"))], arg="k", coords=at(kv_at, c0))
+          for i, (c0, w) in enumerate(cols)),
+        *(op("load", [Value(nm("v", i), T(dt, (BN, w), "smem"))], arg="v", coords=at(kv_at, c0))
+          for i, (c0, w) in enumerate(cols)),
+        *(op("trans", [Value(nm("kt", i), T(dt, (w, BN), "smem"))], [nm("k", i)]) for i, (_, w) in enumerate(cols)),
+        *qk,
         *scores,
         op("exp2", [Value("p", s_t)], ["sd"]),
         op("reduce_sum", [Value("ps", row_t)], ["p"], axis=1),
         op("mul", [Value("la", row_t)], ["l", "alpha"]),
         op("add", [Value("l_new", row_t)], ["la", "ps"]),
         op("expand", [Value("a_col", T("f32", (BM, 1)))], ["alpha"], axis=1),
-        op("mul", [Value("acc_s", acc_t)], ["acc", "a_col"]),
+        *(op("mul", [Value(nm("acc_s", i), acc_t(i))], [nm("acc", i), "a_col"]) for i in range(n)),
         op("cast", [Value("p16", T(dt, (BM, BN)))], ["p"]),
-        op("mma", [Value("acc_new", acc_t)], ["p16", "v", "acc_s"]),
-        op("yield", [], ["m_new", "l_new", "acc_new"]),
+        *(op("mma", [Value(nm("acc_new", i), acc_t(i))], ["p16", nm("v", i), nm("acc_s", i)]) for i in range(n)),
+        op("yield", [], ["m_new", "l_new", *(nm("acc_new", i) for i in range(n))]),
     )
+    o_col = "(pid_bh%Hq)*o_ch"
+    stores = []
+    for i, (c0, w) in enumerate(cols):
+        stores += [op("mul", [Value(nm("out_f", i), acc_t(i))], [nm("acc_f", i), "rl_col"]),
+                   op("cast", [Value(nm("out", i), T(dt, (BM, w)))], [nm("out_f", i)])]
+        col = o_col if c0 == 0 else "%s+%d" % (o_col, c0)
+        stores.append(
+            op("store", [], [nm("out", i)], arg="o", coords=(o_row, col)) if req.o_tma else
+            op("store_ptr", [], [nm("out", i)], arg="o", row=o_row, col=col, ld="%d+(Hq-1)*o_ch" % req.d,
+               rows_valid="Sq-%s*%d" % (mi, BM), **({"cols_valid": req.d} if D != req.d else {})))
     body = (
-        op("load", [Value("q", T(dt, (BM, D), "smem"))], arg="q", coords=q_at),
+        *(op("load", [Value(nm("q", i), T(dt, (BM, w), "smem"))], arg="q", coords=at(q_at, c0))
+          for i, (c0, w) in enumerate(cols)),
         op("full", [Value("m0", row_t)], value="-inf"),  # a string: the IR text stays literal_eval-able
         op("full", [Value("l0", row_t)], value=0.0),
-        op("zeros", [Value("acc0", acc_t)]),
-        op("loop", [Value("m_f", row_t), Value("l_f", row_t), Value("acc_f", acc_t)], ["m0", "l0", "acc0"],
-           loop_body, var="j", lb=0, ub=ub, iter_args=("m", "l", "acc"), min_trip=1),
+        *(op("zeros", [Value(nm("acc0", i), acc_t(i))]) for i in range(n)),
+        op("loop", [Value("m_f", row_t), Value("l_f", row_t), *(Value(nm("acc_f", i), acc_t(i)) for i in range(n))],
+           ["m0", "l0", *(nm("acc0", i) for i in range(n))], loop_body, var="j", lb=0, ub=ub,
+           iter_args=("m", "l", *(nm("acc", i) for i in range(n))), min_trip=1),
         # epilogue: out = acc * (1 / l) (0 where l == 0: then every P and acc are 0), lse = (m + log2 l) * ln 2; one
         # reciprocal a row and a multiply an element (a division an element was 369 of the epilogue's 728 SASS
-        # instructions a tile at d=128, offline sm_90a)
+        # instructions a tile at d=128, offline sm_90a); O by TMA store (o_tma) or through a pointer, a piece at a time
         op("full", [Value("one", row_t)], value=1.0),
         op("div0", [Value("rl", row_t)], ["one", "l_f"]),
         op("expand", [Value("rl_col", T("f32", (BM, 1)))], ["rl"], axis=1),
-        op("mul", [Value("out_f", acc_t)], ["acc_f", "rl_col"]),
-        op("cast", [Value("out", T(dt, (BM, D)))], ["out_f"]),
-        op("store", [], ["out"], arg="o", coords=(o_row, "(pid_bh%Hq)*o_ch")) if req.o_tma else
-        op("store_ptr", [], ["out"], arg="o", row=o_row, col="(pid_bh%Hq)*o_ch", ld="%d+(Hq-1)*o_ch" % req.d,
-           rows_valid="Sq-%s*%d" % (mi, BM), **({"cols_valid": req.d} if D != req.d else {})),
+        *stores,
         *((op("mulc", [Value("m_fs", row_t)], ["m_f"], c="qk_scale"),) if opts.raw_max else ()),
         op("lse", [Value("lse_v", row_t)], ["m_fs" if opts.raw_max else "m_f", "l_f"]),
         op("store_vec", [], ["lse_v"], arg="lse", offset=lse_row, valid="Sq-%s*%d" % (mi, BM)),

@@ -1,0 +1,103 @@
+"""A head dim that is not a power of two in equal power-of-two column pieces (``Options.split_d``,
+templates.attention.d_pieces) instead of one padded tile: the template's IR, the same passes, the interpreter under
+every policy against torch, and the runtime's view and store rules for it."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import expecttest
+import pytest
+
+from torch_autows.interp import POLICIES, make_instance, run_partitioned, run_sequential
+from torch_autows.ir import format_program, walk
+from torch_autows.passes import pipeline
+from torch_autows.runtime.attention import CONFIGS, o_tma_ok, serves
+from torch_autows.templates.attention import AttentionRequest, build, d_pieces, pieces
+
+SPLIT = [c for c in CONFIGS if CONFIGS[c].split_d]
+
+
+def test_pieces_are_equal_powers_of_two():
+    assert d_pieces(192) == ((0, 64), (64, 64), (128, 64))
+    assert d_pieces(96) == ((0, 32), (32, 32), (64, 32))
+    assert d_pieces(128) == ((0, 128),) and d_pieces(80) == ((0, 16), (16, 16), (32, 16), (48, 16), (64, 16))
+    opts = CONFIGS["ws_p_128x64_rm_g16"]
+    assert pieces(AttentionRequest(192), opts) == ((0, 256),)  # padded
+    assert pieces(AttentionRequest(192), replace(opts, split_d=True)) == d_pieces(192)
+    assert SPLIT and all(serves(c, 192) and serves(c, 96) for c in SPLIT)
+
+
+class TestSplitTemplate(expecttest.TestCase):
+    def test_template_chains_qk_and_keeps_an_accumulator_per_piece(self):
+        p = build(AttentionRequest(96, "bf16", False, o_tma=True), CONFIGS[SPLIT[0]])
+        text = format_program(p)
+        lines = [ln.strip() for ln in text.splitlines()
+                 if ln.strip().startswith(("%q", "%k", "%v", "%s", "%acc", "%out", "store", "yield"))]
+        self.assertExpectedInline("\n".join(lines), """\
+%q:bf16[128,32]@smem = load() {arg='q', coords=('(pid_bh//Hq)*q_rb+(pid_bh%Hq)*q_rh+pid_m*128', '(pid_bh%Hq)*q_ch')}
+%q_p1:bf16[128,32]@smem = load() {arg='q', coords=('(pid_bh//Hq)*q_rb+(pid_bh%Hq)*q_rh+pid_m*128', '(pid_bh%Hq)*q_ch+32')}
+%q_p2:bf16[128,32]@smem = load() {arg='q', coords=('(pid_bh//Hq)*q_rb+(pid_bh%Hq)*q_rh+pid_m*128', '(pid_bh%Hq)*q_ch+64')}
+%acc0:f32[128,32] = zeros()
+%acc0_p1:f32[128,32] = zeros()
+%acc0_p2:f32[128,32] = zeros()
+%k:bf16[64,32]@smem = load() {arg='k', coords=('(pid_bh//Hq)*kv_rb+((pid_bh%Hq)//G)*kv_rh+j*64', '((pid_bh%Hq)//G)*kv_ch')}
+%k_p1:bf16[64,32]@smem = load() {arg='k', coords=('(pid_bh//Hq)*kv_rb+((pid_bh%Hq)//G)*kv_rh+j*64', '((pid_bh%Hq)//G)*kv_ch+32')}
+%k_p2:bf16[64,32]@smem = load() {arg='k', coords=('(pid_bh//Hq)*kv_rb+((pid_bh%Hq)//G)*kv_rh+j*64', '((pid_bh%Hq)//G)*kv_ch+64')}
+%v:bf16[64,32]@smem = load() {arg='v', coords=('(pid_bh//Hq)*kv_rb+((pid_bh%Hq)//G)*kv_rh+j*64', '((pid_bh%Hq)//G)*kv_ch')}
+%v_p1:bf16[64,32]@smem = load() {arg='v', coords=('(pid_bh//Hq)*kv_rb+((pid_bh%Hq)//G)*kv_rh+j*64', '((pid_bh%Hq)//G)*kv_ch+32')}
+%v_p2:bf16[64,32]@smem = load() {arg='v', coords=('(pid_bh//Hq)*kv_rb+((pid_bh%Hq)//G)*kv_rh+j*64', '((pid_bh%Hq)//G)*kv_ch+64')}
+%kt:bf16[32,64]@smem = trans(%k)
+%kt_p1:bf16[32,64]@smem = trans(%k_p1)
+%kt_p2:bf16[32,64]@smem = trans(%k_p2)
+%s_k0:f32[128,64] = mma(%q, %kt)
+%s_k1:f32[128,64] = mma(%q_p1, %kt_p1, %s_k0)
+%s:f32[128,64] = mma(%q_p2, %kt_p2, %s_k1)
+%s_m:f32[128,64] = mask(%s) {causal=False, col='j*64', kv_len='Skv', row='pid_m*128'}
+%s2:f32[128,64] = mulc(%s_m) {c='qk_scale'}
+%sd:f32[128,64] = sub(%s2, %m_col)
+%acc_s:f32[128,32] = mul(%acc, %a_col)
+%acc_s_p1:f32[128,32] = mul(%acc_p1, %a_col)
+%acc_s_p2:f32[128,32] = mul(%acc_p2, %a_col)
+%acc_new:f32[128,32] = mma(%p16, %v, %acc_s)
+%acc_new_p1:f32[128,32] = mma(%p16, %v_p1, %acc_s_p1)
+%acc_new_p2:f32[128,32] = mma(%p16, %v_p2, %acc_s_p2)
+yield(%m_new, %l_new, %acc_new, %acc_new_p1, %acc_new_p2)
+%out_f:f32[128,32] = mul(%acc_f, %rl_col)
+%out:bf16[128,32] = cast(%out_f)
+store(%out) {arg='o', coords=('(pid_bh//Hq)*o_rb+(pid_bh%Hq)*o_rh+pid_m*128', '(pid_bh%Hq)*o_ch')}
+%out_f_p1:f32[128,32] = mul(%acc_f_p1, %rl_col)
+%out_p1:bf16[128,32] = cast(%out_f_p1)
+store(%out_p1) {arg='o', coords=('(pid_bh//Hq)*o_rb+(pid_bh%Hq)*o_rh+pid_m*128', '(pid_bh%Hq)*o_ch+32')}
+%out_f_p2:f32[128,32] = mul(%acc_f_p2, %rl_col)
+%out_p2:bf16[128,32] = cast(%out_f_p2)
+store(%out_p2) {arg='o', coords=('(pid_bh//Hq)*o_rb+(pid_bh%Hq)*o_rh+pid_m*128', '(pid_bh%Hq)*o_ch+64')}
+store_vec(%lse_v) {arg='lse', offset='pid_bh*Sq+pid_m*128', valid='Sq-pid_m*128'}""")
+
+    def test_each_output_piece_stages_in_its_q_piece(self):
+        p = pipeline.run(build(AttentionRequest(192, "bf16", True, o_tma=True), CONFIGS[SPLIT[0]]))
+        stages = sorted(o.attr("stage") for pt in p.partitions for o in walk(pt.body) if o.kind == "store")
+        self.assertEqual(stages, sorted(f"q{s}_c{c}" for s in ("", "_p1", "_p2") for c in (0, 1)))
+        assert not [b for b in p.buffers if b.name.endswith("_stage")]
+
+
+@pytest.mark.parametrize("config", SPLIT)
+@pytest.mark.parametrize("d,dtype,causal,o_tma", [(96, "bf16", True, False), (96, "fp16", False, True),
+                                                  (192, "bf16", False, True), (192, "fp16", True, False)])
+def test_split_matches_torch_under_every_policy(config, d, dtype, causal, o_tma):
+    before = build(AttentionRequest(d, dtype, causal, o_tma=o_tma), CONFIGS[config])
+    after = pipeline.run(before, verify=True)
+    for seed in range(3):
+        inst = make_instance(after, seed)
+        assert f"D={d}" in inst.desc
+        seq = run_sequential(before, inst.inputs())
+        assert inst.matches(seq), (inst.desc, inst.error(seq))
+        for policy in POLICIES:
+            out = run_partitioned(after, inst.inputs(), policy=policy, seed=seed, nprog=2)
+            assert inst.matches(out), (policy, inst.desc, inst.error(out))
+
+
+def test_o_tma_takes_split_head_dims_and_refuses_padded_ones():
+    split, padded = CONFIGS[SPLIT[0]], CONFIGS["ws_p_128x64_rm_g16"]
+    assert o_tma_ok(512, 192, split) and not o_tma_ok(512, 192, padded)
+    with pytest.raises(ValueError, match="would store 64 columns of the next head"):
+        build(AttentionRequest(192, o_tma=True), padded)
