@@ -73,6 +73,8 @@ CONFIGS: dict[str, Options] = {
     # measured on a GPU (0 spills offline at sm_90a; the padded pick runs 0.73-0.77x cuDNN at d=192).
     "ws_p_128x64_rm_g16_sd": replace(_WIDE, split_d=True),
     "ws_p_128x64_q2_rm_g16_sd_dm": replace(_WIDE, split_d=True, tile_buffers=2, defer_mma=True),
+    # d=96 in the d=128 pick's schedule, in three 32-column pieces: K 3 + V 4 ring slots fit (the padded tiles: 2 + 3).
+    "ws_p_128x128_q2_rm_g16_sd": replace(_Q2, raw_max=True, group_m=16, split_d=True),
 }
 
 #: Head dims each config serves (every config is listed). 96 runs in the 128-column tiles of 128, 192 in the
@@ -83,7 +85,7 @@ HEAD_DIMS: dict[str, tuple[int, ...]] = {
     "ws_p_128x128_q2_rm_g16_xt": (64, 128),
     "ws_p3_192x128_q2": (64,), "ws_p3_192x128_q2_rm_g8": (64,), "ws_p3_192x64_q2": (64,),
     "ws_p_128x64_rm_g16": (192, 256), "ws_p_128x64_rm_g16_pp": (192, 256),
-    "ws_p_128x64_rm_g16_sd": (96, 192), "ws_p_128x64_q2_rm_g16_sd_dm": (96, 192),
+    "ws_p_128x64_rm_g16_sd": (96, 192), "ws_p_128x64_q2_rm_g16_sd_dm": (96, 192), "ws_p_128x128_q2_rm_g16_sd": (96,),
 }
 
 
