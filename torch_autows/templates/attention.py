@@ -196,7 +196,8 @@ def build(req: AttentionRequest, opts: Options) -> Program:
         op("lse", [Value("lse_v", row_t)], ["m_fs" if opts.raw_max else "m_f", "l_f"]),
         op("store_vec", [], ["lse_v"], arg="lse", offset=lse_row, valid="Sq-%s*%d" % (mi, BM)),
     )
-    name = f"attn_fwd_{dt}_d{req.d}_{BM}x{BN}" + ("_causal" if req.causal else "") + ("_otma" if req.o_tma else "")
+    name = (f"attn_fwd_{dt}_d{req.d}_{BM}x{BN}" + ("_causal" if req.causal else "") + ("_otma" if req.o_tma else "")
+            + ("_x%d" % n if n > 1 else ""))  # in n column pieces
     tiles = (("pid_bh", "BH"), ("pid_m", "cdiv(Sq,%d)" % BM))
     # causal: ``group_m`` query tiles of a head run back to back (1: every head's longest tile first)
     grid = (Grid(tiles[::-1], opts.persistent, opts.group_m, opts.serpentine) if req.causal
