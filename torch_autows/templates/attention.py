@@ -7,12 +7,12 @@ whose rows are sequence positions: element (b, h, s, d) is at row ``b*rb + h*rh 
 ch=D) are read in place. GQA maps q-head h to kv-head h // (Hq // Hkv). o is written the same way
 through a pointer, with its own (o_rb, o_rh, o_ch) and rows of D + (Hq-1)*o_ch elements, so a caller
 can have the output in q's layout (a model's transpose back to [B, S, H*D] is then a view); lse is
-[B*Hq*Sq]. With ``AttentionRequest.o_tma`` (the caller guarantees Sq % BM == 0 and D == tile_d(D), so no tile
-row or column of O lies outside its head) o is a TMA row view like q's and the tile is stored by TMA from SMEM:
-asynchronous, whole 128-byte lines, where the pointer store is one 4-byte store a register pair that the
-consumers wait on (the pointer stores were 19% of the kernel's time at s512 d=128 on the H200, 5% at s4096:
-bench/results/sweeps, ``attention_ablate.py --fwd-epilogue``). passes/buffers stages it in the consumer's own
-Q slot, whose tile it has finished reading by then, so it needs no SMEM of its own.
+[B*Hq*Sq]. With ``AttentionRequest.o_tma`` (the caller guarantees Sq % BM == 0, and the tiles end at the head's last
+column: a power-of-two head dim or ``split_d``; so no tile row or column of O lies outside its head) o is a TMA row
+view like q's and the tile is stored by TMA from SMEM: asynchronous, whole 128-byte lines, where the pointer store
+is one 4-byte store a register pair that the consumers wait on (the pointer stores were 19% of the kernel's time at
+s512 d=128 on the H200, 5% at s4096: bench/results/sweeps, ``attention_ablate.py --fwd-epilogue``). passes/buffers
+stages it in the consumer's own Q slot, whose tile it has finished reading by then, so it needs no SMEM of its own.
 Head dims 96 and 192 run in tiles of 128 and 256 columns (``tile_d``: Gluon tensors have power-of-two shapes):
 the caller's q/k/v views must end each row at the head's last column (TMA then reads the padding columns as
 zeros, so they add nothing to Q K^T; V's padding only feeds output columns past D), and the output store is
@@ -46,7 +46,7 @@ class AttentionRequest:
     d: int
     dtype: str = "bf16"
     causal: bool = False
-    o_tma: bool = False  # O by TMA store (module docstring): only for Sq % block_m == 0 and d == tile_d(d)
+    o_tma: bool = False  # O by TMA store (module docstring): Sq % block_m == 0, tiles ending at the head's last column
 
     def __post_init__(self):
         if self.dtype not in ("bf16", "fp16"):
