@@ -67,57 +67,44 @@ def _mma_wait(pr, o: Op):
 def _store(pr, o: Op):
     """``store`` and ``tma_reduce_add``: wait until the staging slot's previous TMA operation has read it, the
     register tile into the slot, fence, issue the async TMA store (reduce-add), which reads the slot until the
-    partition's next store_wait (``PartRun.store_wait`` writes, or adds, the tile then)."""
+    partition's next store_wait (``PartRun.store_wait`` writes, or adds, the tile then). A ``store`` with ``stage``
+    (passes/buffers.stage_in_slots) uses the slot its second operand holds instead: that slot must still hold the fill
+    this partition waited for (not released and refilled), and the store waits for TMA to have read it
+    (``tma.store_wait(0)``) before the partition goes on to release it."""
     if skipped(pr, o):  # after a split_reduce, in a CTA that did not sum the parts
         return
     x = o.operands[0]
-    if o.attr("stage"):  # staged in the held slot of a per-tile tile (passes/buffers.stage_in_slots)
-        yield from _store_in_slot(pr, o)
-        return
-    named = o.attr("buffer")  # a reduce names its staging tile (passes/buffers); a store's is found by its value
-    buf = next((b for b in pr.run.program.buffers
-                if ((b.name == named) if named else (b.value == x and b.name.endswith("_stage")))), None)
-    if buf is None:
-        raise InterpError(f"interp: {o.kind} of %{x} has no staging buffer; run buffers/memory_plan first")
-    count = buf.count or 1
-    pr.store_wait(count - 1)  # tma.store_wait(count - 1): the store that last used this slot has read it
+    if o.attr("stage"):
+        ref = pr.raw(o.operands[1], o)
+        if not isinstance(ref, SlotRef):
+            raise InterpError(f"interp: store of %{x} stages in %{o.operands[1]}, which is not an SMEM slot")
+        pr.cta.read_slot(ref, pr.name, o)
+        key, where = (ref.buf, ref.slot), f"{ref.buf}[{ref.slot}]"
+        who = f"{pr.name}'s register store into {where} (staging)"
+    else:
+        named = o.attr("buffer")  # a reduce names its staging tile (passes/buffers); a store's is found by its value
+        buf = next((b for b in pr.run.program.buffers
+                    if ((b.name == named) if named else (b.value == x and b.name.endswith("_stage")))), None)
+        if buf is None:
+            raise InterpError(f"interp: {o.kind} of %{x} has no staging buffer; run buffers/memory_plan first")
+        count = buf.count or 1
+        pr.store_wait(count - 1)  # tma.store_wait(count - 1): the store that last used this slot has read it
+        key, where = (buf.name, pr.counters[buf.name] % count), buf.name
+        pr.counters[buf.name] += 1
+        who = f"{pr.name}'s register store into {where}"
     data = pr.value(pr.raw(x, o), o)
-    key = (buf.name, pr.counters[buf.name] % count)
-    pr.counters[buf.name] += 1
-    who = f"{pr.name}'s register store into {buf.name}"
     pr.cta.check_write(key, who, pr.name, o)
     tag = ("stage", pr.name, pr.run.step)
     pr.cta.store_slot(key, data.transpose(0, 1) if o.attr("transposed") else data, tag)
     yield None  # fence_async_shared(); then the TMA store (reduce) is issued
     if pr.cta.smem.slots[key].tag != tag:
-        pr.fail("overwrite", f"{buf.name} was overwritten between {pr.name}'s register store and its TMA "
+        pr.fail("overwrite", f"{where} was overwritten between {pr.name}'s register store and its TMA "
                 f"{'reduce' if o.kind == 'tma_reduce_add' else 'store'}")
     rec = StoreRead(pr, o, pr.run.step, key, tag, tuple(int(pr.eval(c)) for c in o.attr("coords")))
     pr.cta.smem.slots[key].reads.append(rec)
     pr.stores.append(rec)
-
-
-def _store_in_slot(pr, o: Op):
-    """A ``store`` with ``stage``: the slot its second operand holds must still hold the fill this partition waited
-    for (not released and refilled) and no wgmma may still read it; the register tile goes into it, TMA stores it,
-    and the store waits for TMA to have read it (``tma.store_wait(0)``) before the partition goes on to release it."""
-    ref = pr.raw(o.operands[1], o)
-    if not isinstance(ref, SlotRef):
-        raise InterpError(f"interp: store of %{o.operands[0]} stages in %{o.operands[1]}, which is not an SMEM slot")
-    pr.cta.read_slot(ref, pr.name, o)
-    key = (ref.buf, ref.slot)
-    data = pr.value(pr.raw(o.operands[0], o), o)
-    pr.cta.check_write(key, f"{pr.name}'s register store into {ref.buf}[{ref.slot}] (staging)", pr.name, o)
-    tag = ("stage", pr.name, pr.run.step)
-    pr.cta.store_slot(key, data, tag)
-    yield None  # fence_async_shared(); then the TMA store is issued
-    if pr.cta.smem.slots[key].tag != tag:
-        pr.fail("overwrite", f"{ref.buf}[{ref.slot}] was overwritten between {pr.name}'s register store and its TMA "
-                f"store")
-    rec = StoreRead(pr, o, pr.run.step, key, tag, tuple(int(pr.eval(c)) for c in o.attr("coords")))
-    pr.cta.smem.slots[key].reads.append(rec)
-    pr.stores.append(rec)
-    pr.store_wait(0)
+    if o.attr("stage"):
+        pr.store_wait(0)
 
 
 def _smem_store(pr, o: Op):
