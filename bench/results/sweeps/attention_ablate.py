@@ -35,7 +35,8 @@ from torch_autows.attention_grad import _cudnn_backward
 from torch_autows.runtime import attention_bwd as rt
 from torch_autows.sdpa_fallback import fused_attention
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling sweep script's profile helper
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling sweep script's timing and profile helpers
+from attention_bwd_configs import checked_times  # noqa: E402
 from attention_bwd_configs import kernel_times as _kernel_times  # noqa: E402
 
 PATCH = {}  # group_m tag -> patches
@@ -148,22 +149,9 @@ def case(s, d):
             dc = "dq_128x128_dp2_p" if mode == "separate" else None
             fns[name] = (lambda m=mode, c=name, dc=dc:
                          rt.backward(go, None, q, k, v, out, lse, False, scale, config=c, dq_mode=m, dq_config=dc))
-    ref = fns["cudnn"]()
-    err = {}
-    for n, f in list(fns.items()):
-        try:
-            got = f()
-        except Exception as e:
-            err[n] = f"{type(e).__name__}: {str(e)[:400]}"
-            print(n, err[n], flush=True)
-            del fns[n]
-            continue
-        err[n] = max(((x.float() - y.float()).norm() / y.float().norm()).item() for x, y in zip(got, ref))
-    times = defaultdict(list)
-    for _ in range(3):
-        for n, f in fns.items():
-            times[n].append(do_bench(f, warmup=10, rep=60))
-    ms = {n: statistics.median(t) for n, t in times.items()}
+    err, ms = checked_times(fns)
+    for n in (n for n, e in err.items() if isinstance(e, str)):
+        print(n, err[n], flush=True)
     flops = 2.5 * 4 * B * H * s * s * d
     kt = {n: kernel_times(f) for n, f in fns.items()}
     r = {"case": f"s{s}-d{d}", "ms": ms, "tflops": {n: flops / t / 1e9 for n, t in ms.items()}, "err": err,

@@ -92,16 +92,10 @@ def kernel_times(fn) -> dict[str, float]:
     return dict(out)
 
 
-def case(s: int, d: int, causal: bool) -> dict:
-    B, H = 16384 // s, 2048 // d
-    scale = d ** -0.5
-    q, k, v, go = (torch.randn(B, H, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-    out, lse = fused_attention("cudnn", q, k, v, causal, scale)
-    fns = {"cudnn": lambda: _cudnn_backward(go, q, k, v, out, lse, causal, scale)}
-    for mode, c, dc in combos(d):
-        fns[f"{mode}:{c}:{dc}"] = (lambda m=mode, c=c, dc=dc:
-                                   rt.backward(go, None, q, k, v, out, lse, causal, scale, config=c, dq_mode=m,
-                                               dq_config=dc))
+def checked_times(fns: dict) -> tuple[dict, dict]:
+    """(err, ms) of backward variants (name -> a call returning (dq, dk, dv); "cudnn" the reference): each gradient's
+    relative error against cuDNN's, the worst per variant (a variant that does not compile or launch: its error text,
+    and it is dropped from ``fns`` untimed), and the median ms of 3 interleaved rounds of every variant left."""
     ref = fns["cudnn"]()
     err = {}
     for n, f in list(fns.items()):
@@ -116,8 +110,21 @@ def case(s: int, d: int, causal: bool) -> dict:
     for _ in range(3):
         for n, f in fns.items():
             times[n].append(do_bench(f, warmup=10, rep=60))
+    return err, {n: statistics.median(t) for n, t in times.items()}
+
+
+def case(s: int, d: int, causal: bool) -> dict:
+    B, H = 16384 // s, 2048 // d
+    scale = d ** -0.5
+    q, k, v, go = (torch.randn(B, H, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    out, lse = fused_attention("cudnn", q, k, v, causal, scale)
+    fns = {"cudnn": lambda: _cudnn_backward(go, q, k, v, out, lse, causal, scale)}
+    for mode, c, dc in combos(d):
+        fns[f"{mode}:{c}:{dc}"] = (lambda m=mode, c=c, dc=dc:
+                                   rt.backward(go, None, q, k, v, out, lse, causal, scale, config=c, dq_mode=m,
+                                               dq_config=dc))
+    err, ms = checked_times(fns)
     flops = 2.5 * 4 * B * H * s * s * d / (2 if causal else 1)
-    ms = {n: statistics.median(t) for n, t in times.items()}
     default = rt.choose_dq_mode(None, d)
     prof = kernel_times(lambda: rt.backward(go, None, q, k, v, out, lse, causal, scale))
     return {"case": f"s{s}-d{d}{'-causal' * causal}", "ms": ms, "tflops": {n: flops / t / 1e9 for n, t in ms.items()},
