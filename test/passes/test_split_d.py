@@ -22,8 +22,8 @@ def test_pieces_are_equal_powers_of_two():
     assert d_pieces(96) == ((0, 32), (32, 32), (64, 32))
     assert d_pieces(128) == ((0, 128),) and d_pieces(80) == ((0, 16), (16, 16), (32, 16), (48, 16), (64, 16))
     opts = CONFIGS["ws_p_128x64_rm_g16"]
-    assert pieces(AttentionRequest(192), opts) == ((0, 256),)  # padded
-    assert pieces(AttentionRequest(192), replace(opts, split_d=True)) == d_pieces(192)
+    assert pieces(192, opts) == ((0, 256),)  # padded
+    assert pieces(192, replace(opts, split_d=True)) == d_pieces(192)
     assert SPLIT and all(serves(c, 96) for c in SPLIT) and [c for c in SPLIT if serves(c, 192)]
 
 

@@ -17,7 +17,7 @@ import torch
 
 from ..ir import Options
 from ..templates.attention import HEAD_DIMS as TEMPLATE_HEAD_DIMS
-from ..templates.attention import AttentionRequest, pieces, tile_d
+from ..templates.attention import AttentionRequest, tile_cols, tile_d
 from . import choice
 from . import device as dev
 from .fallback import Unsupported
@@ -140,7 +140,7 @@ def o_tma_ok(Sq: int, d: int, opts: Options, out: torch.Tensor | None = None) ->
     no padding columns (d a power of two, or split in pieces: ``split_d``), so no tile row or column lies in another
     head; ``out`` 16-byte aligned
     (TMA's rule; a row pitch of whole 16 bytes is _out_view's). cross_tile refuses TMA stores (passes/cross_tile)."""
-    return (Sq % opts.block_m == 0 and (tile_d(d) == d or opts.split_d) and not opts.cross_tile
+    return (Sq % opts.block_m == 0 and tile_cols(d, opts) == d and not opts.cross_tile
             and (out is None or out.data_ptr() % 16 == 0))
 
 
@@ -289,7 +289,7 @@ def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
         raise ValueError(f"attention config {config!r} serves head dims {HEAD_DIMS.get(config, ())}, not {D}")
     opts = options_for(config, scale)
     # tiles wider than D (a padded head dim): q, k and v read so that the columns past D are zeros
-    own_cols = sum(w for _, w in pieces(AttentionRequest(D), opts)) != D
+    own_cols = tile_cols(D, opts) != D
     qv, (kv, vv) = _rows_view(q, own_cols), _kv_views(k, v, own_cols)
     given = out
     ov = _out_view(out) if out is not None else None

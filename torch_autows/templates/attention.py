@@ -70,16 +70,22 @@ def d_pieces(d: int) -> tuple[tuple[int, int], ...]:
     return tuple((c, w) for c in range(0, d, w))
 
 
-def pieces(req: AttentionRequest, opts: Options) -> tuple[tuple[int, int], ...]:
-    """The column pieces ``build`` runs for a request under ``opts``: ``d_pieces`` with ``split_d``, else one tile of
-    ``tile_d`` columns (padded)."""
-    return d_pieces(req.d) if opts.split_d else ((0, tile_d(req.d)),)
+def pieces(d: int, opts: Options) -> tuple[tuple[int, int], ...]:
+    """The column pieces ``build`` runs for head dim ``d`` under ``opts``: ``d_pieces`` with ``split_d``, else one
+    tile of ``tile_d`` columns (padded)."""
+    return d_pieces(d) if opts.split_d else ((0, tile_d(d)),)
+
+
+def tile_cols(d: int, opts: Options) -> int:
+    """The columns the q/k/v/o tiles cover for head dim ``d``: d itself (a power of two, or in pieces), or more (the
+    padding of ``tile_d``), which the runtime must then read as zeros and may not store by TMA."""
+    return sum(w for _, w in pieces(d, opts))
 
 
 def build(req: AttentionRequest, opts: Options) -> Program:
     BM, BN, dt = opts.block_m, opts.block_n, req.dtype
-    cols = pieces(req, opts)
-    D = sum(w for _, w in cols)  # the columns the tiles cover: tile_d(d), or d itself in pieces
+    cols = pieces(req.d, opts)
+    D = tile_cols(req.d, opts)
     if req.o_tma and D != req.d:
         raise ValueError(f"attention template: o_tma needs tiles that end at the head's last column (a power-of-two "
                          f"head dim, or split_d); d={req.d} in {D}-column tiles would store {D - req.d} columns of "
