@@ -3,6 +3,7 @@ attention forward's O in its chain's Q slot (``AttentionRequest.o_tma``), before
 the generated Gluon, and the interpreter catching the slot handed back before TMA has read it."""
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 import expecttest
@@ -146,6 +147,7 @@ def test_runtime_takes_o_tma_only_for_whole_tiles_and_power_of_two_heads():
 # ------------------------------------------------------------------------------------------ the backward's gradients
 
 
+@functools.cache
 def _bwd_programs():
     """(name, request, before) of every served backward main kernel (each form) and dQ kernel, with the request the
     runtime takes for whole tiles (runtime.attention_bwd.tma_request)."""
