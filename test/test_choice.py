@@ -201,9 +201,11 @@ def test_gemm_prior(m, n, k, ours):
 
 @pytest.mark.parametrize("d,causal,skv,ours", [(128, False, 512, False), (128, True, 512, False),
                                                (128, False, 4096, False), (128, True, 4096, True),
+                                               (128, True, 2048, True), (64, True, 4096, False),
                                                (64, False, 8192, True), (128, False, 16384, True),
-                                               (96, False, 16384, False), (192, True, 16384, False),
-                                               (256, False, 16384, False)])  # not swept: SDPA's pick
+                                               (96, False, 16384, True), (96, True, 1024, True),
+                                               (96, False, 512, False), (192, True, 16384, False),
+                                               (256, False, 16384, False)])
 def test_attention_prior(d, causal, skv, ours):
     assert choice.attention_prior(d, causal, skv) is ours
 

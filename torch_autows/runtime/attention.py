@@ -57,6 +57,10 @@ CONFIGS: dict[str, Options] = {
     "ws_p_128x128_q2_rm_g16_xt": replace(_Q2, raw_max=True, group_m=16, cross_tile=True, producer_regs=24),
     # The two consumers take turns issuing wgmma (ping-pong): one's softmax runs under the other's mma.
     "ws_p_128x128_q2_pp": replace(_Q2, pingpong=True),
+    # ... on the pick: picked for causal d=128 up to 4096 keys, +1.5-4% there (s512 319 vs 308 TFLOP/s, s1024 449 vs
+    # 431, s4096 573 vs 564; H200, sweeps/2026-12-01-h200-attention-pp-2.json); without the mask +-1%, and at d=64
+    # 1-11% behind (the softmax there is too short to hide the other consumer's mma under).
+    "ws_p_128x128_q2_rm_g16_pp": replace(_Q2, raw_max=True, group_m=16, pingpong=True),
     "ws_p3_192x128_q2": _P3,
     # Picked for d=64 from 8192 keys.
     "ws_p3_192x128_q2_rm_g8": replace(_P3, raw_max=True, group_m=8),
@@ -68,12 +72,15 @@ CONFIGS: dict[str, Options] = {
     "ws_p_128x64_rm_g16_pp": replace(_WIDE, pingpong=True),
     # Head dims 96 and 192 in equal power-of-two column pieces (split_d: 192 = 3 x 64, 96 = 3 x 32) instead of tiles
     # padded to 128 / 256 columns, so no wgmma works on padding (a quarter of the padded tile at 192 and 96): at d=192
-    # each consumer's accumulators are 96 registers a thread instead of 128, Q 48 KB a copy. The second keeps two Q
-    # copies and defers P V (FA3's d=128 schedule), which the padded tiles could not afford. Neither picked: not yet
-    # measured on a GPU (0 spills offline at sm_90a; the padded pick runs 0.73-0.77x cuDNN at d=192).
+    # each consumer's accumulators are 96 registers a thread instead of 128, Q 48 KB. The padded tiles could not
+    # defer P V (they spill); in pieces, with P V deferred and three K / four V ring slots (216 KB), d=192 runs
+    # 507-595 TFLOP/s against 432-490 without deferring and the padded 403-480 (H200, s1024-s16384): picked for d=192.
+    # Deferring with two stages loses 2-11% (V is read a step late: its ring runs dry), two Q copies 3-10%, ping-pong
+    # 30% (sweeps/2026-12-01-h200-attention-split-d-2.json).
     "ws_p_128x64_rm_g16_sd": replace(_WIDE, split_d=True),
-    "ws_p_128x64_q2_rm_g16_sd_dm": replace(_WIDE, split_d=True, tile_buffers=2, defer_mma=True),
+    "ws_p_128x64_rm_g16_sd_dm_s3": replace(_WIDE, split_d=True, defer_mma=True, stages=3),
     # d=96 in the d=128 pick's schedule, in three 32-column pieces: K 3 + V 4 ring slots fit (the padded tiles: 2 + 3).
+    # Picked for d=96: +2-11% over the padded d=128 tiles, 1.04-1.11x cuDNN (H200, s1024-s16384, causal or not).
     "ws_p_128x128_q2_rm_g16_sd": replace(_Q2, raw_max=True, group_m=16, split_d=True),
 }
 
@@ -81,11 +88,11 @@ CONFIGS: dict[str, Options] = {
 #: 256-column tiles of 256 (templates.attention.tile_d), so a config serves both or neither.
 HEAD_DIMS: dict[str, tuple[int, ...]] = {
     "ws_p_128x128": (64, 96, 128), "ws_p_128x128_q2": (64, 96, 128), "ws_p_128x128_q2_rm": (64, 96, 128),
-    "ws_p_128x128_q2_rm_g16": (64, 96, 128), "ws_p_128x128_q2_pp": (64, 96, 128),
+    "ws_p_128x128_q2_rm_g16": (64, 96, 128), "ws_p_128x128_q2_pp": (64, 96, 128), "ws_p_128x128_q2_rm_g16_pp": (128,),
     "ws_p_128x128_q2_rm_g16_xt": (64, 128),
     "ws_p3_192x128_q2": (64,), "ws_p3_192x128_q2_rm_g8": (64,), "ws_p3_192x64_q2": (64,),
     "ws_p_128x64_rm_g16": (192, 256), "ws_p_128x64_rm_g16_pp": (192, 256),
-    "ws_p_128x64_rm_g16_sd": (96, 192), "ws_p_128x64_q2_rm_g16_sd_dm": (96, 192), "ws_p_128x128_q2_rm_g16_sd": (96,),
+    "ws_p_128x64_rm_g16_sd": (96, 192), "ws_p_128x64_rm_g16_sd_dm_s3": (192,), "ws_p_128x128_q2_rm_g16_sd": (96,),
 }
 
 
@@ -102,10 +109,20 @@ def choose_config(d: int, causal: bool, seqlen_kv: int) -> str:
     * causal query tiles grouped 16 per head: +10-20% on causal s1024-s4096 (0.956 geomean with both);
     * d=64 with 8192 keys or more: three consumer warpgroups of 64 rows (192 per tile), +4-10% there. Shorter
       sequences have too few 192-row tiles per SM, and up to 12% lose;
-    * d=96 runs as d=128 (its tiles are 128 columns wide), d=192 and 256 in 128x64 tiles (not swept yet).
+    * d=96 and d=192 in column pieces (split_d) instead of tiles padded to 128 / 256 columns: d=96 +2-11% over the
+      padded d=128 kernel on every swept shape (1.04-1.11x cuDNN), d=192 with P V deferred +18-33% (0.89-0.95x
+      cuDNN: the prior leaves d=192 with SDPA); d=256 in 128x64 tiles (sweeps/2026-12-01-h200-attention-split-d*.json);
+    * causal d=128 up to 4096 keys: the two consumers ping-pong their mmas, +1.5-4% (-pp-2.json; longer causal
+      sequences not measured with it yet).
     """
     if d == 64 and seqlen_kv >= 8192:
         return "ws_p3_192x128_q2_rm_g8"
+    if d == 128 and causal and seqlen_kv <= 4096:
+        return "ws_p_128x128_q2_rm_g16_pp"
+    if d == 96:
+        return "ws_p_128x128_q2_rm_g16_sd"
+    if d == 192:
+        return "ws_p_128x64_rm_g16_sd_dm_s3"
     if tile_d(d) > 128:
         return "ws_p_128x64_rm_g16"
     return "ws_p_128x128_q2_rm_g16"

@@ -180,12 +180,15 @@ def gemm_prior(m: int, n: int, k: int) -> bool:
 
 
 def attention_prior(d: int, causal: bool, seqlen_kv: int) -> bool:
-    """Ours from 8k keys (0.99-1.09x cuDNN), and causal from 4k (0.99-1.04x); shorter sequences (0.74-0.96x)
-    go to SDPA's pick (attention-9). The sweeps cover head dims 64 and 128: the others (96, 192, 256) go to
-    SDPA's pick until swept."""
+    """Ours where the recorded grids put it ahead (attention-6, H200): from 8k keys (1.00-1.09x cuDNN at d=64/128),
+    causal d=128 from 2k (1.07-1.15x), and d=96 from 1k (1.04-1.11x, in column pieces:
+    sweeps/2026-12-01-h200-attention-split-d.json). Shorter sequences (0.89-1.02x; causal d=64 at 4k 0.97x) go to
+    SDPA's pick, and so do head dims 192 (0.74-0.82x) and 256 (0.86-1.01x)."""
+    if d == 96:
+        return seqlen_kv >= 1024
     if d not in (64, 128):
         return False
-    return seqlen_kv >= 8192 or (causal and seqlen_kv >= 4096)
+    return seqlen_kv >= 8192 or (causal and d == 128 and seqlen_kv >= 2048)
 
 
 # --- the disk ---

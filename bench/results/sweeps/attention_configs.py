@@ -33,7 +33,22 @@ VARIANTS = {"q2_forward": ("ws_p_128x128_q2", {"serpentine": False}),
             "p3_rm_g8": ("ws_p3_192x128_q2_rm_g8", {}),
             # next: 64 keys per step for short (causal) sequences, less masked work on the diagonal
             "q2_rm_g16_bn64": ("ws_p_128x128_q2_rm_g16", {"block_n": 64}),
-            "q2_rm_g16_bn64_s6": ("ws_p_128x128_q2_rm_g16", {"block_n": 64, "stages": 6})}
+            "q2_rm_g16_bn64_s6": ("ws_p_128x128_q2_rm_g16", {"block_n": 64, "stages": 6}),
+            # -split-d-2: d=192 in column pieces, deeper K/V rings, ping-pong, P V deferred with one or two Q copies
+            "sd_s3": ("ws_p_128x64_rm_g16_sd", {"stages": 3}),
+            "sd_pp": ("ws_p_128x64_rm_g16_sd", {"pingpong": True}),
+            "sd_dm1": ("ws_p_128x64_rm_g16_sd", {"defer_mma": True}),
+            "sd_dm1_s3": ("ws_p_128x64_rm_g16_sd", {"defer_mma": True, "stages": 3}),
+            "sd_dm_s1": ("ws_p_128x64_rm_g16_sd", {"defer_mma": True, "tile_buffers": 2, "stages": 1}),
+            "sd_dm_bn32_s6": ("ws_p_128x64_rm_g16_sd", {"defer_mma": True, "block_n": 32, "stages": 6}),
+            # -d256: P V deferred at d=256 (consumers at 240 registers: at 232 it spills 8 bytes), 64 or 32 keys a step
+            "w256_dm": ("ws_p_128x64_rm_g16", {"defer_mma": True, "producer_regs": 24}),
+            "w256_dm_bn32_s4": ("ws_p_128x64_rm_g16", {"defer_mma": True, "producer_regs": 24, "block_n": 32,
+                                                       "stages": 4}),
+            "w256_bn32_s4": ("ws_p_128x64_rm_g16", {"block_n": 32, "stages": 4}),
+            # -pp-2: the d=128 pick with ping-pong again (raw_max, o_tma since -pingpong), or consumers at 240 registers
+            "q2_rm_g16_pp": ("ws_p_128x128_q2_rm_g16", {"pingpong": True}),
+            "q2_rm_g16_r24": ("ws_p_128x128_q2_rm_g16", {"producer_regs": 24})}
 ROUNDS = 3
 
 
