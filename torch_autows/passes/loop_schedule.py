@@ -13,7 +13,9 @@ With ``options.defer_mma`` (FA3's intra-warpgroup pipelining), an mma that accum
 loop-carried value and whose A operand is computed in registers from another mma of the same step
 (attention's P V after Q K^T and softmax) moves one stage later, together with the ops that only
 feed its accumulator (the rescale): software_pipeline then issues step j's first mma and step j-1's
-deferred mma back to back, so the tensor core runs P V under step j's softmax.
+deferred mma back to back, so the tensor core runs P V under step j's softmax. The attention backward's
+dV += P^T dO and dK += dS^T Q (the dQ kernel's dQ += dS K) match the same rule. A deferred mma gets ``pending=0``
+(software_pipeline retires it in the step it is issued in).
 
 Algorithm: ASAP list scheduling over the body's def-use DAG (loop-carried edges excluded) with
 latencies in stages: a TMA load's data is consumed one stage later (its copy overlaps the step
@@ -57,9 +59,9 @@ def _schedule(loop: Op, opts) -> Op:
             later = [stage[index[u.results[0].name]] if u.results else stage[body.index(u)]
                      for r in o.results for u in users.get(r.name, ()) if u.kind != "yield"]
             stage[i] = max(stage[i], min(later, default=stage[i]))
-    if opts.defer_mma:
-        for i in _deferred(body, index, users, loop):
-            stage[i] += 1
+    deferred = _deferred(body, index, users, loop) if opts.defer_mma else set()
+    for i in deferred:
+        stage[i] += 1
     ranked = sorted(stage, key=lambda i: (stage[i], i))
     order = {i: n for n, i in enumerate(ranked)}
     out = []
@@ -80,7 +82,10 @@ def _schedule(loop: Op, opts) -> Op:
             it = its.get(r)
             acc_only = it is not None and len(o.operands) == 3 and o.operands[2] == it and \
                 all(u is o or (u.kind == "mma" and u.operands[2:] == (it,)) for u in users.get(it, []))
-            new = new.with_attrs(pending=min(opts.mma_pending, 1) if only_carried and acc_only else 0)
+            # a deferred mma is retired in the step it is issued in (software_pipeline keeps no wgmma in flight
+            # across the steps it pipelines)
+            new = new.with_attrs(pending=min(opts.mma_pending, 1) if only_carried and acc_only and i not in deferred
+                                 else 0)
         out.append(new)
     return replace(loop, body=tuple(out))
 

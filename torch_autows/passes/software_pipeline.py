@@ -9,10 +9,12 @@ it (no wgmma to retire, no ``release_tail``); a loop with deferred ops that hold
 steps is refused (PassError: no template makes one).
 Guarantees: every partition loop whose ops span two stages (loop_schedule deferred an mma) and that
 runs at least once (``loop.min_trip`` >= 1) is software pipelined: a prologue runs the early ops of the
-first step, the loop (from lb+1) runs step j's early ops and step j-1's late ops — step j's first mma
-and step j-1's deferred mma are issued back to back (``wait=False``), then ``mma_wait`` retires the first
-(pending=1) before its readers and the deferred one (pending=0) at the end of the step — and an epilogue
-runs the last step's late ops. Values early ops hand to late ops are carried as extra iter_args
+first step, the loop (from lb+1) runs step j's early ops and step j-1's late ops — step j's leading mmas (its
+first mma and the mmas right after it that read none of them: the forward's Q K^T alone, the backward's S^T and
+dP^T) and step j-1's deferred mmas are issued back to back (``wait=False``), then an ``mma_wait`` retires each
+leading mma right before its first reader (or the release of a ring it reads), with ``pending`` = the mmas issued
+after it, and the deferred ones (pending=0) at the end of the step — and an epilogue runs the last step's late
+ops. Values early ops hand to late ops are carried as extra iter_args
 (``<x>_prev``, the last step's as ``<x>_last``); late ops read their ring slot with ``get {lag=1}``, and
 the slot of step j-1 is released in step j (``release {lag=1, guard=False}``), the last one after the
 epilogue. Inside the loop, late ops read no value of the current step's early ops or of its ring slots
@@ -41,7 +43,7 @@ from dataclasses import dataclass, replace
 from ..ir import Op, Program, Value, op
 from . import PassError
 from .code_partition import renamed_after_waits
-from .step_overlap import overlapped
+from .step_overlap import overlapped, slot_groups
 
 
 def _subst(o: Op, var: str, val: str) -> Op:
@@ -105,6 +107,25 @@ def _lagged_get(sp: _Split, x: str, name: str) -> Op:
     return replace(g, results=(Value(name, g.results[0].type),)).with_attrs(lag=1)
 
 
+def _leading_mmas(early: list[Op], first: Op) -> list[Op]:
+    """The step's first mma and the mmas issued after it, before any reader of their results, that read none of
+    them (independent work for the tensor core to run back to back), matched by identity in ``early``."""
+    run, defs = [first], {first.results[0].name}
+    started = False
+    for o in early:
+        if o is first:
+            started = True
+            continue
+        if not started:
+            continue
+        if any(x in defs for x in o.operands):
+            break
+        if o.kind == "mma":
+            run.append(o)
+            defs.add(o.results[0].name)
+    return run
+
+
 def _pipeline(loop: Op) -> list[Op] | None:
     """Prologue, pipelined loop and epilogue for a lowered partition loop with deferred ops (see the
     module docstring), or None when the loop has none."""
@@ -120,6 +141,13 @@ def _pipeline(loop: Op) -> list[Op] | None:
         raise PassError(f"software_pipeline: a loop with deferred ops keeps async wgmma in flight across steps "
                         f"({held[0].kind} {held[0].attrs}); pipelining retires every mma in its step: give its "
                         f"mmas pending=0 (loop_schedule does unless the accumulator is only carried)")
+    stores = [o for o in sp.early if o.kind in ("smem_store", "store", "tma_reduce_add")]
+    if stores:
+        st = stores[0]
+        what = st.results[0].name if st.results else st.operands[0]
+        raise PassError(f"software_pipeline: a loop with deferred ops writes {st.kind} %{what} in its early ops; the "
+                        f"prologue's copy would have no SMEM buffer of its own (buffers ran before): defer_mma serves "
+                        f"steps without SMEM stores (the backward's separate form)")
     y, its, var = loop.body[-1], loop.attr("iter_args"), loop.attr("var")
     lb, ub = loop.attr("lb"), loop.attr("ub")
     late_mmas = [o for o in sp.late if o.kind == "mma"]
@@ -128,24 +156,49 @@ def _pipeline(loop: Op) -> list[Op] | None:
     pro = dict(zip(its, loop.operands))
     prologue = [_renamed(_subst(o, var, str(lb)), pro, "_pro") for o in sp.early]
 
-    # steady state: step j's early ops; right after its first mma is issued, step j-1's late ops are
-    # issued and the first mma alone is retired; the late mmas retire before the ring advances
+    # steady state: step j's early ops; right after its leading mmas are issued (the first, and the mmas after it
+    # that read none of them: attention backward's S^T and dP^T), step j-1's late ops are issued; each leading
+    # mma is retired right before its first reader, the late mmas before the ring advances
+    run = [m.results[0].name for m in _leading_mmas(sp.early, first)]
+    slots = slot_groups(sp.early)  # a ring's release waits for the leading mmas reading its slot
     names = {x: x + "_prev" for x in sp.carried}
     names.update({x: x + "_prev" for x in sp.lagged})
     steady: list[Op] = []
+    unretired: list[Op] = []  # the leading mmas issued and not yet waited for, in issue order
     for o in sp.early:
         o = replace(o, operands=tuple(names.get(x, x) if x not in sp.lagged else x for x in o.operands))
-        if o.results and o.results[0].name == first.results[0].name:
-            r = o.results[0]
+        leading = o.kind == "mma" and o.results[0].name in run
+        if unretired and not leading:
+            need = [k for k, m in enumerate(unretired) if m.results[0].name in o.operands
+                    or o.kind == "release" and o.attr("group") in {slots.get(x) for x in m.operands}]
+            upto = len(unretired) if o.kind == "mma" else (max(need) + 1 if need else 0)  # an mma waits at issue
+            for k, m in enumerate(unretired[:upto]):  # FIFO: an mma retires with every one issued before it
+                r = m.results[0]
+                steady.append(op("mma_wait", [Value(r.name + "_r", r.type)], [r.name],
+                                 pending=len(unretired) - k - 1 + len(late_mmas)))
+                names[r.name] = r.name + "_r"
+            unretired = unretired[upto:]
+            o = replace(o, operands=tuple(names.get(x, x) if x not in sp.lagged else x for x in o.operands))
+        if leading:
             steady.append(o.with_attrs(wait=False))
-            steady += [_lagged_get(sp, x, x + "_prev") for x in sp.lagged]
-            for d in sp.late:
-                d = replace(d, operands=tuple(names.get(x, x) for x in d.operands))
-                steady.append(d.with_attrs(wait=False, pending=0) if d.kind == "mma" else d)
-            steady.append(op("mma_wait", [Value(r.name + "_r", r.type)], [r.name], pending=len(late_mmas)))
-            names[r.name] = r.name + "_r"
+            unretired.append(o)
+            if o.results[0].name == run[-1]:
+                steady += [_lagged_get(sp, x, x + "_prev") for x in sp.lagged]
+                for d in sp.late:
+                    d = replace(d, operands=tuple(names.get(x, x) for x in d.operands))
+                    steady.append(d.with_attrs(wait=False, pending=0) if d.kind == "mma" else d)
+                if len(run) == 1:  # one leading mma (the forward's Q K^T): retired right after the late issue
+                    r = o.results[0]
+                    steady.append(op("mma_wait", [Value(r.name + "_r", r.type)], [r.name], pending=len(late_mmas)))
+                    names[r.name] = r.name + "_r"
+                    unretired = []
         else:
             steady.append(o)
+    for k, m in enumerate(unretired):  # leading mmas nothing in the step read: retired with the late ones below
+        r = m.results[0]
+        steady.append(op("mma_wait", [Value(r.name + "_r", r.type)], [r.name],
+                         pending=len(unretired) - k - 1 + len(late_mmas)))
+        names[r.name] = r.name + "_r"
     tail = []
     for d in late_mmas:
         r = d.results[0]

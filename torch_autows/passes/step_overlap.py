@@ -63,7 +63,7 @@ def gains(loop: Op) -> bool:
     return False
 
 
-def _slot_groups(body: list[Op]) -> dict[str, str]:
+def slot_groups(body: list[Op]) -> dict[str, str]:
     """SMEM value of the step -> ring group whose slot it is (gets and their ``trans`` views)."""
     out: dict[str, str] = {}
     for o in body:
@@ -84,7 +84,7 @@ def overlap_loop(loop: Op) -> tuple[Op, set[str]] | None:
         if o.kind == "release" and not (i + 1 < len(body) and body[i + 1].kind == "advance"
                                         and body[i + 1].attr("group") == o.attr("group")):
             return None
-    slots = _slot_groups(body)
+    slots = slot_groups(body)
     reads_group = {o.results[0].name: {slots[x] for x in o.operands if x in slots} for o in body if o.kind == "mma"}
     mma_ops = {o.results[0].name: o for o in body if o.kind == "mma"}
     regs = {r.name for o in body for r in o.results if r.type.space == "reg"}

@@ -48,9 +48,18 @@ VARIANTS = {
     "bwd_64x128_dp2_fold64": ("bwd_64x128_dp2", {"fold_rows": True}, {"reduce": (64,)}),
     # the grouped causal walk and the fold together (each ahead alone at causal d=64 in -configs-4)
     "bwd_64x128_dp2_g8_fold64": ("bwd_64x128_dp2", {"group_m": 8, "fold_rows": True}, {"reduce": (64,)}),
+    # dV and dK of step j-1 issued after step j's S^T and dP^T (defer_mma: software_pipeline), Q/dO read a step late
+    # from a third ring slot; d=64 only (0 spills offline; d=128 spills 926 bytes)
+    "bwd_64x128_dp2_dm_s3": ("bwd_64x128_dp2", {"defer_mma": True, "stages": 3}, {"separate": (64,)}),
+    "bwd_64x128_dp2_p_dm_s3": ("bwd_64x128_dp2", {"persistent": True, "defer_mma": True, "stages": 3},
+                               {"separate": (64,)}),
 }
-#: dQ-kernel variants: name -> (base, overrides).
-DQ_VARIANTS = {"dq_128x128_dp2_p": ("dq_128x128_dp2", {"persistent": True})}
+#: dQ-kernel variants: name -> (base, overrides[, head dims]).
+DQ_VARIANTS = {"dq_128x128_dp2_p": ("dq_128x128_dp2", {"persistent": True}),
+               # dQ of step j-1 after step j's S and dP (d=64 only: at d=128 it spills 1136 bytes offline)
+               "dq_128x128_dp2_p_dm": ("dq_128x128_dp2", {"persistent": True, "defer_mma": True}, (64,)),
+               "dq_128x128_dp2_p_dm_s3": ("dq_128x128_dp2", {"persistent": True, "defer_mma": True, "stages": 3},
+                                          (64,))}
 
 
 ONLY = sys.argv[2] if len(sys.argv) > 2 else ""
@@ -60,9 +69,9 @@ def add_variants() -> None:
     for name, (base, over, dims) in VARIANTS.items():
         rt.CONFIGS[name] = dataclasses.replace(rt.CONFIGS[base], **over)
         rt.CONFIG_HEAD_DIMS[name] = {"atomic": (), "reduce": (), "separate": (), **dims}
-    for name, (base, over) in DQ_VARIANTS.items():
+    for name, (base, over, *dims) in DQ_VARIANTS.items():
         rt.DQ_CONFIGS[name] = dataclasses.replace(rt.DQ_CONFIGS[base], **over)
-        rt.DQ_CONFIG_HEAD_DIMS[name] = rt.DQ_CONFIG_HEAD_DIMS[base]
+        rt.DQ_CONFIG_HEAD_DIMS[name] = dims[0] if dims else rt.DQ_CONFIG_HEAD_DIMS[base]
 
 
 def combos(d: int):
