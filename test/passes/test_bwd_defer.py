@@ -23,6 +23,7 @@ from torch_autows.templates.attention_bwd_dq import build as build_dq
 
 MAIN = replace(rt.CONFIGS["bwd_64x128_dp2"], defer_mma=True, stages=3)
 DQ = replace(rt.DQ_CONFIGS["dq_128x128_dp2_p"], defer_mma=True)
+DQ64 = replace(rt.DQ_CONFIGS["dq_128x64_dp2"], defer_mma=True, persistent=True)  # 64 keys a step
 
 
 def _steady(program, partition="consumer0"):
@@ -60,9 +61,9 @@ def test_deferred_main_kernel_matches_torch_under_every_policy(d, dt, causal, op
     assert ok, report
 
 
-@pytest.mark.parametrize("d,causal", [(64, False), (128, True)])
-def test_deferred_dq_kernel_matches_torch_under_every_policy(d, causal):
-    before = build_dq(AttentionBwdDqRequest(d, "bf16", causal), DQ)
+@pytest.mark.parametrize("d,causal,bn", [(64, False, 128), (128, True, 128), (128, False, 64)])
+def test_deferred_dq_kernel_matches_torch_under_every_policy(d, causal, bn):
+    before = build_dq(AttentionBwdDqRequest(d, "bf16", causal), DQ if bn == 128 else DQ64)
     ok, report = interpret_report(before, pipeline.run(before, verify=True, dump_dir=""), seeds=2)
     assert ok, report
 
@@ -88,14 +89,16 @@ def test_a_release_before_its_readers_wait_is_caught():
     assert kinds == ["release-before-retire"] * len(POLICIES), kinds
 
 
-@pytest.mark.parametrize("template,d,causal", [("main", 64, True), ("main", 64, False), ("dq", 64, False)])
+@pytest.mark.parametrize("template,d,causal", [("main", 64, True), ("main", 64, False), ("dq", 64, False),
+                                               ("dq64", 128, True)])
 def test_deferred_kernels_compile_for_sm90a(template, d, causal):
-    """d=64 without spills. (At d=128 the deferred step keeps step j-1's P^T and dS^T live beside step j's: the main
-    kernel spills 926 bytes offline, the dQ kernel 1136; the runtime's d=128 picks do not defer.)"""
+    """d=64 without spills, and the dQ kernel at d=128 with 64 keys a step. (At d=128 the deferred step keeps step
+    j-1's P^T and dS^T live beside step j's: the main kernel spills 926 bytes offline, the dQ kernel with 128 keys a
+    step 1136; the runtime's d=128 picks do not defer.)"""
     from torch_autows.codegen.compile import compile_offline, summary
 
     program = pipeline.run(build(AttentionBwdRequest(d, "bf16", causal, dq="none"), MAIN) if template == "main"
-                           else build_dq(AttentionBwdDqRequest(d, "bf16", causal), DQ))
+                           else build_dq(AttentionBwdDqRequest(d, "bf16", causal), DQ if template == "dq" else DQ64))
     s = summary(program, compile_offline(program))
     assert [p["name"] for p in s["partitions"]] == ["consumer0", "consumer1", "producer"]
     assert s["spills"] == 0, s["spills"]

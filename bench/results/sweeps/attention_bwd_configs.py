@@ -59,7 +59,10 @@ DQ_VARIANTS = {"dq_128x128_dp2_p": ("dq_128x128_dp2", {"persistent": True}),
                # dQ of step j-1 after step j's S and dP (d=64 only: at d=128 it spills 1136 bytes offline)
                "dq_128x128_dp2_p_dm": ("dq_128x128_dp2", {"persistent": True, "defer_mma": True}, (64,)),
                "dq_128x128_dp2_p_dm_s3": ("dq_128x128_dp2", {"persistent": True, "defer_mma": True, "stages": 3},
-                                          (64,))}
+                                          (64,)),
+               # 64 keys a step: deferred without spills at d=128 too (offline sm_90a)
+               "dq_128x64_dp2_p_dm": ("dq_128x64_dp2", {"persistent": True, "defer_mma": True}),
+               "dq_128x64_dp2_p_dm_s3": ("dq_128x64_dp2", {"persistent": True, "defer_mma": True, "stages": 3})}
 
 
 ONLY = sys.argv[2] if len(sys.argv) > 2 else ""
