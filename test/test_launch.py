@@ -145,3 +145,30 @@ def test_first_compile_uses_inductors_triton_cache(monkeypatch):
     monkeypatch.setenv("TRITON_CACHE_DIR", "/somewhere/else")
     launch.Launcher(Kernel(), [], 4)(8, [64], 0)
     assert seen[-1] == "/somewhere/else"
+
+
+def test_an_aliasing_argument_takes_its_alias_value_and_address():
+    """An ``Arg.alias`` (the same tensor through a second TMA block shape: templates.attention's binary head-dim
+    pieces) is given no value of its own: ``ordered`` passes its alias's ``Tma``, and a ``Bound`` launch takes one
+    address per tensor, which the alias's descriptor slot shares."""
+    import torch
+
+    q, o = (launch.Tma(torch.empty(64, 192), (64, 192), (192, 1)) for _ in range(2))
+    L = launch.Launcher(object(), [], 4, ("q", "o", "M", "q_w64"), {"q_w64": "q"})
+    args = L.ordered({"q": q, "o": o, "M": 2})
+    assert args == [q, o, 2, q] and args[3] is q
+    assert L._srcs(args) == [0, 1, 0]
+    assert launch.Launcher(object(), [], 4, ("q", "o", "M"))._srcs([q, o, 2]) is None
+
+    launched = []
+    state = (lambda *a: launched.append(a), 7, (4, 1, 0), False, False, [None] * 3)
+    encode = {0: "map_q", 1: "map_o", 2: "map_q64"}
+    bound = launch.Bound(state, 8, args, 0, lambda a, slot, meta: [encode[slot], *a.shape, *a.strides], L._srcs(args))
+    addr_q, addr_o = q.tensor.data_ptr(), o.tensor.data_ptr()
+    import unittest.mock as mock
+    with mock.patch.object(torch._C, "_cuda_getCurrentRawStream", lambda i: 0, create=True), \
+            mock.patch.object(launch, "_hooks_installed", lambda: False):
+        assert bound(addr_q, addr_o)
+    flat = launched[0][3 + 1 + 9:]  # after the grid (3), the stream and the C launcher's fixed arguments (9)
+    desc = [64, 192, 192, 1]
+    assert list(flat) == ["map_q", *desc, "map_o", *desc, 2, "map_q64", *desc]

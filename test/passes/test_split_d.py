@@ -1,6 +1,6 @@
-"""A head dim that is not a power of two in equal power-of-two column pieces (``Options.split_d``,
-templates.attention.d_pieces) instead of one padded tile: the template's IR, the same passes, the interpreter under
-every policy against torch, and the runtime's view and store rules for it."""
+"""A head dim that is not a power of two in power-of-two column pieces (``Options.split_d``, equal ones or, with
+``split_d_binary``, the widest first; templates.attention.d_pieces) instead of one padded tile: the template's IR, the
+same passes, the interpreter under every policy against torch, and the runtime's view and store rules for it."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -8,8 +8,10 @@ from dataclasses import replace
 import expecttest
 import pytest
 
+from torch_autows.codegen import gluon
+from torch_autows.codegen.gluon import block_shapes
 from torch_autows.interp import POLICIES, make_instance, run_partitioned, run_sequential
-from torch_autows.ir import format_program, walk
+from torch_autows.ir import format_program, parse_program, walk
 from torch_autows.passes import pipeline
 from torch_autows.runtime.attention import CONFIGS, o_tma_ok, serves
 from torch_autows.templates.attention import AttentionRequest, build, d_pieces, pieces
@@ -94,6 +96,37 @@ def test_split_matches_torch_under_every_policy(config, d, dtype, causal, o_tma)
         for policy in POLICIES:
             out = run_partitioned(after, inst.inputs(), policy=policy, seed=seed, nprog=2)
             assert inst.matches(out), (policy, inst.desc, inst.error(out))
+
+
+def test_binary_pieces_are_the_widest_powers_of_two_first():
+    assert d_pieces(192, binary=True) == ((0, 128), (128, 64)) and d_pieces(96, binary=True) == ((0, 64), (64, 32))
+    assert d_pieces(80, binary=True) == ((0, 64), (64, 16)) and d_pieces(128, binary=True) == ((0, 128),)
+    assert d_pieces(224, binary=True) == ((0, 128), (128, 64), (192, 32))
+    binary = [c for c in SPLIT if CONFIGS[c].split_d_binary]
+    assert {d for c in binary for d in (96, 192) if serves(c, d)} == {96, 192}
+
+
+def test_binary_pieces_read_and_write_the_other_width_through_alias_args():
+    """192 = 128 + 64: the 64-column piece's loads and store name ``q_w64``, ``k_w64``, ``v_w64``, ``o_w64``, args that
+    alias q, k, v, o (each width a TMA descriptor of its own); the text form keeps the alias (parsed back equal), the
+    generated kernel takes a descriptor per alias, and the interpreter runs the alias on its base's tensor."""
+    config = next(c for c in SPLIT if CONFIGS[c].split_d_binary and serves(c, 192))
+    p = build(AttentionRequest(192, "bf16", False, o_tma=True), CONFIGS[config])
+    aliases = {a.name: a.alias for a in p.args if a.alias}
+    assert aliases == {"q_w64": "q", "k_w64": "k", "v_w64": "v", "o_w64": "o"}
+    widths = {(o.attr("arg"), o.results[0].type.shape[-1] if o.results else None) for o in walk(p.body)
+              if o.kind in ("load", "store")}
+    assert widths == {("q", 128), ("q_w64", 64), ("k", 128), ("k_w64", 64), ("v", 128), ("v_w64", 64),
+                      ("o", None), ("o_w64", None)}
+    assert parse_program(format_program(p)) == p and "arg q_w64: tensor<bf16>[BHSq, D] alias q" in format_program(p)
+    assert p.base_arg("o_w64") == "o" and p.base_arg("o") == "o"
+    after = pipeline.run(p)
+    src = gluon.generate(after)
+    assert "q_w64_desc" in src and "o_w64_desc" in src
+    assert block_shapes(after)["q_w64"][0] == (64, 64) and block_shapes(after)["q"][0] == (64, 128)  # a chain's rows
+    # without the pointer store there is no alias of o
+    q = build(AttentionRequest(192, "bf16", False), CONFIGS[config])
+    assert "o_w64" not in {a.name for a in q.args} and q.arg("o").kind == "ptr"
 
 
 def test_o_tma_takes_split_head_dims_and_refuses_padded_ones():

@@ -174,7 +174,7 @@ def _attention(program: Program, seed: int, shape) -> Instance:
     rng = random.Random(seed)
     # the columns the q tiles cover: one tile (maybe padded past D), or the pieces of a split head dim (split_d)
     tile = sum(x.results[0].type.shape[-1] for x in walk(program.body)
-               if x.kind == "load" and x.attr("arg") == "q" and x.chain in (None, 0))
+               if x.kind == "load" and program.base_arg(x.attr("arg")) == "q" and x.chain in (None, 0))
     # a head dim narrower than the tiles (templates.attention.tile_d) is the output store's column bound
     D = next((x.attr("cols_valid") for x in walk(program.body) if x.kind == "store_ptr" and x.attr("cols_valid")), tile)
     causal = any(x.attr("causal") for x in walk(program.body) if x.kind == "mask")

@@ -39,9 +39,13 @@ class Ctx:
 
 
 def split_inputs(program: Program, inputs: dict) -> tuple[dict[str, torch.Tensor], dict]:
-    """(tensors, scalars) from the caller's dict; every Arg must be present, tensors with the Arg dtype."""
+    """(tensors, scalars) from the caller's dict; every Arg must be present, tensors with the Arg dtype (an aliasing
+    Arg, ``Arg.alias``, may be left out: it is its alias's tensor)."""
     tensors, scalars = {}, {}
     for a in program.args:
+        if a.alias and a.name not in inputs:  # another block shape of an arg's tensor: that very tensor
+            tensors[a.name] = tensors[a.alias]
+            continue
         if a.name not in inputs:
             raise InterpError(f"interp: missing input for argument {a} of program {program.name}")
         x = inputs[a.name]

@@ -113,11 +113,15 @@ class Arg:
     dtype: str
     dims: tuple[str, ...] = ()
     out: bool = False
+    # a tensor arg that is the tensor of arg ``alias`` read or written in another TMA block shape (its own
+    # descriptor); the runtime and the interpreter pass the aliased arg's tensor
+    alias: str = ""
 
     def __str__(self) -> str:
         if self.kind == "scalar":
             return f"arg {self.name}: {self.dtype}"
-        return f"arg {self.name}: {self.kind}<{self.dtype}>[{', '.join(self.dims)}]" + (" out" if self.out else "")
+        return (f"arg {self.name}: {self.kind}<{self.dtype}>[{', '.join(self.dims)}]" + (" out" if self.out else "")
+                + (f" alias {self.alias}" if self.alias else ""))
 
 
 @dataclass(frozen=True)
@@ -226,10 +230,13 @@ class Options:
     # row vectors die at their mmas' issue instead of living across the step (templates/attention_bwd.py); where the
     # step's registers are tight (64-query steps at d=128: 0 spill bytes instead of 180/524)
     fold_rows: bool = False
-    # attention forward: a head dim that is not a power of two runs in power-of-two column pieces (192 = 128 + 64: two
-    # Q K^T mmas chained into one S, an accumulator and a P V mma per piece, a store per piece) instead of one tile
-    # padded to the next power of two (templates.attention.d_pieces)
+    # attention forward: a head dim that is not a power of two runs in power-of-two column pieces (192 = 3 x 64: Q K^T
+    # mmas chained into one S, an accumulator and a P V mma per piece, a store per piece) instead of one tile padded
+    # to the next power of two (templates.attention.d_pieces)
     split_d: bool = False
+    # ... in the widest power-of-two pieces first (192 = 128 + 64, 96 = 64 + 32: fewer, wider wgmmas) instead of equal
+    # ones; each width reads and writes its tensors through a descriptor of its own (an ``Arg.alias``)
+    split_d_binary: bool = False
 
     def items(self) -> list[tuple[str, Any]]:
         return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
@@ -332,6 +339,10 @@ class Program:
             if a.name == name:
                 return a
         raise KeyError(name)
+
+    def base_arg(self, name: str) -> str:
+        """The arg whose tensor arg ``name`` is: its ``alias``, or itself."""
+        return self.arg(name).alias or name
 
     def buffer(self, name: str) -> Buffer:
         return next(b for b in self.buffers if b.name == name)

@@ -51,7 +51,7 @@ def format_op(o: Op, indent: int = 0) -> list[str]:
 #: Options printed only when set: fields added after the text form was fixed, whose default leaves every
 #: Program as it was (so the IR of existing kernels prints, and hashes, the same). Parsing fills the default.
 _UNSET = {("split_k", 1), ("cross_tile", False), ("tile_consumers", 1), ("swap_ab", False), ("dq_split", False),
-          ("fold_rows", False), ("split_d", False)}
+          ("fold_rows", False), ("split_d", False), ("split_d_binary", False)}
 
 
 def format_program(p: Program) -> str:
@@ -195,12 +195,12 @@ def parse_program(text: str) -> Program:
             _, aname, rest = (s + " ").split(" ", 2)
             arch = Arch(aname, **{k: _lit(v) for k, v in _kv(rest).items()})
         elif s.startswith("arg "):
-            m = re.fullmatch(r"arg (\w+): (?:(\w+)<(\w+)>\[([^\]]*)\]( out)?|(\w+))", s)
-            if m.group(6):
-                args.append(Arg(m.group(1), "scalar", m.group(6)))
+            m = re.fullmatch(r"arg (\w+): (?:(\w+)<(\w+)>\[([^\]]*)\]( out)?(?: alias (\w+))?|(\w+))", s)
+            if m.group(7):
+                args.append(Arg(m.group(1), "scalar", m.group(7)))
             else:
                 dims = tuple(d.strip() for d in m.group(4).split(",") if d.strip())
-                args.append(Arg(m.group(1), m.group(2), m.group(3), dims, bool(m.group(5))))
+                args.append(Arg(m.group(1), m.group(2), m.group(3), dims, bool(m.group(5)), m.group(6) or ""))
         elif s.startswith("grid "):
             m = re.fullmatch(r"grid \((.*)\) persistent=(\w+) group=(\d+)( serpentine)?", s)
             tiles = tuple(tuple(x.strip() for x in t.split(":", 1)) for t in _split_top(m.group(1)))

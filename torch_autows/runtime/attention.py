@@ -79,6 +79,12 @@ CONFIGS: dict[str, Options] = {
     # 30% (sweeps/2026-12-01-h200-attention-split-d-2.json).
     "ws_p_128x64_rm_g16_sd": replace(_WIDE, split_d=True),
     "ws_p_128x64_rm_g16_sd_dm_s3": replace(_WIDE, split_d=True, defer_mma=True, stages=3),
+    # ... in the widest pieces first (split_d_binary: 192 = 128 + 64, 96 = 64 + 32): two P V wgmmas a step instead of
+    # three, N = 128 and 64 (96: 64 and 32), the second width through descriptors of its own. The padded and the
+    # equal pieces measured how narrow wgmmas cost (d=96 in 32-column pieces: 78% of the padded kernel's tensor-core
+    # rate). Not picked: not yet measured on a GPU (interpreter and offline sm_90a: 0 spills).
+    "ws_p_128x64_rm_g16_sdb_dm_s3": replace(_WIDE, split_d=True, split_d_binary=True, defer_mma=True, stages=3),
+    "ws_p_128x128_q2_rm_g16_sdb": replace(_Q2, raw_max=True, group_m=16, split_d=True, split_d_binary=True),
     # d=96 in the d=128 pick's schedule, in three 32-column pieces: K 3 + V 4 ring slots fit (the padded tiles: 2 + 3).
     # Picked for d=96: +2-11% over the padded d=128 tiles, 1.04-1.11x cuDNN (H200, s1024-s16384, causal or not).
     "ws_p_128x128_q2_rm_g16_sd": replace(_Q2, raw_max=True, group_m=16, split_d=True),
@@ -93,6 +99,7 @@ HEAD_DIMS: dict[str, tuple[int, ...]] = {
     "ws_p3_192x128_q2": (64,), "ws_p3_192x128_q2_rm_g8": (64,), "ws_p3_192x64_q2": (64,),
     "ws_p_128x64_rm_g16": (192, 256), "ws_p_128x64_rm_g16_pp": (192, 256),
     "ws_p_128x64_rm_g16_sd": (96, 192), "ws_p_128x64_rm_g16_sd_dm_s3": (192,), "ws_p_128x128_q2_rm_g16_sd": (96,),
+    "ws_p_128x64_rm_g16_sdb_dm_s3": (192,), "ws_p_128x128_q2_rm_g16_sdb": (96,),
 }
 
 

@@ -55,17 +55,22 @@ class Launcher:
     """One compiled kernel: ``launcher(grid, args)`` with ``Tma`` entries for descriptor args, ``args`` in the
     kernel's argument order; ``launcher.ordered({name: value})`` puts values given by name in that order."""
 
-    def __init__(self, kernel, descs: list, num_warps: int, names: tuple[str, ...] = ()):
+    def __init__(self, kernel, descs: list, num_warps: int, names: tuple[str, ...] = (),
+                 aliases: dict[str, str] | None = None):
         self.kernel = kernel          # the @gluon.jit function
         self.descs = descs            # (block, layout) per Tma argument, in argument order
         self.num_warps = num_warps
         self.names = tuple(names)     # the kernel's arguments (Program.args), in order
+        self.aliases = dict(aliases or {})  # arg -> the arg whose value it takes (Arg.alias: another block shape)
         self._direct: dict[tuple, tuple | None] = {}  # (device, specialisation) -> direct state (None: slow)
         self._maps: dict = {}
 
     def ordered(self, values: dict) -> list:
         """The launch arguments ``values`` (argument name -> value) in the kernel's order; a ValueError naming
-        every missing and extra name where they do not match the kernel's arguments exactly."""
+        every missing and extra name where they do not match the kernel's arguments exactly. An aliasing argument
+        (``Arg.alias``) takes its alias's value (the same ``Tma``: one tensor, a descriptor per block shape)."""
+        if self.aliases:
+            values = {**{a: values[b] for a, b in self.aliases.items() if b in values}, **values}
         if len(values) == len(self.names):
             try:
                 return [values[n] for n in self.names]
@@ -112,7 +117,19 @@ class Launcher:
         tensors = [a.tensor if isinstance(a, Tma) else a for a in args if isinstance(a, (Tma, torch.Tensor))]
         if any(t.data_ptr() % 16 for t in tensors):
             return None
-        return Bound(state, grid, args, device_index, self._map)
+        return Bound(state, grid, args, device_index, self._map, self._srcs(args))
+
+    def _srcs(self, args: list) -> list[int] | None:
+        """The address index of each descriptor / pointer argument for ``Bound``: an aliasing argument shares its
+        alias's; None without aliases (one address each, in order)."""
+        if not self.aliases:
+            return None
+        index: dict[str, int] = {}
+        for name, a in zip(self.names, args):
+            if isinstance(a, (Tma, torch.Tensor)) and name not in self.aliases:
+                index[name] = len(index)
+        return [index[self.aliases.get(name, name)] for name, a in zip(self.names, args)
+                if isinstance(a, (Tma, torch.Tensor))]
 
     def _map(self, a: Tma, slot: int, meta):
         key = (slot, a.tensor.data_ptr(), a.shape, a.strides)
@@ -185,22 +202,28 @@ class Bound:
 
     __slots__ = ("_raw", "_head", "_mid", "_flat", "_slots", "_device")
 
-    def __init__(self, state, grid: int, args: list, device_index: int, encode):
+    def __init__(self, state, grid: int, args: list, device_index: int, encode, srcs: list[int] | None = None):
         metas = state[5]
         self._raw, self._head, self._device = state[0], (grid, 1, 1), device_index
         self._mid = _fixed_args(state)
         self._flat: list = []
-        self._slots: list[tuple] = []  # (position in flat, address -> CUtensorMap (None: a pointer), meta, Tma)
-        desc = 0
+        # (position in flat, address -> CUtensorMap (None: a pointer), meta, Tma, which address): an aliasing Arg
+        # (the same tensor through a second descriptor) takes its alias's address (``srcs``: the address index of
+        # each descriptor or pointer argument; None: one address each, in order)
+        self._slots: list[tuple] = []
+        desc, n = 0, 0
         for a in args:
+            if isinstance(a, (Tma, torch.Tensor)):
+                src = srcs[n] if srcs is not None else n
+                n += 1
             if isinstance(a, Tma):
                 entry = encode(a, desc, metas[desc])  # [map, *shape, *strides], from the Launcher's cache
                 self._slots.append((len(self._flat), {a.tensor.data_ptr(): entry[0]}, metas[desc],
-                                    (a.shape, a.strides)))
+                                    (a.shape, a.strides), src))
                 self._flat += entry
                 desc += 1
             elif isinstance(a, torch.Tensor):
-                self._slots.append((len(self._flat), None, None, None))
+                self._slots.append((len(self._flat), None, None, None, src))
                 self._flat.append(a.data_ptr())
             else:
                 self._flat.append(a)
@@ -209,7 +232,8 @@ class Bound:
         if _hooks_installed():
             return False
         flat = self._flat.copy()
-        for (pos, maps, meta, at), addr in zip(self._slots, addrs):
+        for pos, maps, meta, at, src in self._slots:
+            addr = addrs[src]
             if addr & 15:
                 return False
             if maps is None:
@@ -334,4 +358,4 @@ def launcher_for(program) -> Launcher:
 
     kernel, descs, warps = launch_plan(program)
     return Launcher(kernel, [descs[a.name] for a in program.args if a.kind == "tensor"], warps,
-                    tuple(a.name for a in program.args))
+                    tuple(a.name for a in program.args), {a.name: a.alias for a in program.args if a.alias})

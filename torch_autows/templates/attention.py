@@ -19,6 +19,9 @@ zeros, so they add nothing to Q K^T; V's padding only feeds output columns past 
 bounded to D columns (``store_ptr``'s ``cols_valid``). With ``Options.split_d`` they run instead in equal
 power-of-two column pieces (``d_pieces``: 192 = 3 x 64): Q K^T is one mma a piece chained into S, and each piece
 has its own accumulator, P V mma and store, so no wgmma works on padding and every tile ends inside its head.
+With ``Options.split_d_binary`` the pieces are the widest powers of two first (192 = 128 + 64: fewer, wider
+wgmmas); a width other than the first piece's reads and writes its tensor through an alias arg (``q_w64`` for q:
+``Arg.alias``, a TMA descriptor of its own block shape on the same tensor).
 A KV tile that runs past Skv reads other rows of the tensor (or TMA zeros): the ``mask`` op sets
 those scores to -inf, so their probabilities are exactly 0. Query rows past Sq are computed but never
 stored (``store_ptr``/``store_vec`` mask rows). Causal masking is top-left aligned (col <= row), as
@@ -61,11 +64,19 @@ def tile_d(d: int) -> int:
     return 1 << (d - 1).bit_length()
 
 
-def d_pieces(d: int) -> tuple[tuple[int, int], ...]:
-    """(first column, width) of the column pieces a head dim splits into: equal widths, the largest power of two that
+def d_pieces(d: int, binary: bool = False) -> tuple[tuple[int, int], ...]:
+    """(first column, width) of the column pieces a head dim splits into. Equal widths, the largest power of two that
     divides d (192: three of 64; 96: three of 32; a power of two is one piece), so each tensor is read and written in
-    one TMA block shape (one descriptor). ``Options.split_d`` runs each piece as its own tiles instead of one tile of
-    ``tile_d(d)`` columns."""
+    one TMA block shape; or, ``binary``, the widest powers of two first (192: 128 + 64; 96: 64 + 32): fewer and wider
+    wgmmas, a TMA block shape (descriptor) per width. ``Options.split_d`` runs each piece as its own tiles instead of
+    one tile of ``tile_d(d)`` columns (``Options.split_d_binary`` the binary pieces)."""
+    if binary:
+        out, c = [], 0
+        for bit in reversed(range(d.bit_length())):
+            if d >> bit & 1:
+                out.append((c, 1 << bit))
+                c += 1 << bit
+        return tuple(out)
     w = d & -d
     return tuple((c, w) for c in range(0, d, w))
 
@@ -73,7 +84,14 @@ def d_pieces(d: int) -> tuple[tuple[int, int], ...]:
 def pieces(d: int, opts: Options) -> tuple[tuple[int, int], ...]:
     """The column pieces ``build`` runs for head dim ``d`` under ``opts``: ``d_pieces`` with ``split_d``, else one
     tile of ``tile_d`` columns (padded)."""
-    return d_pieces(d) if opts.split_d else ((0, tile_d(d)),)
+    return d_pieces(d, opts.split_d_binary) if opts.split_d else ((0, tile_d(d)),)
+
+
+def arg_of(base: str, cols: tuple[tuple[int, int], ...], i: int) -> str:
+    """The tensor arg piece ``i`` of ``cols`` reads or writes ``base`` through: ``base`` itself for the first piece's
+    width, else the alias of its width (``<base>_w<width>``, an ``Arg.alias`` of ``base``)."""
+    w = cols[i][1]
+    return base if w == cols[0][1] else f"{base}_w{w}"
 
 
 def tile_cols(d: int, opts: Options) -> int:
@@ -155,9 +173,9 @@ def build(req: AttentionRequest, opts: Options) -> Program:
              [nm("q", i), nm("kt", i)] + ([] if i == 0 else ["s_k%d" % (i - 1)]))
           for i in range(n)]
     loop_body = (
-        *(op("load", [Value(nm("k", i), T(dt, (BN, w), "smem"))], arg="k", coords=at(kv_at, c0))
+        *(op("load", [Value(nm("k", i), T(dt, (BN, w), "smem"))], arg=arg_of("k", cols, i), coords=at(kv_at, c0))
           for i, (c0, w) in enumerate(cols)),
-        *(op("load", [Value(nm("v", i), T(dt, (BN, w), "smem"))], arg="v", coords=at(kv_at, c0))
+        *(op("load", [Value(nm("v", i), T(dt, (BN, w), "smem"))], arg=arg_of("v", cols, i), coords=at(kv_at, c0))
           for i, (c0, w) in enumerate(cols)),
         *(op("trans", [Value(nm("kt", i), T(dt, (w, BN), "smem"))], [nm("k", i)]) for i, (_, w) in enumerate(cols)),
         *qk,
@@ -179,11 +197,11 @@ def build(req: AttentionRequest, opts: Options) -> Program:
                    op("cast", [Value(nm("out", i), T(dt, (BM, w)))], [nm("out_f", i)])]
         col = o_col if c0 == 0 else "%s+%d" % (o_col, c0)
         stores.append(
-            op("store", [], [nm("out", i)], arg="o", coords=(o_row, col)) if req.o_tma else
+            op("store", [], [nm("out", i)], arg=arg_of("o", cols, i), coords=(o_row, col)) if req.o_tma else
             op("store_ptr", [], [nm("out", i)], arg="o", row=o_row, col=col, ld="%d+(Hq-1)*o_ch" % req.d,
                rows_valid="Sq-%s*%d" % (mi, BM), **({"cols_valid": req.d} if D != req.d else {})))
     body = (
-        *(op("load", [Value(nm("q", i), T(dt, (BM, w), "smem"))], arg="q", coords=at(q_at, c0))
+        *(op("load", [Value(nm("q", i), T(dt, (BM, w), "smem"))], arg=arg_of("q", cols, i), coords=at(q_at, c0))
           for i, (c0, w) in enumerate(cols)),
         op("full", [Value("m0", row_t)], value="-inf"),  # a string: the IR text stays literal_eval-able
         op("full", [Value("l0", row_t)], value=0.0),
@@ -208,4 +226,8 @@ def build(req: AttentionRequest, opts: Options) -> Program:
     # causal: ``group_m`` query tiles of a head run back to back (1: every head's longest tile first)
     grid = (Grid(tiles[::-1], opts.persistent, opts.group_m, opts.serpentine) if req.causal
             else Grid(tiles, opts.persistent, 1, opts.serpentine))
-    return Program(name, args + (Arg("BH", "scalar", "i32"),), grid, opts, body, template="attention")
+    # the pieces' other widths: the same tensors through descriptors of their own block shapes
+    aliases = tuple(Arg(f"{a.name}_w{w}", "tensor", dt, a.dims, a.out, alias=a.name)
+                    for w in dict.fromkeys(w for _, w in cols[1:]) if w != cols[0][1]
+                    for a in args if a.kind == "tensor")
+    return Program(name, args + (Arg("BH", "scalar", "i32"),) + aliases, grid, opts, body, template="attention")
