@@ -237,3 +237,31 @@ def test_explain_a_decode_gemm_shows_the_runtime_pick(capsys):
     assert "# config: decs_64x128_m16_s1 (runtime heuristic: decs_64x128_m16_s1)" in capsys.readouterr().out
     assert main(["explain", "gemm", "--m", "8", "--n", "4096", "--k", "4096"]) == 0
     assert "# config: dec_" in capsys.readouterr().out
+
+
+def test_explain_attention_backward_main_and_dq_kernels(capsys):
+    """The backward's kernels in the runtime's form and configs: the main kernel (d=64: the reduce form, dQ added in
+    it), interpreted against torch's gradients; the separate form's dQ kernel at d=128 (whole tiles: dQ by TMA)."""
+    from torch_autows.runtime import attention_bwd as rt
+
+    assert main(["explain", "attention-bwd", "--d", "64", "--s", "200", "--h", "2", "--causal", "--stage",
+                 "software_pipeline", "--interpret", "--seeds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"# form: reduce, the main kernel (dK, dV, dQ); config: {rt.choose_config(64, True, 'reduce')}" in out
+    assert _headers(out) == ["# ---- IR after software_pipeline ----", "# ---- CPU interpreter ----"]
+    assert "result: OK" in out
+    assert main(["explain", "attention-bwd", "--d", "128", "--s", "4096", "--kernel", "dq", "--gluon"]) == 0
+    out = capsys.readouterr().out
+    assert "AttentionBwdDqRequest(d=128, dtype='bf16', causal=False, dq_tma=True)" in out
+    assert f"config: {rt.choose_dq_config(128, False)}" in out and "def consumer0(" in out
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--d", "96"], "head dim 96 is not served by the generated backward"),
+    (["--d", "128", "--dq-mode", "reduce", "--kernel", "dq"], "the reduce form has no dQ kernel"),
+    (["--d", "64", "--config", "nope"], "attention backward config 'nope'"),
+    (["--d", "64", "--kernel", "dq", "--dq-mode", "separate", "--dq-config", "nope"], "dQ config 'nope'"),
+])
+def test_explain_attention_backward_refuses_with_the_reason(capsys, argv, msg):
+    assert main(["explain", "attention-bwd", *argv]) == 2
+    assert msg in capsys.readouterr().err

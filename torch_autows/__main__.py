@@ -2,6 +2,7 @@
 
     python -m torch_autows explain gemm --m 4096 --n 4096 --k 4096 --dtype bf16 [--compile] [--interpret]
     python -m torch_autows explain attention --b 4 --h 16 --s 4096 --d 128 --causal [--compile] [--interpret]
+    python -m torch_autows explain attention-bwd --d 128 --causal [--kernel dq] [--compile] [--interpret]
 
 By default it prints the IR after every pipeline stage and the generated Gluon (--stage NAME, --ir and
 --gluon select). --compile also compiles the Gluon offline to a sm_90a cubin (no GPU needed) and prints,
@@ -87,6 +88,50 @@ def _attention(args) -> int:
           f"causal={args.causal} ({args.dtype}); the kernel takes B, heads and lengths at run time")
     print(f"# request: {req}\n# config: {config}")
     return _show(compile_kernel("attention", req, CONFIGS[config]), args, (args.b, args.h, hkv, args.s, skv), None)
+
+
+def _attention_bwd(args) -> int:
+    from .runtime import attention_bwd as rt
+    from .runtime.fallback import Unsupported
+    from .runtime.launch import compile_kernel
+    from .templates.attention_bwd import HEAD_DIMS, AttentionBwdRequest
+    from .templates.attention_bwd_dq import AttentionBwdDqRequest
+
+    if args.d not in HEAD_DIMS:
+        print(f"head dim {args.d} is not served by the generated backward ({', '.join(map(str, HEAD_DIMS))} are); "
+              f"the vendor's backward runs it", file=sys.stderr)
+        return 2
+    try:  # the runtime's choices for the call, as runtime.attention_bwd.backward makes them
+        mode = rt.choose_dq_mode(args.dq_mode, args.d)
+        config = rt._checked(args.config, args.d, args.causal, mode)
+    except (ValueError, Unsupported) as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    hkv, skv = args.hkv or args.h, args.skv or args.s
+    print(f"# problem: B={args.b} Hq={args.h} Hkv={hkv} Sq={args.s} Skv={skv} D={args.d} causal={args.causal} "
+          f"({args.dtype}); the kernels take B, heads and lengths at run time")
+    if args.kernel == "dq":
+        if mode != "separate":
+            print(f"--kernel dq: the {mode} form has no dQ kernel (dQ is added by the main kernel); "
+                  f"use --dq-mode separate", file=sys.stderr)
+            return 2
+        dq_config = args.dq_config or rt.choose_dq_config(args.d, args.causal)
+        if not rt.dq_serves(dq_config, args.d):
+            print(f"dQ config {dq_config!r} does not serve head dim {args.d}; use one of "
+                  f"{sorted(c for c in rt.DQ_CONFIGS if rt.dq_serves(c, args.d))}", file=sys.stderr)
+            return 2
+        opts = rt.DQ_CONFIGS[dq_config]
+        req = rt.tma_request("attention_bwd_dq", AttentionBwdDqRequest(args.d, args.dtype, args.causal), opts,
+                             args.s % opts.block_m == 0, "dq_tma")
+        print(f"# request: {req}\n# form: {mode}, the dQ kernel; config: {dq_config}")
+        return _show(compile_kernel("attention_bwd_dq", req, opts), args, (args.b, args.h, hkv, args.s, skv), None)
+    opts = rt.CONFIGS[config]
+    form = "none" if mode == "separate" else mode
+    req = rt.tma_request("attention_bwd", AttentionBwdRequest(args.d, args.dtype, args.causal, dq=form), opts,
+                         skv % opts.block_n == 0 and form != "atomic", "kv_tma")
+    print(f"# request: {req}\n# form: {mode}, the main kernel (dK, dV{'' if form == 'none' else ', dQ'}); "
+          f"config: {config}" + ("; --kernel dq shows the dQ kernel" if form == "none" else ""))
+    return _show(compile_kernel("attention_bwd", req, opts), args, (args.b, args.h, hkv, args.s, skv), None)
 
 
 def _show(kernel, args, shape, interp) -> int:
@@ -179,6 +224,7 @@ def _parser() -> _Parser:
     from ._version import __version__
     from .passes.pipeline import STAGES
     from .runtime import attention as rt_attention
+    from .runtime import attention_bwd as rt_bwd
     from .runtime import gemm as rt_gemm
 
     stages = list(STAGES)
@@ -192,7 +238,7 @@ def _parser() -> _Parser:
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="explain", title="command")
     ex = sub.add_parser("explain", help="show the compiler: IR after each pass, the Gluon, optionally compile",
                         description="Show the IR after each pipeline stage and the generated Gluon for one problem.")
-    kinds = ex.add_subparsers(dest="kind", required=True, metavar="{gemm,attention}", title="problem")
+    kinds = ex.add_subparsers(dest="kind", required=True, metavar="{gemm,attention,attention-bwd}", title="problem")
     g = kinds.add_parser("gemm", help="C = A @ B (+ bias)", description="C = A @ B (+ bias), optionally batched.")
     g.add_argument("--m", type=_positive, required=True, help="rows of A and C")
     g.add_argument("--n", type=_positive, required=True, help="columns of B and C")
@@ -220,7 +266,28 @@ def _parser() -> _Parser:
     names = [f"{c} (d={'/'.join(map(str, rt_attention.HEAD_DIMS[c]))})" for c in rt_attention.CONFIGS]
     a.add_argument("--config", default=None, help=f"runtime config name, one of {', '.join(names)} "
                                                    f"(default: the runtime heuristic's pick)")
-    for p in (g, a):
+    w = kinds.add_parser("attention-bwd", help="the generated attention backward: its main kernel or its dQ kernel",
+                         description="The generated attention backward (dK, dV and dQ of the forward above), in the "
+                                     "form and configs the runtime picks: the main kernel (one CTA per block of keys), "
+                                     "or with --kernel dq the separate form's dQ kernel.")
+    w.add_argument("--b", type=_positive, default=1, help="batch (default: 1)")
+    w.add_argument("--h", type=_positive, default=16, help="query heads (default: 16)")
+    w.add_argument("--hkv", type=_positive, default=None, help="key/value heads (GQA), a divisor of --h; "
+                                                               "default: --h")
+    w.add_argument("--s", type=_positive, default=4096, help="query length (default: 4096)")
+    w.add_argument("--skv", type=_positive, default=None, help="key/value length; default: --s")
+    w.add_argument("--d", type=_positive, default=128, help="head dim: 64 or 128 (default: 128)")
+    w.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16", help="dtype of q, k, v (default: bf16)")
+    w.add_argument("--causal", action="store_true", help="causal mask, top-left aligned like SDPA's is_causal")
+    w.add_argument("--dq-mode", choices=["separate", "reduce", "atomic"], default=None,
+                   help="how dQ is made (default: the runtime's pick for the head dim)")
+    w.add_argument("--kernel", choices=["main", "dq"], default="main",
+                   help="which kernel to show: the main one (default) or the separate form's dQ kernel")
+    w.add_argument("--config", default=None, help=f"the main kernel's runtime config, one of "
+                                                   f"{', '.join(rt_bwd.CONFIGS)} (default: the runtime's pick)")
+    w.add_argument("--dq-config", default=None, help=f"the dQ kernel's runtime config, one of "
+                                                      f"{', '.join(rt_bwd.DQ_CONFIGS)} (default: the runtime's pick)")
+    for p in (g, a, w):
         p.set_defaults(parser=p)  # main() reports cross-argument errors through the subcommand's parser
         out = p.add_argument_group("output and checks")
         out.add_argument("--stage", choices=stages, default=None, metavar="NAME",
@@ -255,7 +322,7 @@ def main(argv=None) -> int:
         return _gemm(args)
     if args.hkv is not None and args.h % args.hkv:
         sub.error(f"--hkv {args.hkv} must divide --h {args.h} (each key/value head serves --h/--hkv query heads)")
-    return _attention(args)
+    return _attention_bwd(args) if args.kind == "attention-bwd" else _attention(args)
 
 
 if __name__ == "__main__":

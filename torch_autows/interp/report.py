@@ -30,14 +30,14 @@ def _keep(x: int, block: int, tiles: int) -> int:
 
 
 def fit_shape(program: Program, shape: tuple[int, ...]) -> tuple[tuple[int, ...], str | None]:
-    """The problem the CPU interpreter should run for a requested ``shape`` (GEMM (M, N, K); attention
-    (batch, q heads, kv heads, Sq, Skv)) and a note saying what changed and why (None: nothing changed).
+    """The problem the CPU interpreter should run for a requested ``shape`` (GEMM (M, N, K); attention and its
+    backward (batch, q heads, kv heads, Sq, Skv)) and a note saying what changed and why (None: nothing changed).
     A shape within ``BUDGET`` runs as asked. A larger one shrinks: each dimension to a few tiles with the
     last tile as ragged as asked, K to enough steps that the ring wraps, attention to one batch and at
     most 2 k/v heads with a GQA group of at most 2 (equal lengths stay equal)."""
     o = program.options
     names = {a.name for a in program.args}
-    if {"q", "k", "v", "o", "lse"} <= names:
+    if {"q", "k", "v", "o", "lse"} <= names or {"q", "k", "v", "do"} <= names:  # the forward, the backward's kernels
         B, Hq, Hkv, Sq, Skv = shape
         units = B * Hq * _cdiv(Sq, o.block_m) * _cdiv(Skv, o.block_n)
         if units <= BUDGET:
