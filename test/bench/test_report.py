@@ -235,3 +235,19 @@ def test_rows_with_only_a_time_compare_by_time():
     assert s["tp"]["ratio"] == pytest.approx(1.25) and s["tp"]["best_other"] == "inductor"
     assert s["fsdp"]["status"] == "failed" and s["fsdp"]["ratio"] is None
     assert "10.000 ms" in report.table(rows) and "12.500 ms" in report.table(rows)
+
+
+def test_the_config_each_case_ran_with_is_a_column():
+    """The attention bench notes each case's config (``config <name>``): the table gives it a column of its own
+    (issue 15's "which config was picked", per case) instead of repeating it as notes; other notes stay notes."""
+    rows = [results.make_row("attention", c, "cudnn", tflops=500.0, ms=1.0) for c in ("s512-d64", "s1024-d96")]
+    rows += [results.make_row("attention", "s512-d64", "autows", tflops=510.0, ms=1.0, note="config ws_a"),
+             results.make_row("attention", "s1024-d96", "autows", tflops=490.0, ms=1.0, note="config ws_b")]
+    md = report.table(rows, markdown=True)
+    assert md.splitlines()[0] == "| case | cudnn | autows | best other | autows/best | config |"
+    assert "| s512-d64 | 500.0 | 510.0 | cudnn | 1.020 | ws_a |" in md and "| ws_b |" in md
+    assert "Notes:" not in md
+    rows.append(results.make_row("attention", "s2048-d64", "autows", error="fell back", note="why: vendor"))
+    text = report.table(rows)
+    assert text.splitlines()[0].split()[-1] == "config" and "s2048-d64 / autows: why: vendor" in text
+    assert "config" not in report.table(rows[:2]).splitlines()[0]  # no notes of configs: no column

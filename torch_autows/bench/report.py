@@ -80,15 +80,31 @@ def _cell(row: dict | None) -> str:
     return s
 
 
+def _configs(rows: list[dict], ours: str) -> dict[str, str]:
+    """Case -> the config ``ours`` ran it with, where its rows' notes say so (``config <name>``: the attention
+    bench); empty when no row does."""
+    out = {}
+    for r in rows:
+        m = re.fullmatch(r"config (\S+)", str(r.get("note") or ""))
+        if r["impl"] == ours and m:
+            out[r["case"]] = m.group(1)
+    return out
+
+
 def table(rows: list[dict], ours: str = OURS, markdown: bool = False) -> str:
-    """TFLOP/s per peer per case, best other peer, ratio; then a summary line and the failures."""
+    """TFLOP/s per peer per case, best other peer, ratio (and the config ``ours`` ran each case with, where the
+    rows say); then a summary line, the failures and the other notes."""
     impls = impl_order(rows, ours)
     summary = summarize(rows, ours)
-    head = ["case", *impls, "best other", f"{ours}/best"]
+    configs = _configs(rows, ours)
+    head = ["case", *impls, "best other", f"{ours}/best"] + (["config"] if configs else [])
     body = []
     for s in summary:
         ratio = f"{s['ratio']:.3f}" if s["ratio"] is not None else ("FAIL" if s["status"] == "failed" else "-")
-        body.append([s["case"], *(_cell(s["by_impl"].get(i)) for i in impls), s["best_other"] or "-", ratio])
+        body.append([s["case"], *(_cell(s["by_impl"].get(i)) for i in impls), s["best_other"] or "-", ratio]
+                    + ([configs.get(s["case"], "-")] if configs else []))
+    if configs:  # said in the column: not again as notes
+        rows = [{**r, "note": None} if r["impl"] == ours and r["case"] in configs else r for r in rows]
     if markdown:
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(r) + " |" for r in body]
