@@ -81,3 +81,21 @@ def test_attention_ablate_patches_what_it_names(restored):
     mod.add_fwd_variants()
     fwd = mod.generate(pipeline.run(build_fwd(AttentionRequest(128, "bf16", False), fa.CONFIGS["fwd_ooff_lseoff"])))
     assert fwd.count("gl.store(v_out_c") == 2 and fwd.count("& (qk_scale < 0.0))") == 4
+
+
+def test_attention_configs_variants_build_at_their_head_dims(monkeypatch):
+    """Every named forward variant of the config sweep joins the runtime's tables and builds through the passes at
+    each head dim it serves (the script skips none by accident and times nothing that cannot build)."""
+    from torch_autows.runtime import attention as rta
+    from torch_autows.templates.attention import AttentionRequest
+    from torch_autows.templates.attention import build as build_fwd
+
+    for table in ("CONFIGS", "HEAD_DIMS"):
+        monkeypatch.setattr(rta, table, dict(getattr(rta, table)))
+    mod = _load("attention_configs", [], monkeypatch)
+    mod.add_variants()
+    for name in mod.VARIANTS:
+        dims = rta.HEAD_DIMS.get(name, ())
+        assert dims, name
+        for d in dims:
+            pipeline.run(build_fwd(AttentionRequest(d, "bf16", True), rta.CONFIGS[name]))

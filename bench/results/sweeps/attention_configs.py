@@ -48,15 +48,25 @@ VARIANTS = {"q2_forward": ("ws_p_128x128_q2", {"serpentine": False}),
             "w256_bn32_s4": ("ws_p_128x64_rm_g16", {"block_n": 32, "stages": 4}),
             # -pp-2: the d=128 pick with ping-pong again (raw_max, o_tma since -pingpong), or consumers at 240 registers
             "q2_rm_g16_pp": ("ws_p_128x128_q2_rm_g16", {"pingpong": True}),
-            "q2_rm_g16_r24": ("ws_p_128x128_q2_rm_g16", {"producer_regs": 24})}
+            "q2_rm_g16_r24": ("ws_p_128x128_q2_rm_g16", {"producer_regs": 24}),
+            # d=96 in three consumer warpgroups of 64 rows (FA3's 192-row tile at d<=96), binary pieces 64 + 32,
+            # two K / three V slots (172 KB; 0 spills offline, causal or not)
+            "p3_sdb": ("ws_p3_192x128_q2_rm_g8", {"split_d": True, "split_d_binary": True, "stages": 2}, (96,)),
+            "p3_sdb_g16": ("ws_p3_192x128_q2_rm_g8", {"split_d": True, "split_d_binary": True, "stages": 2,
+                                                      "group_m": 16}, (96,))}
 ROUNDS = 3
 
 
-def main():
-    for name, (base, kw) in VARIANTS.items():
+def add_variants() -> None:
+    """``VARIANTS`` into the runtime's tables: (base config, Options overrides[, head dims served])."""
+    for name, (base, kw, *dims) in VARIANTS.items():
         rta.CONFIGS[name] = replace(rta.CONFIGS[base], **kw)
-        if base in rta.HEAD_DIMS:
-            rta.HEAD_DIMS[name] = rta.HEAD_DIMS[base]
+        if dims or base in rta.HEAD_DIMS:
+            rta.HEAD_DIMS[name] = dims[0] if dims else rta.HEAD_DIMS[base]
+
+
+def main():
+    add_variants()
     names = list(rta.CONFIGS)
     if os.environ.get("CONFIGS"):
         names = [n for n in os.environ["CONFIGS"].split(",") if n in rta.CONFIGS]
