@@ -53,6 +53,11 @@ VARIANTS = {
     "bwd_64x128_dp2_dm_s3": ("bwd_64x128_dp2", {"defer_mma": True, "stages": 3}, {"separate": (64,)}),
     "bwd_64x128_dp2_p_dm_s3": ("bwd_64x128_dp2", {"persistent": True, "defer_mma": True, "stages": 3},
                                {"separate": (64,)}),
+    # 128-query steps at d=64 (FA3's d=64 backward tile): they spill 1.8-2 KB offline with the row vectors live, none
+    # with them folded into the accumulators (separate form; the reduce form still spills 164-496 bytes)
+    "bwd_128x128_dp2_fold": ("bwd_64x128_dp2", {"block_m": 128, "fold_rows": True}, {"separate": (64,)}),
+    "bwd_128x128_dp2_p_fold": ("bwd_64x128_dp2", {"block_m": 128, "fold_rows": True, "persistent": True},
+                               {"separate": (64,)}),
 }
 #: dQ-kernel variants: name -> (base, overrides[, head dims]).
 DQ_VARIANTS = {"dq_128x128_dp2_p": ("dq_128x128_dp2", {"persistent": True}),
