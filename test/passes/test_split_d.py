@@ -134,3 +134,31 @@ def test_o_tma_takes_split_head_dims_and_refuses_padded_ones():
     assert o_tma_ok(512, 192, split) and not o_tma_ok(512, 192, padded)
     with pytest.raises(ValueError, match="would store 64 columns of the next head"):
         build(AttentionRequest(192, o_tma=True), padded)
+
+
+def test_lead_chains_issues_every_qk_piece_before_the_deferred_pv():
+    """In a pipelined step, step j-1's deferred P V is issued right after step j's leading mmas. A head dim in pieces
+    chains its Q K^T pieces onto one accumulator: without ``lead_chains`` only the first piece leads (P V goes between
+    the pieces, so S waits for it), with it all of them do and S is waited with the P V pieces still in flight; the
+    result is the same under every interpreter policy."""
+    config = next(c for c in SPLIT if CONFIGS[c].defer_mma and serves(c, 192))
+
+    def steady(opts):
+        """(the mmas of the pipelined step in issue order, mma -> the pending count of its wait)"""
+        after = pipeline.run(build(AttentionRequest(192, "bf16", False, o_tma=True), opts))
+        part = next(p for p in after.partitions if p.name == "consumer0")
+        loop = next(o for o in walk(part.body) if o.kind == "loop" and any(x.attr("lag") == 1 for x in o.body))
+        return ([o.results[0].name for o in loop.body if o.kind == "mma"],
+                {o.operands[0]: o.attr("pending") for o in loop.body if o.kind == "mma_wait"})
+
+    n = len(d_pieces(192, CONFIGS[config].split_d_binary))
+    mmas, _ = steady(CONFIGS[config])
+    assert mmas[0].startswith("s_") and mmas[1].startswith("acc_new")  # P V issued right after the first piece
+    mmas, waits = steady(replace(CONFIGS[config], lead_chains=True))
+    assert all(m.startswith("s") for m in mmas[:n]) and all(m.startswith("acc_new") for m in mmas[n:2 * n])
+    assert waits["s_c0"] == n  # S retired with the n P V pieces still in flight
+    before = build(AttentionRequest(192, "bf16", True, o_tma=True), replace(CONFIGS[config], lead_chains=True))
+    after = pipeline.run(before, verify=True)
+    for policy in POLICIES:
+        inst = make_instance(after, 0)
+        assert inst.matches(run_partitioned(after, inst.inputs(), policy=policy, seed=0, nprog=2)), policy

@@ -237,6 +237,10 @@ class Options:
     # ... in the widest power-of-two pieces first (192 = 128 + 64, 96 = 64 + 32: fewer, wider wgmmas) instead of equal
     # ones; each width reads and writes its tensors through a descriptor of its own (an ``Arg.alias``)
     split_d_binary: bool = False
+    # software_pipeline: a pipelined step's leading mmas include the mmas chained onto them as their accumulator (a
+    # head dim in pieces: every Q K^T piece is issued before step j-1's deferred P V, so S is ready, and the softmax
+    # runs, while P V is on the tensor core; without it P V is issued after the first piece and S waits for it)
+    lead_chains: bool = False
 
     def items(self) -> list[tuple[str, Any]]:
         return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]

@@ -107,9 +107,11 @@ def _lagged_get(sp: _Split, x: str, name: str) -> Op:
     return replace(g, results=(Value(name, g.results[0].type),)).with_attrs(lag=1)
 
 
-def _leading_mmas(early: list[Op], first: Op) -> list[Op]:
+def _leading_mmas(early: list[Op], first: Op, chains: bool = False) -> list[Op]:
     """The step's first mma and the mmas issued after it, before any reader of their results, that read none of
-    them (independent work for the tensor core to run back to back), matched by identity in ``early``."""
+    them (independent work for the tensor core to run back to back), matched by identity in ``early``; with
+    ``chains`` also the mmas that read one of them only as their accumulator (a K-split chain: a head dim in column
+    pieces, ``Options.split_d``; wgmma on one accumulator is ordered, so no wait lies between them)."""
     run, defs = [first], {first.results[0].name}
     started = False
     for o in early:
@@ -118,7 +120,9 @@ def _leading_mmas(early: list[Op], first: Op) -> list[Op]:
             continue
         if not started:
             continue
-        if any(x in defs for x in o.operands):
+        chained = (chains and o.kind == "mma" and len(o.operands) == 3 and o.operands[2] in defs
+                   and not any(x in defs for x in o.operands[:2]))
+        if any(x in defs for x in o.operands) and not chained:
             break
         if o.kind == "mma":
             run.append(o)
@@ -126,7 +130,7 @@ def _leading_mmas(early: list[Op], first: Op) -> list[Op]:
     return run
 
 
-def _pipeline(loop: Op) -> list[Op] | None:
+def _pipeline(loop: Op, chains: bool = False) -> list[Op] | None:
     """Prologue, pipelined loop and epilogue for a lowered partition loop with deferred ops (see the
     module docstring), or None when the loop has none."""
     sp = _split(loop)
@@ -159,7 +163,7 @@ def _pipeline(loop: Op) -> list[Op] | None:
     # steady state: step j's early ops; right after its leading mmas are issued (the first, and the mmas after it
     # that read none of them: attention backward's S^T and dP^T), step j-1's late ops are issued; each leading
     # mma is retired right before its first reader, the late mmas before the ring advances
-    run = [m.results[0].name for m in _leading_mmas(sp.early, first)]
+    run = [m.results[0].name for m in _leading_mmas(sp.early, first, chains)]
     slots = slot_groups(sp.early)  # a ring's release waits for the leading mmas reading its slot
     names = {x: x + "_prev" for x in sp.carried}
     names.update({x: x + "_prev" for x in sp.lagged})
@@ -234,15 +238,15 @@ def _pipeline(loop: Op) -> list[Op] | None:
     return prologue + [new_loop] + epilogue + release
 
 
-def _pipelined(ops: tuple[Op, ...]) -> tuple[Op, ...]:
+def _pipelined(ops: tuple[Op, ...], chains: bool = False) -> tuple[Op, ...]:
     """``ops`` with every loop that spans two stages pipelined, loops inside loops first."""
     out: list[Op] = []
     for o in ops:
         if o.kind != "loop":
             out.append(o)
             continue
-        o = replace(o, body=_pipelined(o.body))
-        piped = _pipeline(o)
+        o = replace(o, body=_pipelined(o.body, chains))
+        piped = _pipeline(o, chains)
         out += [o] if piped is None else piped
     return tuple(out)
 
@@ -250,5 +254,7 @@ def _pipelined(ops: tuple[Op, ...]) -> tuple[Op, ...]:
 def run(program: Program, options=None) -> Program:
     """Every partition's loops that span two stages, pipelined (see the module docstring); in the others, mmas
     without a data dependency between them overlap within the step (``step_overlap``)."""
-    parts = tuple(replace(p, body=renamed_after_waits(overlapped(_pipelined(p.body)))) for p in program.partitions)
+    chains = (options or program.options).lead_chains
+    parts = tuple(replace(p, body=renamed_after_waits(overlapped(_pipelined(p.body, chains))))
+                  for p in program.partitions)
     return replace(program, partitions=parts)

@@ -53,7 +53,12 @@ VARIANTS = {"q2_forward": ("ws_p_128x128_q2", {"serpentine": False}),
             # two K / three V slots (172 KB; 0 spills offline, causal or not)
             "p3_sdb": ("ws_p3_192x128_q2_rm_g8", {"split_d": True, "split_d_binary": True, "stages": 2}, (96,)),
             "p3_sdb_g16": ("ws_p3_192x128_q2_rm_g8", {"split_d": True, "split_d_binary": True, "stages": 2,
-                                                      "group_m": 16}, (96,))}
+                                                      "group_m": 16}, (96,)),
+            # the picks in pieces with every Q K^T piece issued before step j-1's deferred P V (lead_chains)
+            "sd_dm_s3_lc": ("ws_p_128x64_rm_g16_sd_dm_s3", {"lead_chains": True}),
+            "sdb_dm_s3_lc": ("ws_p_128x64_rm_g16_sdb_dm_s3", {"lead_chains": True}),
+            "q2_sd_lc": ("ws_p_128x128_q2_rm_g16_sd", {"lead_chains": True}),
+            "q2_sdb_lc": ("ws_p_128x128_q2_rm_g16_sdb", {"lead_chains": True})}
 ROUNDS = 3
 
 
