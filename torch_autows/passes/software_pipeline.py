@@ -11,7 +11,8 @@ Guarantees: every partition loop whose ops span two stages (loop_schedule deferr
 runs at least once (``loop.min_trip`` >= 1) is software pipelined: a prologue runs the early ops of the
 first step, the loop (from lb+1) runs step j's early ops and step j-1's late ops — step j's leading mmas (its
 first mma and the mmas right after it that read none of them: the forward's Q K^T alone, the backward's S^T and
-dP^T) and step j-1's deferred mmas are issued back to back (``wait=False``), then an ``mma_wait`` retires each
+dP^T; with ``Options.lead_chains`` also the mmas chained onto them as accumulator: a split head dim's Q K^T pieces)
+and step j-1's deferred mmas are issued back to back (``wait=False``), then an ``mma_wait`` retires each
 leading mma right before its first reader (or the release of a ring it reads), with ``pending`` = the mmas issued
 after it, and the deferred ones (pending=0) at the end of the step — and an epilogue runs the last step's late
 ops. Values early ops hand to late ops are carried as extra iter_args
