@@ -170,6 +170,7 @@ def _pipeline(loop: Op, chains: bool = False) -> list[Op] | None:
     names.update({x: x + "_prev" for x in sp.lagged})
     steady: list[Op] = []
     unretired: list[Op] = []  # the leading mmas issued and not yet waited for, in issue order
+    late_issued = 0  # the deferred mmas issued so far this step (after the leading ones)
     for o in sp.early:
         o = replace(o, operands=tuple(names.get(x, x) if x not in sp.lagged else x for x in o.operands))
         leading = o.kind == "mma" and o.results[0].name in run
@@ -180,7 +181,7 @@ def _pipeline(loop: Op, chains: bool = False) -> list[Op] | None:
             for k, m in enumerate(unretired[:upto]):  # FIFO: an mma retires with every one issued before it
                 r = m.results[0]
                 steady.append(op("mma_wait", [Value(r.name + "_r", r.type)], [r.name],
-                                 pending=len(unretired) - k - 1 + len(late_mmas)))
+                                 pending=len(unretired) - k - 1 + late_issued))
                 names[r.name] = r.name + "_r"
             unretired = unretired[upto:]
             o = replace(o, operands=tuple(names.get(x, x) if x not in sp.lagged else x for x in o.operands))
@@ -192,6 +193,7 @@ def _pipeline(loop: Op, chains: bool = False) -> list[Op] | None:
                 for d in sp.late:
                     d = replace(d, operands=tuple(names.get(x, x) for x in d.operands))
                     steady.append(d.with_attrs(wait=False, pending=0) if d.kind == "mma" else d)
+                late_issued = len(late_mmas)
                 if len(run) == 1:  # one leading mma (the forward's Q K^T): retired right after the late issue
                     r = o.results[0]
                     steady.append(op("mma_wait", [Value(r.name + "_r", r.type)], [r.name], pending=len(late_mmas)))
@@ -202,7 +204,7 @@ def _pipeline(loop: Op, chains: bool = False) -> list[Op] | None:
     for k, m in enumerate(unretired):  # leading mmas nothing in the step read: retired with the late ones below
         r = m.results[0]
         steady.append(op("mma_wait", [Value(r.name + "_r", r.type)], [r.name],
-                         pending=len(unretired) - k - 1 + len(late_mmas)))
+                         pending=len(unretired) - k - 1 + late_issued))
         names[r.name] = r.name + "_r"
     tail = []
     for d in late_mmas:
