@@ -220,6 +220,19 @@ def _cubin_path(kernel, out: str | None) -> str | None:
     return path if path and os.path.isfile(path) else None
 
 
+def _attention_problem(p: argparse.ArgumentParser, head_dims: str) -> None:
+    """The attention problem's arguments (the forward's and the backward's subcommands take the same)."""
+    p.add_argument("--b", type=_positive, default=1, help="batch (default: 1)")
+    p.add_argument("--h", type=_positive, default=16, help="query heads (default: 16)")
+    p.add_argument("--hkv", type=_positive, default=None, help="key/value heads (GQA), a divisor of --h; "
+                                                               "default: --h")
+    p.add_argument("--s", type=_positive, default=4096, help="query length (default: 4096)")
+    p.add_argument("--skv", type=_positive, default=None, help="key/value length; default: --s")
+    p.add_argument("--d", type=_positive, default=128, help=f"head dim: {head_dims} (default: 128)")
+    p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16", help="dtype of q, k, v (default: bf16)")
+    p.add_argument("--causal", action="store_true", help="causal mask, top-left aligned like SDPA's is_causal")
+
+
 def _parser() -> _Parser:
     from ._version import __version__
     from .passes.pipeline import STAGES
@@ -254,15 +267,7 @@ def _parser() -> _Parser:
                                                   f"(default: the runtime heuristic's pick)")
     a = kinds.add_parser("attention", help="flash-attention forward, SDPA semantics, with lse",
                          description="Flash-attention forward (SDPA semantics), also returning the logsumexp.")
-    a.add_argument("--b", type=_positive, default=1, help="batch (default: 1)")
-    a.add_argument("--h", type=_positive, default=16, help="query heads (default: 16)")
-    a.add_argument("--hkv", type=_positive, default=None, help="key/value heads (GQA), a divisor of --h; "
-                                                               "default: --h")
-    a.add_argument("--s", type=_positive, default=4096, help="query length (default: 4096)")
-    a.add_argument("--skv", type=_positive, default=None, help="key/value length; default: --s")
-    a.add_argument("--d", type=_positive, default=128, help="head dim: 64, 96, 128, 192 or 256 (default: 128)")
-    a.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16", help="dtype of q, k, v (default: bf16)")
-    a.add_argument("--causal", action="store_true", help="causal mask, top-left aligned like SDPA's is_causal")
+    _attention_problem(a, "64, 96, 128, 192 or 256")
     names = [f"{c} (d={'/'.join(map(str, rt_attention.HEAD_DIMS[c]))})" for c in rt_attention.CONFIGS]
     a.add_argument("--config", default=None, help=f"runtime config name, one of {', '.join(names)} "
                                                    f"(default: the runtime heuristic's pick)")
@@ -270,15 +275,7 @@ def _parser() -> _Parser:
                          description="The generated attention backward (dK, dV and dQ of the forward above), in the "
                                      "form and configs the runtime picks: the main kernel (one CTA per block of keys), "
                                      "or with --kernel dq the separate form's dQ kernel.")
-    w.add_argument("--b", type=_positive, default=1, help="batch (default: 1)")
-    w.add_argument("--h", type=_positive, default=16, help="query heads (default: 16)")
-    w.add_argument("--hkv", type=_positive, default=None, help="key/value heads (GQA), a divisor of --h; "
-                                                               "default: --h")
-    w.add_argument("--s", type=_positive, default=4096, help="query length (default: 4096)")
-    w.add_argument("--skv", type=_positive, default=None, help="key/value length; default: --s")
-    w.add_argument("--d", type=_positive, default=128, help="head dim: 64 or 128 (default: 128)")
-    w.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16", help="dtype of q, k, v (default: bf16)")
-    w.add_argument("--causal", action="store_true", help="causal mask, top-left aligned like SDPA's is_causal")
+    _attention_problem(w, "64 or 128")
     w.add_argument("--dq-mode", choices=["separate", "reduce", "atomic"], default=None,
                    help="how dQ is made (default: the runtime's pick for the head dim)")
     w.add_argument("--kernel", choices=["main", "dq"], default="main",

@@ -171,20 +171,25 @@ def _pipeline(loop: Op, chains: bool = False) -> list[Op] | None:
     steady: list[Op] = []
     unretired: list[Op] = []  # the leading mmas issued and not yet waited for, in issue order
     late_issued = 0  # the deferred mmas issued so far this step (after the leading ones)
+
+    def retire(upto: int) -> None:
+        """Waits for the first ``upto`` unretired leading mmas (FIFO: an mma retires with every one issued before it;
+        ``pending`` counts what was issued after it); later uses read the waits' results."""
+        nonlocal unretired
+        for k, m in enumerate(unretired[:upto]):
+            r = m.results[0]
+            steady.append(op("mma_wait", [Value(r.name + "_r", r.type)], [r.name],
+                             pending=len(unretired) - k - 1 + late_issued))
+            names[r.name] = r.name + "_r"
+        unretired = unretired[upto:]
+
     for o in sp.early:
-        o = replace(o, operands=tuple(names.get(x, x) if x not in sp.lagged else x for x in o.operands))
         leading = o.kind == "mma" and o.results[0].name in run
         if unretired and not leading:
             need = [k for k, m in enumerate(unretired) if m.results[0].name in o.operands
                     or o.kind == "release" and o.attr("group") in {slots.get(x) for x in m.operands}]
-            upto = len(unretired) if o.kind == "mma" else (max(need) + 1 if need else 0)  # an mma waits at issue
-            for k, m in enumerate(unretired[:upto]):  # FIFO: an mma retires with every one issued before it
-                r = m.results[0]
-                steady.append(op("mma_wait", [Value(r.name + "_r", r.type)], [r.name],
-                                 pending=len(unretired) - k - 1 + late_issued))
-                names[r.name] = r.name + "_r"
-            unretired = unretired[upto:]
-            o = replace(o, operands=tuple(names.get(x, x) if x not in sp.lagged else x for x in o.operands))
+            retire(len(unretired) if o.kind == "mma" else (max(need) + 1 if need else 0))  # an mma waits at issue
+        o = replace(o, operands=tuple(names.get(x, x) if x not in sp.lagged else x for x in o.operands))
         if leading:
             steady.append(o.with_attrs(wait=False))
             unretired.append(o)
@@ -195,17 +200,10 @@ def _pipeline(loop: Op, chains: bool = False) -> list[Op] | None:
                     steady.append(d.with_attrs(wait=False, pending=0) if d.kind == "mma" else d)
                 late_issued = len(late_mmas)
                 if len(run) == 1:  # one leading mma (the forward's Q K^T): retired right after the late issue
-                    r = o.results[0]
-                    steady.append(op("mma_wait", [Value(r.name + "_r", r.type)], [r.name], pending=len(late_mmas)))
-                    names[r.name] = r.name + "_r"
-                    unretired = []
+                    retire(1)
         else:
             steady.append(o)
-    for k, m in enumerate(unretired):  # leading mmas nothing in the step read: retired with the late ones below
-        r = m.results[0]
-        steady.append(op("mma_wait", [Value(r.name + "_r", r.type)], [r.name],
-                         pending=len(unretired) - k - 1 + late_issued))
-        names[r.name] = r.name + "_r"
+    retire(len(unretired))  # leading mmas nothing in the step read: retired before the late ones below
     tail = []
     for d in late_mmas:
         r = d.results[0]

@@ -227,7 +227,6 @@ def build(req: AttentionRequest, opts: Options) -> Program:
     grid = (Grid(tiles[::-1], opts.persistent, opts.group_m, opts.serpentine) if req.causal
             else Grid(tiles, opts.persistent, 1, opts.serpentine))
     # the pieces' other widths: the same tensors through descriptors of their own block shapes
-    aliases = tuple(Arg(f"{a.name}_w{w}", "tensor", dt, a.dims, a.out, alias=a.name)
-                    for w in dict.fromkeys(w for _, w in cols[1:]) if w != cols[0][1]
-                    for a in args if a.kind == "tensor")
+    aliases = tuple(Arg(name, "tensor", dt, a.dims, a.out, alias=a.name) for a in args if a.kind == "tensor"
+                    for name in dict.fromkeys(arg_of(a.name, cols, i) for i in range(n)) if name != a.name)
     return Program(name, args + (Arg("BH", "scalar", "i32"),) + aliases, grid, opts, body, template="attention")
