@@ -121,9 +121,9 @@ def attention_servable(p: dict) -> bool:
 
 def attention_cases(n: int = N, seed: int = SEED) -> list[Case]:
     """ops.attention draws: B 1..3, Hkv 1..4 with GQA groups 1/2/4, Sq != Skv with odd and block-edge lengths up
-    to 1100, causal, d 64/96/128/256 (32, 80 fall back), bf16/fp16 (a few fp32: torch), default / positive / negative
-    / zero scale, [B, S, H, D] views and fused-QKV slices. NaN inputs only where the generated kernel serves the
-    call (torch's own fused kernels disagree among themselves on NaN rows) and in v only without causal (a
+    to 1100, causal, d 64/96/128/192/256 (32, 80 fall back), bf16/fp16 (a few fp32: torch), default / positive /
+    negative / zero scale, [B, S, H, D] views and fused-QKV slices. NaN inputs only where the generated kernel serves
+    the call (torch's own fused kernels disagree among themselves on NaN rows) and in v only without causal (a
     causally skipped key block never multiplies v, a masked one in the diagonal block gives 0 * NaN)."""
     out = []
     for i in range(n):
@@ -138,8 +138,8 @@ def attention_cases(n: int = N, seed: int = SEED) -> list[Case]:
                           [50, 30, 12, 8])[0]
         if dtype == "fp16" and scale is not None and scale <= 0:
             scale = None  # non-positive scales (no raw_max) only with bf16: fewer compiled variants
-        p = dict(b=r.randint(1, 3), hq=hkv * g, hkv=hkv, sq=sq, skv=skv, d=r.choices([64, 128, 32, 80, 96, 256],
-                 [45, 45, 3, 2, 3, 2])[0], dtype=dtype, causal=r.random() < 0.5, scale=scale,
+        p = dict(b=r.randint(1, 3), hq=hkv * g, hkv=hkv, sq=sq, skv=skv, d=r.choices([64, 128, 32, 80, 96, 192, 256],
+                 [42, 42, 3, 2, 4, 4, 3])[0], dtype=dtype, causal=r.random() < 0.5, scale=scale,
                  gqa_flag=g > 1 or r.random() < 0.1, q_layout=r.choices(["bhsd", "bshd", "fused"], [60, 30, 10])[0],
                  kv_layout=r.choices(["bhsd", "bshd", "fused"], [60, 30, 10])[0], out_bshd=r.random() < 0.3,
                  nonfinite=None, tseed=r.getrandbits(62))
@@ -478,11 +478,31 @@ RUNNERS = {"gemm": (gemm_cases, run_gemm), "bmm": (bmm_cases, run_bmm), "attenti
            "attention_bwd": (attention_bwd_cases, run_attention_bwd)}
 
 
+#: Head dims in the order shards take them round-robin (most drawn first), so that each shard compiles its own kernels.
+_SHARD_DIMS = (64, 128, 96, 256, 192, 32, 80)
+
+
+def shard(cases: list[Case], spec: str | None) -> list[Case]:
+    """The cases of shard ``spec`` ("i/n", TORCH_AUTOWS_SWEEP_SHARD; None: all): attention cases by head dim (their
+    kernels are compiled per head dim, so n processes on one GPU compile disjoint sets), the others by index."""
+    if not spec:
+        return cases
+    i, n = (int(x) for x in spec.split("/"))
+    if not 0 <= i < n:
+        raise ValueError(f"TORCH_AUTOWS_SWEEP_SHARD={spec!r}; use i/n with 0 <= i < n")
+
+    def key(c: Case) -> int:
+        d = c.p.get("d")
+        return _SHARD_DIMS.index(d) if d in _SHARD_DIMS else c.index
+    return [c for c in cases if key(c) % n == i]
+
+
 def sweep(family: str, n: int | None = None, seed: int = SEED, device="cuda", cases=None) -> tuple[list[str], str]:
     """Run ``n`` cases of one family (None: its default count, N or BWD_N), or ``cases``: (failure messages, each
     naming its case and seed; the summary line)."""
     make, run = RUNNERS[family]
     cases = cases if cases is not None else make(seed=seed) if n is None else make(n, seed)
+    cases = shard(cases, os.environ.get("TORCH_AUTOWS_SWEEP_SHARD"))
     failures, served, nonfinite = [], 0, 0
     for case in cases:
         try:

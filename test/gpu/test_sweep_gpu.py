@@ -16,7 +16,8 @@ gradient plus 1e-4 per element, no NaN. Every failure names its case and seed (T
 
 Each family prints ``sweep <family>: N configs, F failures (...)`` to the terminal, captured or not. Budget:
 about 30 kernel compiles and 1500 launches a family (the backward: 24 compiles), a few minutes on a fresh H200
-(sizes are moderate; kernels take their sizes at run time).
+(sizes are moderate; kernels take their sizes at run time). TORCH_AUTOWS_SWEEP_SHARD=i/n runs one shard (the
+attention families split by head dim: n processes on one GPU compile disjoint kernels side by side).
 """
 from __future__ import annotations
 

@@ -67,7 +67,7 @@ CONFIGS: dict[str, Options] = {
     "ws_p3_192x64_q2": replace(_P3, block_n=64, defer_mma=True),
     # Head dims 192 and 256 (tiles of 256 columns, templates.attention.tile_d), FA3's d=256 shape: each consumer's
     # accumulator is 64x256 f32 (128 registers a thread), so 64 keys per step and nothing deferred (P V deferred
-    # spills at d=192); Q 64 KB + 2 K/V stages of 32 KB each (192 KB). Picked for d > 128.
+    # spills at d=192); Q 64 KB + 2 K/V stages of 32 KB each (192 KB). Picked for d=256.
     "ws_p_128x64_rm_g16": _WIDE,
     "ws_p_128x64_rm_g16_pp": replace(_WIDE, pingpong=True),
     # Head dims 96 and 192 in equal power-of-two column pieces (split_d: 192 = 3 x 64, 96 = 3 x 32) instead of tiles
@@ -80,13 +80,15 @@ CONFIGS: dict[str, Options] = {
     "ws_p_128x64_rm_g16_sd": replace(_WIDE, split_d=True),
     "ws_p_128x64_rm_g16_sd_dm_s3": replace(_WIDE, split_d=True, defer_mma=True, stages=3),
     # ... in the widest pieces first (split_d_binary: 192 = 128 + 64, 96 = 64 + 32): two P V wgmmas a step instead of
-    # three, N = 128 and 64 (96: 64 and 32), the second width through descriptors of its own. The padded and the
-    # equal pieces measured how narrow wgmmas cost (d=96 in 32-column pieces: 78% of the padded kernel's tensor-core
-    # rate). Not picked: not yet measured on a GPU (interpreter and offline sm_90a: 0 spills).
+    # three, N = 128 and 64 (96: 64 and 32), the second width through descriptors of its own (narrow wgmmas cost:
+    # d=96 in 32-column pieces ran at 78% of the padded kernel's tensor-core rate). Picked for d=96 and d=192: +4-7%
+    # over the equal pieces at d=96 (470-534 TFLOP/s against 451-502, 1.05-1.18x cuDNN), +2-7% at d=192 but for
+    # s4096 causal (-0.5%; 0.93-0.97x cuDNN) (H200, s1024-s16384, sweeps/2026-12-01-h200-attention-split-d-4.json).
     "ws_p_128x64_rm_g16_sdb_dm_s3": replace(_WIDE, split_d=True, split_d_binary=True, defer_mma=True, stages=3),
     "ws_p_128x128_q2_rm_g16_sdb": replace(_Q2, raw_max=True, group_m=16, split_d=True, split_d_binary=True),
     # d=96 in the d=128 pick's schedule, in three 32-column pieces: K 3 + V 4 ring slots fit (the padded tiles: 2 + 3).
-    # Picked for d=96: +2-11% over the padded d=128 tiles, 1.04-1.11x cuDNN (H200, s1024-s16384, causal or not).
+    # +2-11% over the padded d=128 tiles, 1.04-1.11x cuDNN (H200, s1024-s16384, causal or not); the binary pieces
+    # above are 4-7% ahead of it.
     "ws_p_128x128_q2_rm_g16_sd": replace(_Q2, raw_max=True, group_m=16, split_d=True),
 }
 
@@ -116,8 +118,9 @@ def choose_config(d: int, causal: bool, seqlen_kv: int) -> str:
     * causal query tiles grouped 16 per head: +10-20% on causal s1024-s4096 (0.956 geomean with both);
     * d=64 with 8192 keys or more: three consumer warpgroups of 64 rows (192 per tile), +4-10% there. Shorter
       sequences have too few 192-row tiles per SM, and up to 12% lose;
-    * d=96 and d=192 in column pieces (split_d) instead of tiles padded to 128 / 256 columns: d=96 +2-11% over the
-      padded d=128 kernel on every swept shape (1.04-1.11x cuDNN), d=192 with P V deferred +18-33% (0.89-0.95x
+    * d=96 and d=192 in column pieces instead of tiles padded to 128 / 256 columns: equal pieces (split_d) +2-11%
+      over the padded kernel at d=96, +18-33% at d=192 with P V deferred; the widest pieces first (split_d_binary:
+      64 + 32, 128 + 64) 4-7% ahead of the equal ones at d=96 (1.05-1.18x cuDNN) and -0.5..+7% at d=192 (0.93-0.97x
       cuDNN: the prior leaves d=192 with SDPA); d=256 in 128x64 tiles (sweeps/2026-12-01-h200-attention-split-d*.json);
     * causal d=128 up to 4096 keys: the two consumers ping-pong their mmas, +1.5-4% (-pp-2.json; longer causal
       sequences not measured with it yet).
@@ -127,9 +130,9 @@ def choose_config(d: int, causal: bool, seqlen_kv: int) -> str:
     if d == 128 and causal and seqlen_kv <= 4096:
         return "ws_p_128x128_q2_rm_g16_pp"
     if d == 96:
-        return "ws_p_128x128_q2_rm_g16_sd"
+        return "ws_p_128x128_q2_rm_g16_sdb"
     if d == 192:
-        return "ws_p_128x64_rm_g16_sd_dm_s3"
+        return "ws_p_128x64_rm_g16_sdb_dm_s3"
     if tile_d(d) > 128:
         return "ws_p_128x64_rm_g16"
     return "ws_p_128x128_q2_rm_g16"
