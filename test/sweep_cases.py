@@ -478,23 +478,25 @@ RUNNERS = {"gemm": (gemm_cases, run_gemm), "bmm": (bmm_cases, run_bmm), "attenti
            "attention_bwd": (attention_bwd_cases, run_attention_bwd)}
 
 
-#: Head dims in the order shards take them round-robin (most drawn first), so that each shard compiles its own kernels.
-_SHARD_DIMS = (64, 128, 96, 256, 192, 32, 80)
-
-
 def shard(cases: list[Case], spec: str | None) -> list[Case]:
-    """The cases of shard ``spec`` ("i/n", TORCH_AUTOWS_SWEEP_SHARD; None: all): attention cases by head dim (their
-    kernels are compiled per head dim, so n processes on one GPU compile disjoint sets), the others by index."""
+    """The cases of shard ``spec`` ("i/n", TORCH_AUTOWS_SWEEP_SHARD; None: all), so that n processes on one GPU share
+    the cases evenly and compile few kernels each: the cases are grouped by head dim (kernels are compiled per head
+    dim; families without one form one group), each group cut into chunks of at most len(cases) / n, and the chunks
+    dealt largest first to the shard with the fewest cases."""
     if not spec:
         return cases
     i, n = (int(x) for x in spec.split("/"))
     if not 0 <= i < n:
         raise ValueError(f"TORCH_AUTOWS_SWEEP_SHARD={spec!r}; use i/n with 0 <= i < n")
-
-    def key(c: Case) -> int:
-        d = c.p.get("d")
-        return _SHARD_DIMS.index(d) if d in _SHARD_DIMS else c.index
-    return [c for c in cases if key(c) % n == i]
+    groups: dict = {}
+    for c in cases:
+        groups.setdefault(c.p.get("d"), []).append(c)
+    size = max(1, math.ceil(len(cases) / n))
+    chunks = [g[k:k + size] for g in groups.values() for k in range(0, len(g), size)]
+    shards: list[list[Case]] = [[] for _ in range(n)]
+    for chunk in sorted(chunks, key=len, reverse=True):
+        min(shards, key=len).extend(chunk)
+    return sorted(shards[i], key=lambda c: c.index)
 
 
 def sweep(family: str, n: int | None = None, seed: int = SEED, device="cuda", cases=None) -> tuple[list[str], str]:
