@@ -7,8 +7,9 @@ spills and no atomics, but for the measured exception ``SEPARATE_SPILLS`` (``bwd
 ``bwd_64x128_dp2_fold`` twin folds lse2/delta into the accumulators and spills nothing; the interpreter checks its
 numerics here too). The reduce form (dQ through an fp32 SMEM staging tile and one TMA bulk reduce-add,
 codegen/gluon_ext.py): every config serving it compiles with the bulk reduce in the PTX, no per-element atomics and no
-spills (d=128: the split dQ, ``bwd_32x128_dp2_dqsplit``); the partial-sum configs at d=128 spill no more than
-``REDUCE_SPILLS``."""
+spills (d=128: the split dQ, ``bwd_32x128_dp2_dqsplit``; its 64-query twin no more than ``REDUCE_SERVED_SPILLS``); the
+partial-sum configs at d=128 spill no more than ``REDUCE_SPILLS``. No served kernel has its wgmmas serialized by
+ptxas (codegen.compile.ptxas_info)."""
 from __future__ import annotations
 
 import functools
@@ -43,6 +44,10 @@ CASES = [c for c in itertools.product(CONFIGS, (64, 128), (False, True), ("bf16"
 # live at the staging store; runtime/attention_bwd.py CONFIG_HEAD_DIMS). d=64: none (served).
 REDUCE_SPILLS = {("bwd_64x128_dp2", 128, False): 532, ("bwd_64x128_dp2", 128, True): 736,
                  ("bwd_64x64_dp1", 128, False): 196, ("bwd_64x64_dp1", 128, True): 164}
+# A served reduce config's known spills: the 64-query split dQ at d=128 compiled without spills only while ptxas
+# serialized its wgmmas (a wait on a chained dQ^T accumulator; passes/step_overlap.accumulated_into): with them
+# pipelined, 48 bytes (causal: 80).
+REDUCE_SERVED_SPILLS = {("bwd_64x128_dp2_dqsplit_fold", 128, False): 48, ("bwd_64x128_dp2_dqsplit_fold", 128, True): 80}
 REDUCE = [c for c in itertools.product(CONFIGS, (64, 128), (False, True), ("bf16", "fp16"))
           if serves(c[0], c[1], "reduce") or c[:3] in REDUCE_SPILLS]
 
@@ -157,6 +162,7 @@ def test_compiles_for_sm90a(config, d, causal, dtype):
     assert s["spills"] <= known, f"{s['spills']} bytes of spills (known: {known})"
     if s["spills"]:
         pytest.xfail(f"{config} d{d} spills {s['spills']} bytes at sm_90a (known; see SPILLS)")
+    assert not s["wgmma_serialized"], s["wgmma_serialized"]
 
 
 @pytest.mark.parametrize("kernel,config,d,causal,dtype", SEPARATE)
@@ -177,6 +183,15 @@ def test_separate_form_compiles_for_sm90a_without_spills(kernel, config, d, caus
     assert s["wgmma"] > 0
     known = SEPARATE_SPILLS.get((config, d, causal, dtype), 0) if kernel == "main" else 0
     assert s["spills"] <= known, f"{s['spills']} bytes of spills (known: {known})"
+    assert not s["wgmma_serialized"], s["wgmma_serialized"]
+
+
+def test_ptxas_serialization_is_reported():
+    """codegen.compile reports ptxas's wgmma serialization: the atomic form at d=128 (a known spiller, SPILLS; atomic
+    is never the default form) runs out of registers for the wgmma pipeline, so ptxas waits for every wgmma at its
+    issue. The served forms' tests above assert none."""
+    _, _, s = _compiled("bwd_64x128_dp2", 128, False, "bf16")
+    assert s["spills"] and any("insufficient register resources" in r for r in s["wgmma_serialized"])
 
 
 def test_separate_form_issues_its_gemms_back_to_back():
@@ -263,7 +278,9 @@ def test_reduce_form_compiles_for_sm90a(config, d, causal, dtype):
     assert "cp.async.bulk.wait_group.read" in ptx
     assert "atom.global" not in ptx and "red.global" not in ptx
     if serves(config, d, "reduce"):
-        assert s["spills"] == 0, f"{s['spills']} bytes of spills in a served case"
+        known = REDUCE_SERVED_SPILLS.get((config, d, causal), 0)
+        assert s["spills"] <= known, f"{s['spills']} bytes of spills in a served case (known: {known})"
+        assert not s["wgmma_serialized"], s["wgmma_serialized"]
     else:
         assert s["spills"] <= REDUCE_SPILLS[(config, d, causal)], s["spills"]
 
@@ -373,3 +390,4 @@ def test_tma_gradient_stores_compile_for_sm90a(kernel, config, d, mode):
     assert s["smem_bytes"] <= 232448
     known = SEPARATE_SPILLS.get((config, d, False, "bf16"), 0) if (kernel, mode) == ("main", "separate") else 0
     assert s["spills"] <= known, f"{s['spills']} bytes of spills (known: {known})"
+    assert not s["wgmma_serialized"], s["wgmma_serialized"]

@@ -162,3 +162,26 @@ def test_lead_chains_issues_every_qk_piece_before_the_deferred_pv():
     for policy in POLICIES:
         inst = make_instance(after, 0)
         assert inst.matches(run_partitioned(after, inst.inputs(), policy=policy, seed=0, nprog=2)), policy
+
+
+@pytest.mark.parametrize("config,lead", [(c, False) for c in SPLIT] + [("ws_p_128x64_rm_g16_sdb_dm_s3", True)])
+def test_no_wait_reads_a_piece_another_mma_accumulates_onto(config, lead):
+    """A chained Q K^T piece (the accumulator of the next piece's mma) gets no mma_wait of its own: the chain's last
+    wait retires it (wgmma groups retire in order), and a wait on it while the next piece's wgmma runs reads the
+    registers that wgmma writes, which makes ptxas serialize every wgmma of the kernel (C7514; it cost the lead_chains
+    variant 20-28% on the H200). step_overlap (steps without deferred mmas) and software_pipeline (lead_chains) both
+    follow it; the interpreter still matches the reference under every policy."""
+    d = next(d for d in (192, 96) if serves(config, d))
+    opts = replace(CONFIGS[config], lead_chains=lead)
+    after = pipeline.run(build(AttentionRequest(d, "bf16", True, o_tma=True), opts), verify=True)
+    seen = set()
+    for part in after.partitions:
+        for loop in (o for o in walk(part.body) if o.kind == "loop"):
+            chained = {o.operands[2] for o in loop.body if o.kind == "mma" and len(o.operands) == 3}
+            waited = {o.operands[0] for o in loop.body if o.kind == "mma_wait"}
+            assert not chained & waited, (part.name, chained & waited)
+            seen |= {x for x in chained if x.startswith("s_k0")}
+    assert seen  # the chains were there (each consumer's first Q K^T piece)
+    for policy in POLICIES[:2]:
+        inst = make_instance(after, 0)
+        assert inst.matches(run_partitioned(after, inst.inputs(), policy=policy, seed=0, nprog=2)), policy

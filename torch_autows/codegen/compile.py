@@ -220,7 +220,11 @@ def sass_per_line(program: Program, kernel) -> dict[int, int]:
 
 
 def ptxas_info(ptx: str, arch: Arch = SM90) -> dict:
-    """Registers and spills per ptxas -v on the PTX (the same ptxas triton uses)."""
+    """Registers, spills and wgmma serialization per ptxas -v on the PTX (the same ptxas triton uses).
+
+    ``serialized``: ptxas's "Potential Performance Loss: wgmma.mma_async instructions are serialized due to ..."
+    reasons (C7514 and kin). ptxas then waits for every wgmma right after issuing it, in the whole function: no
+    mma overlaps the softmax or another mma, silently (a variant that made it lost 20-28% on the H200)."""
     from triton.backends.nvidia.compiler import get_ptxas
 
     ptxas = get_ptxas(arch.sm).path
@@ -233,7 +237,9 @@ def ptxas_info(ptx: str, arch: Arch = SM90) -> dict:
     log = r.stdout + r.stderr
     spill = [int(x) + int(y) for x, y in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)]
     regs = [int(x) for x in re.findall(r"Used (\d+) registers", log)]
-    return {"spills": sum(spill), "registers": max(regs) if regs else None, "log": log}
+    serialized = re.findall(r"wgmma\.mma_async instructions are serialized (due to [^\n]*?)(?: in the function|$)",
+                            log, re.M)
+    return {"spills": sum(spill), "registers": max(regs) if regs else None, "serialized": serialized, "log": log}
 
 
 def summary(program: Program, kernel) -> dict:
@@ -249,5 +255,6 @@ def summary(program: Program, kernel) -> dict:
         "maxnreg": int(m.group(1)) if (m := re.search(r"\.maxnreg (\d+)", ptx)) else None,
         "total_warps": kernel.metadata.num_warps,
         "spills": info["spills"],
+        "wgmma_serialized": info["serialized"],
         "arch": f"sm_{program.arch.sm}a",
     }

@@ -14,7 +14,9 @@ first mma and the mmas right after it that read none of them: the forward's Q K^
 dP^T; with ``Options.lead_chains`` also the mmas chained onto them as accumulator: a split head dim's Q K^T pieces)
 and step j-1's deferred mmas are issued back to back (``wait=False``), then an ``mma_wait`` retires each
 leading mma right before its first reader (or the release of a ring it reads), with ``pending`` = the mmas issued
-after it, and the deferred ones (pending=0) at the end of the step — and an epilogue runs the last step's late
+after it (a chained piece another leading mma accumulates onto gets none: the chain's last wait retires it, and a
+wait on it while that wgmma runs would make ptxas serialize every wgmma, step_overlap.accumulated_into), and the
+deferred ones (pending=0) at the end of the step — and an epilogue runs the last step's late
 ops. Values early ops hand to late ops are carried as extra iter_args
 (``<x>_prev``, the last step's as ``<x>_last``); late ops read their ring slot with ``get {lag=1}``, and
 the slot of step j-1 is released in step j (``release {lag=1, guard=False}``), the last one after the
@@ -44,7 +46,7 @@ from dataclasses import dataclass, replace
 from ..ir import Op, Program, Value, op
 from . import PassError
 from .code_partition import renamed_after_waits
-from .step_overlap import overlapped, slot_groups
+from .step_overlap import accumulated_into, overlapped, retire_span, slot_groups
 
 
 def _subst(o: Op, var: str, val: str) -> Op:
@@ -172,12 +174,20 @@ def _pipeline(loop: Op, chains: bool = False) -> list[Op] | None:
     unretired: list[Op] = []  # the leading mmas issued and not yet waited for, in issue order
     late_issued = 0  # the deferred mmas issued so far this step (after the leading ones)
 
+    into = accumulated_into(sp.early)
+
     def retire(upto: int) -> None:
         """Waits for the first ``upto`` unretired leading mmas (FIFO: an mma retires with every one issued before it;
-        ``pending`` counts what was issued after it); later uses read the waits' results."""
+        ``pending`` counts what was issued after it), and for the mmas accumulating onto them, without a wait of
+        their own for those a later one accumulates onto (step_overlap.accumulated_into); later uses read the waits'
+        results."""
         nonlocal unretired
+        ids = [m.results[0].name for m in unretired]
+        upto = retire_span(ids, upto - 1, into) + 1
         for k, m in enumerate(unretired[:upto]):
             r = m.results[0]
+            if into.get(r.name) in ids[k + 1:upto]:
+                continue
             steady.append(op("mma_wait", [Value(r.name + "_r", r.type)], [r.name],
                              pending=len(unretired) - k - 1 + late_issued))
             names[r.name] = r.name + "_r"

@@ -11,7 +11,9 @@ it (wgmma groups retire in order, so that wait retires it and every earlier one)
 * the step's end (the ``yield``): every mma still in flight is retired, the last with ``pending=0`` (FA3's
   ``warpgroup_wait<0>``), so nothing crosses a step: the next step's ``smem_store`` may overwrite a tile an mma of
   this step read, and the accumulators the loop carries are plain values;
-* a register A operand stays alive up to its mma's wait (an extra operand of the wait, as software_pipeline does).
+* a register A operand stays alive up to its mma's wait (an extra operand of the wait, as software_pipeline does);
+* an mma another mma of the step accumulates onto (``accumulated_into``: a head dim's Q K^T pieces, the split dQ)
+  gets no wait of its own: the wait of the last mma of its chain retires it.
 
 A ring's ``release`` (and the ``advance`` after it) moves to right after the first wait that retires every mma of the
 step reading the ring's slot, with ``lag=0``: the slot of this step is free there. code_partition counted, for its
@@ -45,6 +47,34 @@ def _deps(body: list[Op]) -> dict[str, set[str]]:
         for r in o.results:
             out[r.name] = d
     return out
+
+
+def accumulated_into(body) -> dict[str, str]:
+    """mma result -> the mma of ``body`` that accumulates onto it, for results nothing else reads (a chain of mmas on
+    one accumulator: a head dim's Q K^T pieces). Such a result needs no wait of its own: wgmma groups retire in order,
+    so the wait of the mma accumulating onto it retires it too; and it must get none while that mma runs, for a wait
+    reads its registers, which the running wgmma is writing: ptxas then serializes every wgmma of the kernel
+    ("wgmma.mma_async instructions are serialized due to non wgmma instructions reading accumulator registers",
+    C7514), silently (codegen.compile.ptxas_info reports it)."""
+    readers: dict[str, list[tuple[Op, int]]] = {}
+    for o in body:
+        for i, x in enumerate(o.operands):
+            readers.setdefault(x, []).append((o, i))
+    out = {}
+    for o in body:
+        if o.kind == "mma":
+            r = readers.get(o.results[0].name, [])
+            if len(r) == 1 and r[0][0].kind == "mma" and r[0][1] == 2:
+                out[o.results[0].name] = r[0][0].results[0].name
+    return out
+
+
+def retire_span(issued: list[str], last: int, into: dict[str, str]) -> int:
+    """``last`` (an index into ``issued``), moved past every mma in flight that accumulates onto the one there
+    (``accumulated_into``): the wait that retires the chain's last issued mma retires the chain."""
+    while last >= 0 and into.get(issued[last]) in issued[last + 1:]:
+        last = issued.index(into[issued[last]])
+    return last
 
 
 def gains(loop: Op) -> bool:
@@ -98,11 +128,16 @@ def overlap_loop(loop: Op) -> tuple[Op, set[str]] | None:
     relagged: set[str] = set()
     out: list[Op] = []
 
+    into = accumulated_into(body)
+
     def wait(names) -> None:
         need = [n for n in set(names) if n in issued and n not in waited]
-        last = max(map(issued.index, need), default=-1)
+        last = retire_span(issued, max(map(issued.index, need), default=-1), into)
         for k, r in enumerate(issued[:last + 1]):  # the earlier ones retire too: their values (and A operands) now
             if r in waited:
+                continue
+            if into.get(r) in issued[k + 1:last + 1]:  # retired by the wait of the mma accumulating onto it
+                waited.add(r)
                 continue
             m = mma_ops[r]
             a = m.operands[0]

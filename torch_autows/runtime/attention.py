@@ -76,7 +76,8 @@ CONFIGS: dict[str, Options] = {
     # defer P V (they spill); in pieces, with P V deferred and three K / four V ring slots (216 KB), d=192 runs
     # 507-595 TFLOP/s against 432-490 without deferring and the padded 403-480 (H200, s1024-s16384): picked for d=192.
     # Deferring with two stages loses 2-11% (V is read a step late: its ring runs dry), two Q copies 3-10%, ping-pong
-    # 30% (sweeps/2026-12-01-h200-attention-split-d-2.json).
+    # 30% (sweeps/2026-12-01-h200-attention-split-d-2.json). The 432-490 without deferring were measured with every
+    # wgmma serialized by ptxas (a wait on a chained Q K^T piece, passes/README.md; fixed since): to re-measure.
     "ws_p_128x64_rm_g16_sd": replace(_WIDE, split_d=True),
     "ws_p_128x64_rm_g16_sd_dm_s3": replace(_WIDE, split_d=True, defer_mma=True, stages=3),
     # ... in the widest pieces first (split_d_binary: 192 = 128 + 64, 96 = 64 + 32): two P V wgmmas a step instead of

@@ -73,9 +73,9 @@ CONFIGS: dict[str, Options] = {
     "bwd_64x128_dp2_p_fold": Options(block_m=64, block_n=128, stages=2, data_partition=2, persistent=True, group_m=1,
                                      producer_regs=24, fold_rows=True),
     # The 5-GEMM reduce form at d=128 with 64-query steps (FA3's plan): the split dQ (dq_split) and the folded row
-    # vectors (fold_rows) together leave it 0 spills offline (424/536 without the fold), SMEM 198176. Served, not
-    # picked: 0.88-0.95x the separate form's pick on the H200 (-configs-5: its dQ reduce-adds and the per-step meeting
-    # of the two consumers cost more than the separate form's two extra GEMMs).
+    # vectors (fold_rows) together leave it 48 spill bytes offline (causal 80; 424/536 without the fold), SMEM 198176.
+    # Served, not picked: 0.88-0.95x the separate form's pick on the H200 (-configs-5), measured while ptxas serialized
+    # its wgmmas (0 spills then; a wait on the chained dQ^T accumulator, passes/README.md; fixed since): to re-measure.
     "bwd_64x128_dp2_dqsplit_fold": Options(block_m=64, block_n=128, stages=2, data_partition=2, persistent=False,
                                            group_m=1, producer_regs=24, dq_split=True, fold_rows=True),
     # Separate form only (the atomic form's dQ mma would have 32 rows; wgmma takes multiples of 64): 32-query steps
@@ -162,7 +162,9 @@ def choose_dq_config(d: int, causal: bool) -> str:
 #: (bench/results/2026-12-01-h200-attention-bwd-4.json, s1024-s8192, causal or not): at d=64 the reduce form ran
 #: 1.006-1.110x the separate form (the gain grows with the sequence: one main kernel, 5 GEMMs a step, against two
 #: kernels and 7); at d=128 its split-dQ config ran 0.90-0.92x the separate form's 32-query steps (it copies dQ
-#: twice) and 0.77-0.84x its 64-query steps picked since (sweeps/2026-12-01-h200-attention-bwd-configs.json).
+#: twice) and 0.77-0.84x its 64-query steps picked since (sweeps/2026-12-01-h200-attention-bwd-configs.json). Those
+#: d=128 runs of the split dQ had every wgmma serialized by ptxas (a wait on a chained accumulator, passes/README.md;
+#: fixed since): to re-measure.
 REDUCE_HEAD_DIMS = (64,)
 
 
