@@ -15,6 +15,7 @@ from torch_autows.ir import format_program, parse_program, walk
 from torch_autows.passes import pipeline
 from torch_autows.runtime.attention import CONFIGS, o_tma_ok, serves
 from torch_autows.templates.attention import AttentionRequest, build, d_pieces, pieces
+from torch_autows.verify import VerifyError, check
 
 SPLIT = [c for c in CONFIGS if CONFIGS[c].split_d]
 
@@ -185,3 +186,16 @@ def test_no_wait_reads_a_piece_another_mma_accumulates_onto(config, lead):
     for policy in POLICIES[:2]:
         inst = make_instance(after, 0)
         assert inst.matches(run_partitioned(after, inst.inputs(), policy=policy, seed=0, nprog=2)), policy
+
+
+def test_verify_catches_a_wait_on_a_piece_in_flight():
+    """The verifier's rule behind the test above (verify.sync._check_waits): a wait on the first Q K^T piece while
+    the second accumulates onto it (what software_pipeline emitted before) is refused with the reason."""
+    opts = replace(CONFIGS["ws_p_128x64_rm_g16_sdb_dm_s3"], lead_chains=True)
+    text = format_program(pipeline.run(build(AttentionRequest(192, "bf16", False, o_tma=True), opts)))
+    good = "        %s_c0_r:f32[64,64] = mma_wait(%s_c0) {pending=2}"
+    assert text.count(good) == 1
+    check(parse_program(text))
+    bad = text.replace(good, "        %s_k0_c0_r:f32[64,64] = mma_wait(%s_k0_c0) {pending=3}\n" + good)
+    with pytest.raises(VerifyError, match="waits on %s_k0_c0 while %s_c0 accumulates onto it in flight"):
+        check(parse_program(bad))

@@ -22,11 +22,11 @@ so the ``release_tail`` code_partition put after the loop for a lag is dropped.
 
 When overlap gains something: the body has an mma issued with ``pending=0`` (it would wait for itself right after
 its issue) whose next mma does not depend on it, within the step, and is issued before its first reader: the two
-then run back to back on the tensor core (attention backward: S^T = K Q^T and dP^T = V dO^T). Elsewhere the loop is
-left as it is, so this rule changes none of the existing GEMM and forward attention programs (a GEMM step issues
-one mma; the forward's P V reads the QK^T of its step through the softmax; SwiGLU's two mmas keep ``pending=1``
-across steps; with ``mma_pending=0``, which no runtime config uses, they do overlap under the rule), whose
-generated code and golden hashes stay as they were. Loops software_pipeline pipelined (an
+then run back to back on the tensor core (attention backward: S^T = K Q^T and dP^T = V dO^T; the forward with a head
+dim in pieces without deferring: its P V pieces). Elsewhere the loop is left as it is: a GEMM step issues one mma, the
+forward's one-piece P V reads the QK^T of its step through the softmax, SwiGLU's two mmas keep ``pending=1`` across
+steps (with ``mma_pending=0``, which no runtime config uses, they do overlap under the rule). Loops software_pipeline
+pipelined (an
 mma with ``wait=False`` or an ``mma_wait`` already in the body), loops holding loops and loops whose releases are
 not followed by their ``advance`` are left alone too.
 """

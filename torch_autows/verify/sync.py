@@ -3,7 +3,8 @@ ring positions (``_check_code``), and ping-pong turns are consistent: each turn 
 barrier, passes to the next and takes the same turns per tile as the others (``_check_turns``, with
 ``_turn_shape`` and ``_main_loop_turns``); the consumer chains' ``chain_sync`` meetings balance (``_check_meetings``,
 from data_partition on: each barrier met by exactly ``count`` chains, each the same times per tile in loops of equal
-bounds, so no chain waits for a phase the others never complete)."""
+bounds, so no chain waits for a phase the others never complete); no ``mma_wait`` reads an accumulator that a wgmma
+in flight writes (``_check_waits``)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -236,3 +237,30 @@ def _check_meetings(p: Program, stage: str):
         if len(set(met.values())) > 1:
             _fail(stage, f"the chains meeting on {bar} meet a different number of times or in different loops "
                   f"({met}): the barrier would drift a phase apart")
+
+
+def _check_waits(p: Program, stage: str):
+    """From code_partition on: no ``mma_wait`` retires an mma while a later mma accumulating onto its result is in
+    flight (issued ``wait=False``, not yet retired by a wait on it or on an mma issued after it). Such a wait reads
+    registers the running wgmma writes, and ptxas then serializes every wgmma of the kernel (C7514; the wait of the
+    chain's last mma retires the whole chain: passes/step_overlap.accumulated_into)."""
+    def seq(ops) -> None:
+        issued: list = []  # mmas issued wait=False, in order
+        retired = -1       # index into issued of the last one a wait retired (in-order retirement)
+        for o in ops:
+            if o.body:
+                seq(o.body)
+            if o.kind == "mma" and o.attr("wait", True) is False:
+                issued.append(o)
+            elif o.kind == "mma_wait":
+                r = o.operands[0]
+                at = next((i for i, m in enumerate(issued) if m.results[0].name == r), None)
+                if at is None:
+                    continue
+                onto = next((m for m in issued[at + 1:] if len(m.operands) == 3 and m.operands[2] == r), None)
+                if onto is not None and issued.index(onto) > retired:
+                    _fail(stage, f"waits on %{r} while %{onto.results[0].name} accumulates onto it in flight: ptxas "
+                          f"would serialize every wgmma (wait on the chain's last mma instead)", o)
+                retired = max(retired, at)
+    for pt in p.partitions:
+        seq(pt.body)
