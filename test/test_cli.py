@@ -265,3 +265,15 @@ def test_explain_attention_backward_main_and_dq_kernels(capsys):
 def test_explain_attention_backward_refuses_with_the_reason(capsys, argv, msg):
     assert main(["explain", "attention-bwd", *argv]) == 2
     assert msg in capsys.readouterr().err
+
+
+def test_explain_compile_warns_when_ptxas_serializes_the_wgmma(capsys):
+    """The atomic backward at d=128 (never a default form: out of registers for the wgmma pipeline) compiles with its
+    wgmma serialized by ptxas; ``--compile`` says so on stderr and in the summary."""
+    argv = ["explain", "attention-bwd", "--d", "128", "--s", "1024", "--dq-mode", "atomic", "--config",
+            "bwd_64x128_dp2", "--compile"]
+    assert main(argv) == 0
+    cap = capsys.readouterr()
+    assert "warning: ptxas serializes this kernel's wgmma due to insufficient register resources" in cap.err
+    summary = json.loads(cap.out.strip().splitlines()[-1][len("summary: "):])
+    assert summary["wgmma_serialized"] and summary["spills"] > 0

@@ -182,6 +182,8 @@ def _show(kernel, args, shape, interp) -> int:
         info = summary(program, kernel)
         info["cubin"] = _cubin_path(kernel, args.out)
         info["cache_key"] = kernel.hash
+        for why in info["wgmma_serialized"]:  # ptxas waits for every wgmma at its issue: no mma overlaps anything
+            print(f"warning: ptxas serializes this kernel's wgmma {why}", file=sys.stderr)
         print("summary: " + json.dumps(info))
     return 0
 
