@@ -173,7 +173,7 @@ def test_no_wait_reads_a_piece_another_mma_accumulates_onto(config, lead):
     variant 20-28% on the H200). step_overlap (steps without deferred mmas) and software_pipeline (lead_chains) both
     follow it; the interpreter still matches the reference under every policy."""
     d = next(d for d in (192, 96) if serves(config, d))
-    opts = replace(CONFIGS[config], lead_chains=lead)
+    opts = replace(CONFIGS[config], lead_chains=lead or CONFIGS[config].lead_chains)
     after = pipeline.run(build(AttentionRequest(d, "bf16", True, o_tma=True), opts), verify=True)
     seen = set()
     for part in after.partitions:

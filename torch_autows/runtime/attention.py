@@ -86,6 +86,13 @@ CONFIGS: dict[str, Options] = {
     # over the equal pieces at d=96 (470-534 TFLOP/s against 451-502, 1.05-1.18x cuDNN), +2-7% at d=192 but for
     # s4096 causal (-0.5%; 0.93-0.97x cuDNN) (H200, s1024-s16384, sweeps/2026-12-01-h200-attention-split-d-4.json).
     "ws_p_128x64_rm_g16_sdb_dm_s3": replace(_WIDE, split_d=True, split_d_binary=True, defer_mma=True, stages=3),
+    # ... with both Q K^T pieces issued before step j-1's deferred P V (lead_chains), so S is waited with the P V
+    # pieces in flight and the softmax runs under them: picked for d=192, +1.2-2.4% over the above on all five shapes
+    # measured (s1024-s16384, causal or not; sweeps/2026-12-01-h200-attention-lead-chains.json). Its first
+    # measurement (20-28% behind) had every wgmma serialized by ptxas (passes/README.md). At d=96 (q2 tiles) it is
+    # mixed (-3.1..+2.6%, -lead-chains-2.json): not picked there.
+    "ws_p_128x64_rm_g16_sdb_dm_s3_lc": replace(_WIDE, split_d=True, split_d_binary=True, defer_mma=True, stages=3,
+                                               lead_chains=True),
     "ws_p_128x128_q2_rm_g16_sdb": replace(_Q2, raw_max=True, group_m=16, split_d=True, split_d_binary=True),
     # d=96 in the d=128 pick's schedule, in three 32-column pieces: K 3 + V 4 ring slots fit (the padded tiles: 2 + 3).
     # +2-11% over the padded d=128 tiles, 1.04-1.11x cuDNN (H200, s1024-s16384, causal or not); the binary pieces
@@ -103,6 +110,7 @@ HEAD_DIMS: dict[str, tuple[int, ...]] = {
     "ws_p_128x64_rm_g16": (192, 256), "ws_p_128x64_rm_g16_pp": (192, 256),
     "ws_p_128x64_rm_g16_sd": (96, 192), "ws_p_128x64_rm_g16_sd_dm_s3": (192,), "ws_p_128x128_q2_rm_g16_sd": (96,),
     "ws_p_128x64_rm_g16_sdb_dm_s3": (192,), "ws_p_128x128_q2_rm_g16_sdb": (96,),
+    "ws_p_128x64_rm_g16_sdb_dm_s3_lc": (192,),
 }
 
 
@@ -122,7 +130,9 @@ def choose_config(d: int, causal: bool, seqlen_kv: int) -> str:
     * d=96 and d=192 in column pieces instead of tiles padded to 128 / 256 columns: equal pieces (split_d) +2-11%
       over the padded kernel at d=96, +18-33% at d=192 with P V deferred; the widest pieces first (split_d_binary:
       64 + 32, 128 + 64) 4-7% ahead of the equal ones at d=96 (1.05-1.18x cuDNN) and -0.5..+7% at d=192 (0.93-0.97x
-      cuDNN: the prior leaves d=192 with SDPA); d=256 in 128x64 tiles (sweeps/2026-12-01-h200-attention-split-d*.json);
+      cuDNN: the prior leaves d=192 with SDPA), at d=192 with both Q K^T pieces issued before the deferred P V
+      (lead_chains) +1.2-2.4% more; d=256 in 128x64 tiles (sweeps/2026-12-01-h200-attention-split-d*.json,
+      -lead-chains.json);
     * causal d=128 up to 4096 keys: the two consumers ping-pong their mmas, +1.5-4% (-pp-2.json; longer causal
       sequences not measured with it yet).
     """
@@ -133,7 +143,7 @@ def choose_config(d: int, causal: bool, seqlen_kv: int) -> str:
     if d == 96:
         return "ws_p_128x128_q2_rm_g16_sdb"
     if d == 192:
-        return "ws_p_128x64_rm_g16_sdb_dm_s3"
+        return "ws_p_128x64_rm_g16_sdb_dm_s3_lc"
     if tile_d(d) > 128:
         return "ws_p_128x64_rm_g16"
     return "ws_p_128x128_q2_rm_g16"
