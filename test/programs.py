@@ -40,6 +40,7 @@ def compile_ws_cubin(program):
     assert ".target sm_90a" in kernel.asm["ptx"]
     assert s["spills"] == 0, f"{program.name}: {s['spills']} bytes spilled"
     assert not s["wgmma_serialized"], f"{program.name}: ptxas serializes its wgmma: {s['wgmma_serialized']}"
+    assert s["wgmma_waits_injected"] == 0, f"{program.name}: ptxas adds {s['wgmma_waits_injected']} wgmma waits"
     assert s["smem_bytes"] <= 232448
     assert s["setmaxnreg"] > 0 and s["wgmma"] > 0
     assert "ttg.warp_specialize" in kernel.asm["ttgir"]

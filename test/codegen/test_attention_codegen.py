@@ -47,6 +47,7 @@ def test_compiles_with_three_partitions(config, d, causal, dtype):
     assert [p["name"] for p in s["partitions"]] == [f"consumer{i}" for i in range(n)] + ["producer"]
     assert s["setmaxnreg"] > 0 and s["wgmma"] > 0
     assert not s["wgmma_serialized"], s["wgmma_serialized"]  # ptxas would wait for every wgmma at its issue
+    assert s["wgmma_waits_injected"] == 0  # nor for one here and there (a wait the schedule did not place)
     known = _SPILLS.get((config, d, causal), 0)
     assert s["spills"] <= known, f"{s['spills']} bytes of spills (known: {known})"
     if s["spills"]:
@@ -71,6 +72,7 @@ def test_o_tma_compiles_and_stores_by_tma(config, d, causal):
     known = _SPILLS.get((config, d, causal), 0)
     assert s["spills"] <= known, f"{s['spills']} bytes of spills (known: {known})"
     assert s["smem_bytes"] <= 232448 and s["wgmma"] > 0 and not s["wgmma_serialized"]
+    assert s["wgmma_waits_injected"] == 0
     ptx = kernel.asm["ptx"]
     assert re.search(r"cp\.async\.bulk\.tensor\.2d\.global\.shared::cta", ptx)  # the O store
     assert "cp.async.bulk.wait_group.read" in ptx  # its wait before the Q slot goes back to the producer

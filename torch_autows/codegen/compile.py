@@ -199,24 +199,38 @@ def sass_per_line(program: Program, kernel) -> dict[int, int]:
     attributes to it (``nvdisasm -g`` on its cubin), to see where a kernel's instructions go without a GPU
     (``python -m torch_autows explain ... --sass``). Line 0: instructions of Triton's library functions the kernel
     inlined (``gl.cdiv``, the reductions' combine steps), whose debug lines name triton's own files."""
-    from triton import knobs
-
     path = load_module(generate(program), program.arch).__file__
-    with tempfile.TemporaryDirectory() as d:
-        cubin = os.path.join(d, "k.cubin")
-        with open(cubin, "wb") as f:
-            f.write(kernel.asm["cubin"])
-        sass = subprocess.run([knobs.nvidia.nvdisasm.path, "-c", "-g", cubin], capture_output=True, text=True,
-                              check=True).stdout
     counts: dict[int, int] = {}
     line = None
-    for text in sass.splitlines():
+    for text in sass(kernel, lines=True).splitlines():
         m = re.search(r'//## File "([^"]+)", line (\d+)', text)
         if m:
             line = int(m.group(2)) if os.path.basename(m.group(1)) == os.path.basename(path) else 0
         elif line is not None and re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+\S", text):
             counts[line] = counts.get(line, 0) + 1
     return counts
+
+
+def sass(kernel, lines: bool = False) -> str:
+    """The compiled kernel's SASS (``nvdisasm -c`` on its cubin; nvdisasm ships with triton); ``lines``: with the
+    source line of each instruction (``-g``)."""
+    from triton import knobs
+
+    with tempfile.TemporaryDirectory() as d:
+        cubin = os.path.join(d, "k.cubin")
+        with open(cubin, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        return subprocess.run([knobs.nvidia.nvdisasm.path, "-c", *(["-g"] if lines else []), cubin],
+                              capture_output=True, text=True, check=True).stdout
+
+
+def injected_wgmma_waits(kernel) -> int:
+    """wgmma waits ptxas added (``WARPGROUP.DEPBAR`` in the SASS beyond the PTX's ``wgmma.wait_group``): where an
+    instruction touches registers of a wgmma in flight, ptxas waits for it there instead of serializing the kernel,
+    and the overlap the schedule planned is gone at that point, silently (the d=128 backward with ``fold_rows``: one,
+    S^T waited before dP^T's issue)."""
+    waits = len(re.findall(r"wgmma\.wait_group", kernel.asm["ptx"]))
+    return len(re.findall(r"WARPGROUP\.DEPBAR", sass(kernel))) - waits
 
 
 def ptxas_info(ptx: str, arch: Arch = SM90) -> dict:
@@ -256,5 +270,6 @@ def summary(program: Program, kernel) -> dict:
         "total_warps": kernel.metadata.num_warps,
         "spills": info["spills"],
         "wgmma_serialized": info["serialized"],
+        "wgmma_waits_injected": injected_wgmma_waits(kernel),
         "arch": f"sm_{program.arch.sm}a",
     }
