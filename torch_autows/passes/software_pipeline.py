@@ -46,7 +46,7 @@ from dataclasses import dataclass, replace
 from ..ir import Op, Program, Value, op
 from . import PassError
 from .code_partition import renamed_after_waits
-from .step_overlap import accumulated_into, overlapped, retire_span, slot_groups
+from .step_overlap import accumulated_into, overlapped, retire_plan, slot_groups
 
 
 def _subst(o: Op, var: str, val: str) -> Op:
@@ -182,16 +182,13 @@ def _pipeline(loop: Op, chains: bool = False) -> list[Op] | None:
         their own for those a later one accumulates onto (step_overlap.accumulated_into); later uses read the waits'
         results."""
         nonlocal unretired
-        ids = [m.results[0].name for m in unretired]
-        upto = retire_span(ids, upto - 1, into) + 1
-        for k, m in enumerate(unretired[:upto]):
-            r = m.results[0]
-            if into.get(r.name) in ids[k + 1:upto]:
-                continue
+        last, own = retire_plan([m.results[0].name for m in unretired], upto - 1, into)
+        for k in own:
+            r = unretired[k].results[0]
             steady.append(op("mma_wait", [Value(r.name + "_r", r.type)], [r.name],
                              pending=len(unretired) - k - 1 + late_issued))
             names[r.name] = r.name + "_r"
-        unretired = unretired[upto:]
+        unretired = unretired[last + 1:]
 
     for o in sp.early:
         leading = o.kind == "mma" and o.results[0].name in run

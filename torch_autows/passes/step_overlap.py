@@ -69,12 +69,14 @@ def accumulated_into(body) -> dict[str, str]:
     return out
 
 
-def retire_span(issued: list[str], last: int, into: dict[str, str]) -> int:
-    """``last`` (an index into ``issued``), moved past every mma in flight that accumulates onto the one there
-    (``accumulated_into``): the wait that retires the chain's last issued mma retires the chain."""
+def retire_plan(issued: list[str], last: int, into: dict[str, str]) -> tuple[int, list[int]]:
+    """To retire ``issued[last]`` (mmas in issue order): (the index up to which ``issued`` then retires, the indices
+    that get an ``mma_wait`` of their own). ``last`` moves past every mma in flight that accumulates onto the one
+    there (``accumulated_into``): the wait of a chain's last issued mma retires the chain; an mma another one in
+    that span accumulates onto gets no wait."""
     while last >= 0 and into.get(issued[last]) in issued[last + 1:]:
         last = issued.index(into[issued[last]])
-    return last
+    return last, [k for k in range(last + 1) if into.get(issued[k]) not in issued[k + 1:last + 1]]
 
 
 def gains(loop: Op) -> bool:
@@ -132,18 +134,17 @@ def overlap_loop(loop: Op) -> tuple[Op, set[str]] | None:
 
     def wait(names) -> None:
         need = [n for n in set(names) if n in issued and n not in waited]
-        last = retire_span(issued, max(map(issued.index, need), default=-1), into)
+        last, own = retire_plan(issued, max(map(issued.index, need), default=-1), into)
         for k, r in enumerate(issued[:last + 1]):  # the earlier ones retire too: their values (and A operands) now
             if r in waited:
                 continue
-            if into.get(r) in issued[k + 1:last + 1]:  # retired by the wait of the mma accumulating onto it
-                waited.add(r)
+            waited.add(r)
+            if k not in own:  # retired by the wait of the mma accumulating onto it
                 continue
             m = mma_ops[r]
             a = m.operands[0]
             keep = [a] if a in regs and a not in mma_ops else []  # a register A operand: alive to here
             out.append(op("mma_wait", [Value(r + "_w", m.results[0].type)], [r, *keep], pending=len(issued) - k - 1))
-            waited.add(r)
         for rel, adv in list(held):
             g = rel.attr("group")
             if all(n in waited for n in issued if g in reads_group[n]):
