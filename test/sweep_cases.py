@@ -154,7 +154,7 @@ def attention_bwd_cases(n: int = BWD_N, seed: int = SEED) -> list[Case]:
     """runtime.attention_bwd draws, every one served on sm_90: d 64/128, bf16/fp16, B 1..3, Hkv 1..4 with GQA groups
     1/2/4/8, Sq = Skv or not with block-edge and odd lengths up to 1100, causal, default or positive scale,
     q / kv / dO / out each [B, H, S, D] or a [B, S, H, D] view, a gradient into lse in ~30% (always when there is
-    none into out, ~10%), dQ by atomic adds or by the separate kernel (``dq_mode``)."""
+    none into out, ~10%), dQ by atomic adds, TMA reduce-adds or the separate kernel (``dq_mode``)."""
     out = []
     edges = (1, 2, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257, 383, 384, 385)
     for i in range(n):
@@ -168,7 +168,7 @@ def attention_bwd_cases(n: int = BWD_N, seed: int = SEED) -> list[Case]:
                  scale=r.choices([None, round(r.uniform(0.03, 0.3), 4)], [70, 30])[0],
                  **{f"{t}_layout": r.choices(["bhsd", "bshd"], [65, 35])[0] for t in ("q", "kv", "do", "out")},
                  dout=dout, dlse=not dout or r.random() < 0.25,
-                 dq_mode=r.choice(["atomic", "separate"]), nonfinite=None, tseed=r.getrandbits(62))
+                 dq_mode=r.choice(["atomic", "reduce", "separate"]), nonfinite=None, tseed=r.getrandbits(62))
         out.append(Case("attention_bwd", seed, i, p))
     return out
 

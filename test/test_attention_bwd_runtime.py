@@ -92,8 +92,12 @@ def test_dq_mode_choice_and_configs():
     assert attention_bwd.choose_dq_mode() == "separate" and attention_bwd.choose_dq_mode("atomic") == "atomic"
     assert attention_bwd.choose_dq_mode("reduce") == "reduce"
     assert attention_bwd.choose_dq_mode("separate", 64) == "separate"
-    # the measured default per head dim: reduce ahead of separate at d=64 only (attention-bwd-4)
-    assert [attention_bwd.choose_dq_mode(None, d) for d in (64, 128)] == ["reduce", "separate"]
+    # the measured default per head dim and keys: reduce ahead of separate at d=64 (attention-bwd-4), and at d=128
+    # from 2048 keys (sweeps/...-attention-bwd-configs-6); other head dims: separate
+    assert [attention_bwd.choose_dq_mode(None, d, 1024) for d in (64, 128)] == ["reduce", "separate"]
+    assert [attention_bwd.choose_dq_mode(None, d, 2048) for d in (64, 128)] == ["reduce", "reduce"]
+    assert attention_bwd.choose_dq_mode(None, 128, 2047) == "separate" and attention_bwd.choose_dq_mode(None, 96) == (
+        "separate")
     with pytest.raises(ValueError, match="dq_mode='fast'; use one of"):
         attention_bwd.choose_dq_mode("fast")
     for d in (64, 128):
@@ -102,12 +106,13 @@ def test_dq_mode_choice_and_configs():
                 assert attention_bwd.serves(attention_bwd.choose_config(d, causal, mode), d, mode)
             assert attention_bwd.dq_serves(attention_bwd.choose_dq_config(d, causal), d)
     assert not attention_bwd.serves("bwd_32x128_dp2", 128, "atomic")  # dQ's wgmma would have 32 rows
-    # d=128 reduce: only the split dQ compiles without spills; the separate form keeps its config's plain options
+    # d=128 reduce: the split dQ only (the whole dQ^T partial sums spill); the separate form keeps plain options
     assert [c for c in attention_bwd.CONFIGS if attention_bwd.serves(c, 128, "reduce")] == [
-        "bwd_64x128_dp2_dqsplit_fold", "bwd_32x128_dp2_dqsplit"]  # the folded one served, not picked (unmeasured)
+        "bwd_64x128_dp2_dqsplit_fold", "bwd_32x128_dp2_dqsplit"]
     configs = attention_bwd.CONFIGS
     assert configs["bwd_32x128_dp2_dqsplit"].dq_split and not configs["bwd_32x128_dp2"].dq_split
-    assert attention_bwd.choose_config(128, True, "reduce") == "bwd_32x128_dp2_dqsplit"
+    # the 64-query split with the folded rows: 1.13-1.17x the 32-query split (-configs-6)
+    assert attention_bwd.choose_config(128, True, "reduce") == "bwd_64x128_dp2_dqsplit_fold"
 
 
 def test_not_sm90_or_not_cuda(monkeypatch):

@@ -236,12 +236,11 @@ def all_peers() -> tuple[list[Peer], list[str]]:
              Peer("flex", _bind_flex, "torch.compile(flex_attention): torch.autograd.grad on the saved graph, "
                   "causal via create_block_mask"),
              Peer("autows", _bind_autows, "torch_autows.runtime.attention_bwd.backward, what a user gets (the "
-                  "separate form: pre + main kernel without dQ + the dQ kernel, no atomics); fails where it raises "
-                  "Unsupported"),
+                  "form chosen per call, choose_dq_mode: reduce or separate); fails where it raises Unsupported"),
              Peer("autows-atomic", _bind_autows_atomic, "the same with dq_mode='atomic': pre + main kernel with "
                   "dQ by fp32 atomic adds + post"),
              Peer("autows-reduce", _bind_autows_reduce, "the same with dq_mode='reduce': pre + main kernel with dQ "
-                  "by a TMA bulk reduce-add per tile (FA3's form) + post; d=64 only (fails with Unsupported at d=128)")]
+                  "by a TMA bulk reduce-add per tile (FA3's form) + post")]
     return peers, []
 
 

@@ -14,11 +14,12 @@ forms (``dq_mode``):
 * "separate": the main kernel without dQ (4 GEMMs a step), then the dQ kernel (one CTA per Q block, looping over
   the KV blocks; it recomputes S and dP). Every gradient element is written once by one CTA: deterministic.
 
-``dq_mode`` None picks by head dim (``choose_dq_mode``): "reduce" at d=64, "separate" at d=128, "separate" always
-under deterministic algorithms. Measured on the H200 (bench/results/2026-12-01-h200-attention-bwd-2.json and -4:
-s1024-s8192, causal or not): separate ran 1.18-1.53x the atomic form everywhere; reduce ran 1.01-1.11x separate at
-d=64 and 0.90-0.92x at d=128 (its split-dQ config). "atomic" must be asked for; with deterministic algorithms on,
-asking for "atomic" or "reduce" raises ``Unsupported``.
+``dq_mode`` None picks by head dim and keys (``choose_dq_mode``): "reduce" at d=64 and at d=128 from 2048 keys,
+"separate" elsewhere, "separate" always under deterministic algorithms. Measured on the H200 (bench/results/2026-12-
+01-h200-attention-bwd-2.json and -4; sweeps/2026-12-01-h200-attention-bwd-configs-6.json): separate ran 1.18-1.53x the
+atomic form everywhere; reduce ran 1.01-1.11x separate at d=64, at d=128 0.97x at 1024 keys and 1.03-1.13x at
+2048-8192. "atomic" must be asked for; with deterministic algorithms on, asking for "atomic" or "reduce" raises
+``Unsupported``.
 ``config`` names the main kernel's config (``CONFIGS``), ``dq_config`` the dQ kernel's
 (``DQ_CONFIGS``, separate form only); None: ``choose_config`` / ``choose_dq_config``. It raises ``Unsupported``
 with ``support_reason``'s reason where it cannot serve a call; ``attention_grad.attention_backward`` then runs the
@@ -74,15 +75,16 @@ CONFIGS: dict[str, Options] = {
                                      producer_regs=24, fold_rows=True),
     # The 5-GEMM reduce form at d=128 with 64-query steps (FA3's plan): the split dQ (dq_split) and the folded row
     # vectors (fold_rows) together leave it 48 spill bytes offline (causal 80; 424/536 without the fold), SMEM 198176.
-    # Served, not picked: 0.88-0.95x the separate form's pick on the H200 (-configs-5), measured while ptxas serialized
-    # its wgmmas (0 spills then; a wait on the chained dQ^T accumulator, passes/README.md; fixed since): to re-measure.
+    # Picked for the reduce form at d=128: with its wgmmas pipelined (ptxas had serialized them, 0.88-0.95x the
+    # separate form then: a wait on the chained dQ^T accumulator, passes/README.md) 1.13-1.19x the 32-query split and
+    # 0.97x (1024 keys) to 1.13x (8192) the separate form on the H200 (sweeps/2026-12-01-h200-attention-bwd-configs-6).
     "bwd_64x128_dp2_dqsplit_fold": Options(block_m=64, block_n=128, stages=2, data_partition=2, persistent=False,
                                            group_m=1, producer_regs=24, dq_split=True, fold_rows=True),
     # Separate form only (the atomic form's dQ mma would have 32 rows; wgmma takes multiples of 64): 32-query steps
     # keep S^T/dP^T at 16 registers each beside dK/dV (64 each at d=128), so d=128 compiles without spills.
     "bwd_32x128_dp2": Options(block_m=32, block_n=128, stages=2, data_partition=2, persistent=False, group_m=1,
                               producer_regs=24),
-    # Reduce form at d=128 (FA3's split dQ, passes/BACKWARD.md step 8 (b)): the same steps, the two consumers share
+    # Reduce form at d=128 (FA3's split dQ, passes/BACKWARD.md step 8 (b); served, not picked): the two consumers share
     # their dS^T tiles through SMEM (one mbarrier meeting a step) and each reduces dQ^T's 64 head-dim rows over all
     # 128 keys (wgmma M = 64, 16 registers): 0 spills offline, causal or not, bf16 and fp16, SMEM 133168.
     "bwd_32x128_dp2_dqsplit": Options(block_m=32, block_n=128, stages=2, data_partition=2, persistent=False,
@@ -90,10 +92,11 @@ CONFIGS: dict[str, Options] = {
 }
 
 #: Head dims each main-kernel config serves, per form (what compiles at sm_90a; the separate and reduce forms: without
-#: spills, but for one measured exception). The reduce form's partial sums spill at d=128 (offline sm_90a, ptxas -v,
+#: spills, but for two measured exceptions). The reduce form's partial sums spill at d=128 (offline sm_90a, ptxas -v,
 #: bytes: bwd_64x128_dp2 532, causal 736; bwd_64x64_dp1 196, causal 164; test/codegen/test_attention_bwd_codegen.py
-#: ``REDUCE_SPILLS``), so d=128 is served by the split dQ (``bwd_32x128_dp2_dqsplit``, 0 spills); at d=64 neither
-#: spills (the split needs D/2 >= 64). The exception: the separate form's 64-query steps at d=128 (bwd_64x128_dp2)
+#: ``REDUCE_SPILLS``), so d=128 is served by the split dQ (``bwd_32x128_dp2_dqsplit``, 0 spills, and the 64-query
+#: ``bwd_64x128_dp2_dqsplit_fold``: 48/80 bytes, the first exception, faster); at d=64 neither spills (the split needs
+#: D/2 >= 64). The second exception: the separate form's 64-query steps at d=128 (bwd_64x128_dp2)
 #: spill 120 bytes (causal 172; ``SEPARATE_SPILLS`` there) and still ran 1.11-1.17x the 0-spill 32-query steps on the
 #: H200 (bench/results/sweeps/2026-12-01-h200-attention-bwd-configs.json), so they serve d=128 and are picked there.
 #: ``bwd_64x128_dp2_fold`` is the same steps without spills (lse2/delta folded into the accumulators), not faster.
@@ -136,13 +139,15 @@ def choose_config(d: int, causal: bool, dq_mode: str = "separate") -> str:
     head dims (offline, sm_90a: d=64 without spills; d=128 spills, test/codegen/test_attention_bwd_codegen.py
     ``SPILLS``). Separate: the same at both head dims (at d=128 its 120/172 spill bytes cost less than halving the
     query step: 1.11-1.17x ``bwd_32x128_dp2`` on the H200, sweeps/2026-12-01-h200-attention-bwd-configs.json).
-    Reduce: the same as atomic at d=64; at d=128 32-query steps with the split dQ (the only 0-spill config there).
+    Reduce: the same as atomic at d=64; at d=128 64-query steps with the split dQ and the folded row vectors (48/80
+    spill bytes; 1.13-1.17x the 0-spill 32-query split on the H200 once ptxas stopped serializing its wgmmas,
+    sweeps/2026-12-01-h200-attention-bwd-configs-6.json).
     At d=64 without a mask the reduce and separate forms take the persistent walk (+1-5%; the causal mask's uneven
     tiles make it slower there), the reduce form with the folded row vectors (+1.3-1.5%, -configs-5). Every pick is
     the fastest config of its form in those sweeps (s1024/s4096, causal or not; deeper Q/dO rings within 2%:
     sweeps/2026-12-01-h200-attention-bwd-configs.json, -2 and -5)."""
     if d == 128 and dq_mode == "reduce":
-        return "bwd_32x128_dp2_dqsplit"
+        return "bwd_64x128_dp2_dqsplit_fold"
     if d == 64 and not causal and dq_mode == "reduce":
         return "bwd_64x128_dp2_p_fold"
     if d == 64 and not causal and dq_mode == "separate":
@@ -158,21 +163,20 @@ def choose_dq_config(d: int, causal: bool) -> str:
     return "dq_128x128_dp2_p"
 
 
-#: Head dims whose default form is "reduce" (outside deterministic mode). Measured on the H200, side by side
-#: (bench/results/2026-12-01-h200-attention-bwd-4.json, s1024-s8192, causal or not): at d=64 the reduce form ran
-#: 1.006-1.110x the separate form (the gain grows with the sequence: one main kernel, 5 GEMMs a step, against two
-#: kernels and 7); at d=128 its split-dQ config ran 0.90-0.92x the separate form's 32-query steps (it copies dQ
-#: twice) and 0.77-0.84x its 64-query steps picked since (sweeps/2026-12-01-h200-attention-bwd-configs.json). Those
-#: d=128 runs of the split dQ had every wgmma serialized by ptxas (a wait on a chained accumulator, passes/README.md;
-#: fixed since): to re-measure.
-REDUCE_HEAD_DIMS = (64,)
+#: Head dim -> the fewest keys at which the default form is "reduce" (outside deterministic mode; other head dims:
+#: "separate"). Measured on the H200, side by side: at d=64 the reduce form ran 1.006-1.110x the separate form at
+#: s1024-s8192 (bench/results/2026-12-01-h200-attention-bwd-4.json; the gain grows with the sequence: one main kernel,
+#: 5 GEMMs a step, against two kernels and 7). At d=128 its split-dQ fold (``bwd_64x128_dp2_dqsplit_fold``) ran
+#: 0.97x the separate form at s1024 and 1.06-1.10x at s4096 (sweeps/2026-12-01-h200-attention-bwd-configs-6.json):
+#: the dQ kernel's recomputation of S and dP costs more than the reduce-adds only once a head's keys are many.
+REDUCE_FROM_KEYS: dict[int, int] = {64: 0, 128: 2048}
 
 
-def choose_dq_mode(dq_mode: str | None = None, d: int | None = None) -> str:
-    """The form for a call at head dim ``d``: ``dq_mode`` if given; else "reduce" at ``REDUCE_HEAD_DIMS`` and
-    "separate" elsewhere (ahead of "atomic" everywhere), and "separate" always while deterministic algorithms are on
-    (every gradient element written once). Raises ``Unsupported`` for "atomic" or "reduce" asked for while
-    deterministic algorithms are on."""
+def choose_dq_mode(dq_mode: str | None = None, d: int | None = None, keys: int | None = None) -> str:
+    """The form for a call at head dim ``d`` with ``keys`` keys a head: ``dq_mode`` if given; else "reduce" where
+    ``REDUCE_FROM_KEYS`` says so (keys None: as for many keys) and "separate" elsewhere (ahead of "atomic"
+    everywhere), and "separate" always while deterministic algorithms are on (every gradient element written once).
+    Raises ``Unsupported`` for "atomic" or "reduce" asked for while deterministic algorithms are on."""
     if dq_mode is not None and dq_mode not in DQ_MODES:
         raise ValueError(f"attention backward dq_mode={dq_mode!r}; use one of {DQ_MODES} or None (chosen per call)")
     deterministic = torch.are_deterministic_algorithms_enabled()
@@ -181,7 +185,8 @@ def choose_dq_mode(dq_mode: str | None = None, d: int | None = None) -> str:
         raise Unsupported(f"{dq_mode} dQ is not deterministic (its {how} reorder; torch.use_deterministic_algorithms "
                           f"is on); dq_mode='separate' is")
     if dq_mode is None:
-        return "reduce" if d in REDUCE_HEAD_DIMS and not deterministic else "separate"
+        many = d in REDUCE_FROM_KEYS and (keys is None or keys >= REDUCE_FROM_KEYS[d])
+        return "reduce" if many and not deterministic else "separate"
     return dq_mode
 
 
@@ -302,7 +307,7 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: floa
     if why:
         raise Unsupported(why)
     D = q.shape[-1]
-    dq_mode = choose_dq_mode(dq_mode, D)
+    dq_mode = choose_dq_mode(dq_mode, D, k.shape[2])
     causal, scale = bool(is_causal), float(scale)
     config = _checked(config, D, causal, dq_mode)
     if dq_mode == "separate":

@@ -9,9 +9,10 @@ that spill (180-684 bytes offline), to see what the spills and the ring depth co
 Cases: s1024/s4096 x d64/d128 x causal or not, B*S = 16384 tokens, hidden 2048, bf16. Each time: the median of 3
 interleaved rounds of triton.testing.do_bench. Writes JSON to argv[1] (else $OUT/attention_bwd_configs.json).
 
-    python bench/results/sweeps/attention_bwd_configs.py [out.json [regex]]
+    [SEQS=1024,4096] [DIMS=64,128] python bench/results/sweeps/attention_bwd_configs.py [out.json [regex]]
 
-``regex`` (argv[2]) keeps the combos ``form:config:dq_config`` it matches (default: all).
+``regex`` (argv[2]) keeps the combos ``form:config:dq_config`` it matches (default: all); ``SEQS`` and ``DIMS``
+(comma-separated) pick the sequence lengths and head dims (default: 1024,4096 and 64,128).
 """
 from __future__ import annotations
 
@@ -142,7 +143,7 @@ def case(s: int, d: int, causal: bool) -> dict:
                                                dq_config=dc))
     err, ms = checked_times(fns)
     flops = 2.5 * 4 * B * H * s * s * d / (2 if causal else 1)
-    default = rt.choose_dq_mode(None, d)
+    default = rt.choose_dq_mode(None, d, s)
     prof = kernel_times(lambda: rt.backward(go, None, q, k, v, out, lse, causal, scale))
     return {"case": f"s{s}-d{d}{'-causal' * causal}", "ms": ms, "tflops": {n: flops / t / 1e9 for n, t in ms.items()},
             "err_vs_cudnn": err, "default": [default, rt.choose_config(d, causal, default)],
@@ -152,8 +153,8 @@ def case(s: int, d: int, causal: bool) -> dict:
 def main() -> None:
     add_variants()
     rows = []
-    for s in (1024, 4096):
-        for d in (64, 128):
+    for s in (int(x) for x in os.environ.get("SEQS", "1024,4096").split(",")):
+        for d in (int(x) for x in os.environ.get("DIMS", "64,128").split(",")):
             for causal in (False, True):
                 r = case(s, d, causal)
                 rows.append(r)
