@@ -92,9 +92,10 @@ def test_dq_mode_choice_and_configs():
     assert attention_bwd.choose_dq_mode() == "separate" and attention_bwd.choose_dq_mode("atomic") == "atomic"
     assert attention_bwd.choose_dq_mode("reduce") == "reduce"
     assert attention_bwd.choose_dq_mode("separate", 64) == "separate"
-    # the measured default per head dim and keys: reduce ahead of separate at d=64 (attention-bwd-4), and at d=128
-    # from 2048 keys (sweeps/...-attention-bwd-configs-6); other head dims: separate
+    # the measured default per head dim and keys: reduce ahead of separate at d=64 from 1024 keys (sweeps/...-attention-
+    # bwd-configs-7), at d=128 from 2048 (-configs-6); other head dims: separate
     assert [attention_bwd.choose_dq_mode(None, d, 1024) for d in (64, 128)] == ["reduce", "separate"]
+    assert [attention_bwd.choose_dq_mode(None, d, 1023) for d in (64, 128)] == ["separate", "separate"]
     assert [attention_bwd.choose_dq_mode(None, d, 2048) for d in (64, 128)] == ["reduce", "reduce"]
     assert attention_bwd.choose_dq_mode(None, 128, 2047) == "separate" and attention_bwd.choose_dq_mode(None, 96) == (
         "separate")
@@ -219,7 +220,8 @@ def test_backward_op_on_cpu_is_the_vendors(caplog):
     torch.library.opcheck(torch.ops.autows.attention_backward.default, (go, None, q, k, v, out, lse, True, 0.25))
 
 
-@pytest.mark.parametrize("dq_mode,grids,d,config", [("atomic", [2], 64, None), (None, [2], 64, None),
+# dq_mode None: the form chosen per call (these few keys: separate, its dQ kernel on 4 programs)
+@pytest.mark.parametrize("dq_mode,grids,d,config", [("atomic", [2], 64, None), (None, [2, 4], 64, None),
                                                     ("separate", [2, 4], 64, None), ("reduce", [2], 128, None),
                                                     ("separate", [2, 4], 128, "bwd_64x128_dp2_fold")])
 def test_backward_glue_runs_the_kernel_it_compiles(monkeypatch, dq_mode, grids, d, config):
@@ -227,8 +229,8 @@ def test_backward_glue_runs_the_kernel_it_compiles(monkeypatch, dq_mode, grids, 
     argument order, the 2-D views (q in [B, S, H, D]), the grid (B*Hkv x launched KV blocks; the separate form's dQ
     kernel: B*Hq x Q blocks), pre- and postprocess give attention_grad's math gradients (bf16, causal, GQA, a
     gradient into lse, ragged lengths; the reduce form: its padded workspace as a TMA tensor, at d=128 the split dQ
-    with its [32, 64] dQ^T reduce; the folded step, ``bwd_64x128_dp2_fold``, with its two extra scalars). dK/dV (and the
-    separate form's dQ) are NaN-poisoned before."""
+    with its [64, 64] dQ^T reduce and the folded rows; the folded step, ``bwd_64x128_dp2_fold``, with its two extra
+    scalars). dK/dV (and the separate form's dQ) are NaN-poisoned before."""
     from torch_autows.interp import run_partitioned
     from torch_autows.runtime import launch
 

@@ -14,12 +14,12 @@ forms (``dq_mode``):
 * "separate": the main kernel without dQ (4 GEMMs a step), then the dQ kernel (one CTA per Q block, looping over
   the KV blocks; it recomputes S and dP). Every gradient element is written once by one CTA: deterministic.
 
-``dq_mode`` None picks by head dim and keys (``choose_dq_mode``): "reduce" at d=64 and at d=128 from 2048 keys,
-"separate" elsewhere, "separate" always under deterministic algorithms. Measured on the H200 (bench/results/2026-12-
-01-h200-attention-bwd-2.json and -4; sweeps/2026-12-01-h200-attention-bwd-configs-6.json): separate ran 1.18-1.53x the
-atomic form everywhere; reduce ran 1.01-1.11x separate at d=64, at d=128 0.97x at 1024 keys and 1.03-1.13x at
-2048-8192. "atomic" must be asked for; with deterministic algorithms on, asking for "atomic" or "reduce" raises
-``Unsupported``.
+``dq_mode`` None picks by head dim and keys (``choose_dq_mode``): "reduce" at d=64 from 1024 keys and at d=128 from
+2048, "separate" elsewhere, "separate" always under deterministic algorithms. Measured on the H200 (bench/results/
+2026-12-01-h200-attention-bwd-2.json and -4; sweeps/2026-12-01-h200-attention-bwd-configs-6.json and -7): separate
+ran 1.18-1.53x the atomic form everywhere; reduce ran separate's 0.91x (512 keys) to 1.09x (8192) at d=64, 0.97x
+(1024) to 1.13x (8192) at d=128. "atomic" must be asked for; with deterministic algorithms on, asking for "atomic"
+or "reduce" raises ``Unsupported``.
 ``config`` names the main kernel's config (``CONFIGS``), ``dq_config`` the dQ kernel's
 (``DQ_CONFIGS``, separate form only); None: ``choose_config`` / ``choose_dq_config``. It raises ``Unsupported``
 with ``support_reason``'s reason where it cannot serve a call; ``attention_grad.attention_backward`` then runs the
@@ -164,12 +164,13 @@ def choose_dq_config(d: int, causal: bool) -> str:
 
 
 #: Head dim -> the fewest keys at which the default form is "reduce" (outside deterministic mode; other head dims:
-#: "separate"). Measured on the H200, side by side: at d=64 the reduce form ran 1.006-1.110x the separate form at
-#: s1024-s8192 (bench/results/2026-12-01-h200-attention-bwd-4.json; the gain grows with the sequence: one main kernel,
-#: 5 GEMMs a step, against two kernels and 7). At d=128 its split-dQ fold (``bwd_64x128_dp2_dqsplit_fold``) ran
+#: "separate"). Measured on the H200, side by side (sweeps/2026-12-01-h200-attention-bwd-configs-7.json): at d=64
+#: the reduce form's pick ran 0.92x/0.99x the separate form's at 512 keys (without/with the causal mask), 0.98x/1.05x
+#: at 1024 and 1.02-1.09x from 2048 (the gain grows with the sequence: one main kernel, 5 GEMMs a step, against two
+#: kernels and 7). At d=128 its split-dQ fold (``bwd_64x128_dp2_dqsplit_fold``) ran
 #: 0.97x the separate form at s1024 and 1.06-1.10x at s4096 (sweeps/2026-12-01-h200-attention-bwd-configs-6.json):
 #: the dQ kernel's recomputation of S and dP costs more than the reduce-adds only once a head's keys are many.
-REDUCE_FROM_KEYS: dict[int, int] = {64: 0, 128: 2048}
+REDUCE_FROM_KEYS: dict[int, int] = {64: 1024, 128: 2048}
 
 
 def choose_dq_mode(dq_mode: str | None = None, d: int | None = None, keys: int | None = None) -> str:
