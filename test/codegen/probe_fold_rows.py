@@ -17,6 +17,9 @@ Findings (ptxas -v, sm_90a, bf16 = fp16; the source edits below, each compiled a
 * Cost to check on the H200: with delta in dP^T's initial accumulator, ptxas reports ``C7517 warpgroup.wait is
   injected`` in one consumer: it hoists the S^T scaling above dP^T's issue and waits for S^T there (the other consumer
   keeps S^T and dP^T back to back). Folding only lse2 (issued first, nothing in flight) is free of it but spills.
+  Cause, found since: the broadcast initial value is one SSA value in a thread's two rows, copied into dP^T's tied
+  accumulator registers right before its wgmma, under S^T; codegen/sm90.py ``_zeros`` emits the fold's base as signed
+  zeros per row (no copies, no injected wait), so ``fold`` here no longer shows it.
 
 Usage, from the repository root: ``python test/codegen/probe_fold_rows.py``: for each variant (``fold``: the template
 as it is; ``lse_only``: delta unfolded again; ``unfolded``: ``folds_rows`` off, the old form), causality and dtype, the

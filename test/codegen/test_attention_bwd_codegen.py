@@ -44,15 +44,15 @@ CASES = [c for c in itertools.product(CONFIGS, (64, 128), (False, True), ("bf16"
 # live at the staging store; runtime/attention_bwd.py CONFIG_HEAD_DIMS). d=64: none (served).
 REDUCE_SPILLS = {("bwd_64x128_dp2", 128, False): 532, ("bwd_64x128_dp2", 128, True): 736,
                  ("bwd_64x64_dp1", 128, False): 196, ("bwd_64x64_dp1", 128, True): 164}
-# wgmma waits ptxas injects (codegen.compile.injected_wgmma_waits) in the served configs with ``fold_rows``: one, in
-# consumer1 only, S^T retired before dP^T's issue (consumer0's identical step has none); not found why yet (computing
-# the folded accumulators before S^T's issue does not remove it). Every other served kernel: none.
-INJECTED = {"bwd_64x128_dp2_fold": 1, "bwd_64x128_dp2_p_fold": 1, "bwd_64x128_dp2_dqsplit_fold": 1}
+# wgmma waits ptxas may inject (codegen.compile.injected_wgmma_waits) per config: none in any served kernel. The
+# ``fold_rows`` configs had one (consumer1: S^T retired before dP^T's issue, ptxas C7517) while dP^T's broadcast
+# initial value reached its accumulator through copies issued under S^T; codegen/sm90.py ``_zeros`` removes them.
+INJECTED: dict[str, int] = {}
 
 # A served reduce config's known spills: the 64-query split dQ at d=128 compiled without spills only while ptxas
 # serialized its wgmmas (a wait on a chained dQ^T accumulator; passes/step_overlap.accumulated_into): with them
-# pipelined, 48 bytes (causal: 80).
-REDUCE_SERVED_SPILLS = {("bwd_64x128_dp2_dqsplit_fold", 128, False): 48, ("bwd_64x128_dp2_dqsplit_fold", 128, True): 80}
+# pipelined, 48 bytes (causal: 80); 8 (40) since the fold base stopped ptxas injecting a wait (codegen/sm90.py _zeros).
+REDUCE_SERVED_SPILLS = {("bwd_64x128_dp2_dqsplit_fold", 128, False): 8, ("bwd_64x128_dp2_dqsplit_fold", 128, True): 40}
 REDUCE = [c for c in itertools.product(CONFIGS, (64, 128), (False, True), ("bf16", "fp16"))
           if serves(c[0], c[1], "reduce") or c[:3] in REDUCE_SPILLS]
 

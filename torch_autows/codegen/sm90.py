@@ -16,8 +16,8 @@ A new generation (``codegen/sm100.py``) provides the same three names.
 """
 from __future__ import annotations
 
-from ..ir import walk
-from .context import expr, v
+from ..ir import value_types, walk
+from .context import GL_DTYPE, expr, v
 from .emit_base import _as, emitter
 from .emit_memory import _ago
 
@@ -40,6 +40,51 @@ def accumulator_layout(warps: int, n: int) -> str:
 
 def _sm90(*kinds):
     return emitter(*kinds, table=EMITTERS)
+
+
+def _row_fold_base(ctx, o) -> bool:
+    """Whether ``zeros`` op ``o`` is only the base of accumulator initial values that broadcast a row vector (the
+    backward's ``fold_rows``: S^T from ``add(z, lse row)``, dP^T from ``sub(z, delta row)``) over a tile that gives each
+    thread two rows (r and r + 8: M = 16 * warps), every use an ``add``/``sub`` with ``z`` first, a [1, N] operand and
+    a result that only enters mmas as their accumulator."""
+    r = o.results[0]
+    if len(r.type.shape) != 2 or r.type.dtype != "f32" or r.type.shape[0] != 16 * ctx.part.warps:
+        return False
+    ops = list(walk(ctx.part.body))
+    types = value_types(ctx.part.body)
+    users = [u for u in ops if r.name in u.operands]
+    for u in users:
+        if u.kind not in ("add", "sub") or len(u.operands) != 2 or u.operands[0] != r.name:
+            return False
+        t = types.get(u.operands[1])
+        if t is None or t.space != "reg" or tuple(t.shape) != (1, r.type.shape[1]):
+            return False
+        s = u.results[0].name
+        if not all(w.kind == "mma" and len(w.operands) == 3 and w.operands[2] == s and s not in w.operands[:2]
+                   for w in ops if s in w.operands):
+            return False
+    return bool(users)
+
+
+@_sm90("zeros")
+def _zeros(ctx, o, indent):
+    """``gl.zeros``; as the base of row-broadcast accumulator initial values (``_row_fold_base``), zeros signed by
+    row instead: +0 in rows r, -0 in rows r + 8. Broadcast over rows, an initial value is the same in a thread's two
+    rows, so its two accumulator registers are one SSA value twice, tied to the wgmma's operands: LLVM copies it
+    right before the wgmma asm, after the previous wgmma's issue (S^T's, for dP^T's), and ptxas, on such copies into
+    the next wgmma's accumulator while one is in flight, may wait for that one (an injected ``WARPGROUP.DEPBAR``:
+    dP^T's issue waited for S^T's retire, ``codegen.compile.injected_wgmma_waits``). With the signed zeros the two
+    rows' values are different instructions of equal value (z + x: fma(.., +0) and x; z - x: 0 - x and -x), no
+    copies: the accumulators differ from the plain sum only in the sign of a zero."""
+    r = o.results[0]
+    L = ctx.layouts[r.name]
+    shape = list(r.type.shape)
+    zeros = f"gl.zeros({shape}, {GL_DTYPE[r.type.dtype]}, {L})"
+    if not _row_fold_base(ctx, o):
+        return [f"{v(r.name)} = {zeros}"]
+    neg0 = f"gl.full({shape}, -2147483648, gl.int32, {L}).to(gl.float32, bitcast=True)"  # -0.0 (a literal folds to +0)
+    rows = f"gl.arange(0, {shape[0]}, layout={ctx._slice(1, L)})"
+    return [f"{v(r.name)} = gl.where((({rows} // 8) % 2 == 0)[:, None], {zeros}, {neg0})"]
 
 
 @_sm90("acquire")

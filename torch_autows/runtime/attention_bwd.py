@@ -64,9 +64,9 @@ CONFIGS: dict[str, Options] = {
     "bwd_64x128_dp2_p": Options(block_m=64, block_n=128, stages=2, data_partition=2, persistent=True, group_m=1,
                                 producer_regs=24),
     # The 64-query steps with lse2/delta folded into the S^T/dP^T accumulators (Options.fold_rows): 0 spills at d=128 in
-    # the separate form (bwd_64x128_dp2: 120, causal 172), but ptxas serialises S^T and dP^T in one consumer: on the
-    # H200 within 1% of bwd_64x128_dp2 at causal s1024, 1-3% behind elsewhere (sweeps/2026-12-01-h200-attention-bwd-
-    # configs-5.json). Served, not picked.
+    # the separate form (bwd_64x128_dp2: 120, causal 172): on the H200 -2..+3% of bwd_64x128_dp2 (sweeps/2026-12-01-
+    # h200-attention-bwd-configs-5.json and -8, the latter without the wait ptxas had injected before dP^T's issue in
+    # one consumer: codegen/sm90.py ``_zeros``). Served, not picked.
     "bwd_64x128_dp2_fold": Options(block_m=64, block_n=128, stages=2, data_partition=2, persistent=False, group_m=1,
                                    producer_regs=24, fold_rows=True),
     # The persistent walk with the fold at d=64 (reduce form, no mask): 1.3-1.5% ahead of bwd_64x128_dp2_p there (its

@@ -96,11 +96,11 @@ def folds_rows(req: AttentionBwdRequest, opts: Options) -> bool:
     dP^T - delta directly; the two vectors die when their mmas are issued instead of living across the S^T/dP^T waits,
     the mask, exp2 and the dV mma's issue (in the transposed frame a thread holds 16 of a 64-query step's columns:
     32 registers). ``bwd_64x128_dp2``'s separate form at d=128 spills 120 bytes, causal 172, without it and none with
-    it, but ptxas then serialises S^T and dP^T in one consumer (an injected warpgroup.wait): on the H200 the folded
-    config (``bwd_64x128_dp2_fold``) is not faster there; at d=64 (reduce form, persistent, no mask) it is, by 1.3-1.5%
-    (``bwd_64x128_dp2_p_fold``, picked). c is ``qk_fold``: scale * log2 e with its magnitude raised to
-    ``FOLD_MIN`` if smaller (``fold_scale``): 1/c is then finite, and a raised c (|scale| < 5.4e-31, or 0) changes
-    exp2's argument by less than |S| * 2**-100."""
+    it (its broadcast initial values are emitted so that ptxas does not wait for S^T before dP^T's issue:
+    codegen/sm90.py ``_zeros``); on the H200 the folded config (``bwd_64x128_dp2_fold``) is not faster there; at d=64
+    (reduce form, persistent, no mask) it is, by 1.3-1.5% (``bwd_64x128_dp2_p_fold``, picked). c is ``qk_fold``:
+    scale * log2 e with its magnitude raised to ``FOLD_MIN`` if smaller (``fold_scale``): 1/c is then finite, and a
+    raised c (|scale| < 5.4e-31, or 0) changes exp2's argument by less than |S| * 2**-100."""
     return opts.fold_rows
 
 
