@@ -7,9 +7,9 @@ spills and no atomics, but for the measured exception ``SEPARATE_SPILLS`` (``bwd
 ``bwd_64x128_dp2_fold`` twin folds lse2/delta into the accumulators and spills nothing; the interpreter checks its
 numerics here too). The reduce form (dQ through an fp32 SMEM staging tile and one TMA bulk reduce-add,
 codegen/gluon_ext.py): every config serving it compiles with the bulk reduce in the PTX, no per-element atomics and no
-spills (d=128: the split dQ, ``bwd_32x128_dp2_dqsplit``; its 64-query twin no more than ``REDUCE_SERVED_SPILLS``); the
-partial-sum configs at d=128 spill no more than ``REDUCE_SPILLS``. No served kernel has its wgmmas serialized by
-ptxas (codegen.compile.ptxas_info)."""
+spills (d=128: the split dQ, ``bwd_32x128_dp2_dqsplit``; its 64-query twin, the pick, no more than
+``REDUCE_SERVED_SPILLS``); the partial-sum configs at d=128 spill no more than ``REDUCE_SPILLS``. No served kernel
+has its wgmmas serialized by ptxas (codegen.compile.ptxas_info)."""
 from __future__ import annotations
 
 import functools
@@ -149,7 +149,7 @@ def test_choose_config_serves_every_head_dim():
         assert serves(choose_config(d, causal), d)  # the default form (separate)
         assert serves(choose_config(d, causal, "atomic"), d, "atomic")
         assert serves(choose_config(d, causal, "reduce"), d, "reduce")
-    assert choose_config(128, False, "reduce") == "bwd_32x128_dp2_dqsplit"
+    assert choose_config(128, False, "reduce") == "bwd_64x128_dp2_dqsplit_fold"  # sweeps/...-configs-6
 
 
 @pytest.mark.parametrize("config,d,causal,dtype", CASES)

@@ -5,9 +5,10 @@ by TMA), GQA groups 1/4/8, [B, S, H, D] views, a gradient into lse, and none int
 each launch (``attention_bwd.POISON``). The tolerance per gradient is max(2 x the vendor backward's own error on the
 same inputs, 1e-2), relative Frobenius norm, plus an absolute 1e-4 per element (for gradients that are zero in exact
 arithmetic). Each case runs in every form (``dq_mode``: atomic dQ adds, TMA reduce-adds (d=128 through the split dQ,
-``bwd_32x128_dp2_dqsplit``: the chains share dS through SMEM and meet once a step), or the separate dQ kernel). Plus
-one end-to-end ``torch.autograd`` run through ``ops.attention`` with ``config.attention_backward = "autows"``, and
-bitwise-equal gradients over runs under ``torch.use_deterministic_algorithms(True)`` (the separate form)."""
+``bwd_64x128_dp2_dqsplit_fold`` and ``bwd_32x128_dp2_dqsplit``: the chains share dS through SMEM and meet once a
+step), or the separate dQ kernel). Plus one end-to-end ``torch.autograd`` run through ``ops.attention`` with
+``config.attention_backward = "autows"``, and bitwise-equal gradients over runs under
+``torch.use_deterministic_algorithms(True)`` (the separate form)."""
 from __future__ import annotations
 
 import math
