@@ -74,7 +74,7 @@ CONFIGS: dict[str, Options] = {
     "bwd_64x128_dp2_p_fold": Options(block_m=64, block_n=128, stages=2, data_partition=2, persistent=True, group_m=1,
                                      producer_regs=24, fold_rows=True),
     # The 5-GEMM reduce form at d=128 with 64-query steps (FA3's plan): the split dQ (dq_split) and the folded row
-    # vectors (fold_rows) together leave it 48 spill bytes offline (causal 80; 424/536 without the fold), SMEM 198176.
+    # vectors (fold_rows) together leave it 8 spill bytes offline (causal 40; 424/536 without the fold), SMEM 198176.
     # Picked for the reduce form at d=128: with its wgmmas pipelined (ptxas had serialized them, 0.88-0.95x the
     # separate form then: a wait on the chained dQ^T accumulator, passes/README.md) 1.13-1.19x the 32-query split and
     # 0.97x (1024 keys) to 1.13x (8192) the separate form on the H200 (sweeps/2026-12-01-h200-attention-bwd-configs-6).
@@ -95,7 +95,7 @@ CONFIGS: dict[str, Options] = {
 #: spills, but for two measured exceptions). The reduce form's partial sums spill at d=128 (offline sm_90a, ptxas -v,
 #: bytes: bwd_64x128_dp2 532, causal 736; bwd_64x64_dp1 196, causal 164; test/codegen/test_attention_bwd_codegen.py
 #: ``REDUCE_SPILLS``), so d=128 is served by the split dQ (``bwd_32x128_dp2_dqsplit``, 0 spills, and the 64-query
-#: ``bwd_64x128_dp2_dqsplit_fold``: 48/80 bytes, the first exception, faster); at d=64 neither spills (the split needs
+#: ``bwd_64x128_dp2_dqsplit_fold``: 8/40 bytes, the first exception, faster); at d=64 neither spills (the split needs
 #: D/2 >= 64). The second exception: the separate form's 64-query steps at d=128 (bwd_64x128_dp2)
 #: spill 120 bytes (causal 172; ``SEPARATE_SPILLS`` there) and still ran 1.11-1.17x the 0-spill 32-query steps on the
 #: H200 (bench/results/sweeps/2026-12-01-h200-attention-bwd-configs.json), so they serve d=128 and are picked there.
@@ -139,7 +139,7 @@ def choose_config(d: int, causal: bool, dq_mode: str = "separate") -> str:
     head dims (offline, sm_90a: d=64 without spills; d=128 spills, test/codegen/test_attention_bwd_codegen.py
     ``SPILLS``). Separate: the same at both head dims (at d=128 its 120/172 spill bytes cost less than halving the
     query step: 1.11-1.17x ``bwd_32x128_dp2`` on the H200, sweeps/2026-12-01-h200-attention-bwd-configs.json).
-    Reduce: the same as atomic at d=64; at d=128 64-query steps with the split dQ and the folded row vectors (48/80
+    Reduce: the same as atomic at d=64; at d=128 64-query steps with the split dQ and the folded row vectors (8/40
     spill bytes; 1.13-1.17x the 0-spill 32-query split on the H200 once ptxas stopped serializing its wgmmas,
     sweeps/2026-12-01-h200-attention-bwd-configs-6.json).
     At d=64 without a mask the reduce and separate forms take the persistent walk (+1-5%; the causal mask's uneven
@@ -167,9 +167,8 @@ def choose_dq_config(d: int, causal: bool) -> str:
 #: "separate"). Measured on the H200, side by side (sweeps/2026-12-01-h200-attention-bwd-configs-7.json): at d=64
 #: the reduce form's pick ran 0.92x/0.99x the separate form's at 512 keys (without/with the causal mask), 0.98x/1.05x
 #: at 1024 and 1.02-1.09x from 2048 (the gain grows with the sequence: one main kernel, 5 GEMMs a step, against two
-#: kernels and 7). At d=128 its split-dQ fold (``bwd_64x128_dp2_dqsplit_fold``) ran
-#: 0.97x the separate form at s1024 and 1.06-1.10x at s4096 (sweeps/2026-12-01-h200-attention-bwd-configs-6.json):
-#: the dQ kernel's recomputation of S and dP costs more than the reduce-adds only once a head's keys are many.
+#: kernels and 7). At d=128 its split-dQ fold (``bwd_64x128_dp2_dqsplit_fold``) ran 0.97x the separate form at 1024
+#: keys, 1.03-1.04x at 2048, 1.08x at 4096 and 1.11-1.13x at 8192 (sweeps/2026-12-01-h200-attention-bwd-configs-6).
 REDUCE_FROM_KEYS: dict[int, int] = {64: 1024, 128: 2048}
 
 
