@@ -241,6 +241,10 @@ class Options:
     # head dim in pieces: every Q K^T piece is issued before step j-1's deferred P V, so S is ready, and the softmax
     # runs, while P V is on the tensor core; without it P V is issued after the first piece and S waits for it)
     lead_chains: bool = False
+    # codegen: a loop's ``var // n`` and ``var % n`` (n loop-invariant: the attention backward's q-head and Q block of
+    # step j) as two counters carried from step to step instead of an integer division by a runtime value per step
+    # and use (codegen/emit_control.carried_counters; the IR and the interpreter are unchanged). Not measured yet.
+    carry_index: bool = False
 
     def items(self) -> list[tuple[str, Any]]:
         return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]

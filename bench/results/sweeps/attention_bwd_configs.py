@@ -59,6 +59,12 @@ VARIANTS = {
     "bwd_128x128_dp2_fold": ("bwd_64x128_dp2", {"block_m": 128, "fold_rows": True}, {"separate": (64,)}),
     "bwd_128x128_dp2_p_fold": ("bwd_64x128_dp2", {"block_m": 128, "fold_rows": True, "persistent": True},
                                {"separate": (64,)}),
+    # the picks with the step's q-head and Q block carried as counters instead of two integer divisions by
+    # cdiv(Sq, 64) a step (Options.carry_index; offline: 16 -> 9 division sequences in the kernel, no spill more)
+    "bwd_64x128_dp2_p_fold_cc": ("bwd_64x128_dp2_p_fold", {"carry_index": True}, {"reduce": (64,)}),
+    "bwd_64x128_dp2_cc": ("bwd_64x128_dp2", {"carry_index": True}, {"reduce": (64,), "separate": (64, 128)}),
+    "bwd_64x128_dp2_p_cc": ("bwd_64x128_dp2_p", {"carry_index": True}, {"separate": (64,)}),
+    "bwd_64x128_dp2_dqsplit_fold_cc": ("bwd_64x128_dp2_dqsplit_fold", {"carry_index": True}, {"reduce": (128,)}),
 }
 #: dQ-kernel variants: name -> (base, overrides[, head dims]).
 DQ_VARIANTS = {"dq_128x128_dp2_p": ("dq_128x128_dp2", {"persistent": True}),
