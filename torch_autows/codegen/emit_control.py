@@ -15,7 +15,7 @@ class _Divisions(ast.NodeTransformer):
     """``var // n`` and ``var % n`` (``n`` without ``var``) -> the names of their carried counters."""
 
     def __init__(self, var: str, divisors: dict[str, int]):
-        self.var, self.divisors = var, divisors
+        self.var, self.divisors, self.hits = var, divisors, 0
 
     def visit_BinOp(self, node):
         self.generic_visit(node)
@@ -23,6 +23,7 @@ class _Divisions(ast.NodeTransformer):
         if (division and isinstance(node.left, ast.Name) and node.left.id == self.var
                 and not any(isinstance(x, ast.Name) and x.id == self.var for x in ast.walk(node.right))):
             i = self.divisors.setdefault(ast.unparse(node.right), len(self.divisors))
+            self.hits += 1
             return ast.Name(f"{self.var}_{'h' if isinstance(node.op, ast.FloorDiv) else 'q'}{i}", ast.Load())
         return node
 
@@ -36,8 +37,9 @@ def _rewrite(x, tr: _Divisions):
         tree = ast.parse(x, mode="eval")
     except SyntaxError:
         return x
-    new = ast.unparse(tr.visit(tree))
-    return new if new != ast.unparse(ast.parse(x, mode="eval")) else x
+    hits = tr.hits
+    tree = tr.visit(tree)
+    return ast.unparse(tree) if tr.hits > hits else x  # untouched: as written
 
 
 def carried_counters(body, var: str):

@@ -7,10 +7,15 @@ from .context import GL_DTYPE, expr, v
 from .emit_base import _as, emitter
 
 
+def zeros_expr(ctx, r) -> str:
+    """``gl.zeros`` of value ``r``'s shape, dtype and layout."""
+    return f"gl.zeros({list(r.type.shape)}, {GL_DTYPE[r.type.dtype]}, {ctx.layouts[r.name]})"
+
+
 @emitter("zeros")
 def _zeros(ctx, o, indent):
     r = o.results[0]
-    return [f"{v(r.name)} = gl.zeros({list(r.type.shape)}, {GL_DTYPE[r.type.dtype]}, {ctx.layouts[r.name]})"]
+    return [f"{v(r.name)} = {zeros_expr(ctx, r)}"]
 
 
 def _float(x) -> str:

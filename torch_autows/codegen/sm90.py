@@ -17,8 +17,9 @@ A new generation (``codegen/sm100.py``) provides the same three names.
 from __future__ import annotations
 
 from ..ir import value_types, walk
-from .context import GL_DTYPE, expr, v
+from .context import expr, v
 from .emit_base import _as, emitter
+from .emit_math import zeros_expr
 from .emit_memory import _ago
 
 IMPORTS = ("from triton.experimental.gluon.language.nvidia.hopper import ("
@@ -79,7 +80,7 @@ def _zeros(ctx, o, indent):
     r = o.results[0]
     L = ctx.layouts[r.name]
     shape = list(r.type.shape)
-    zeros = f"gl.zeros({shape}, {GL_DTYPE[r.type.dtype]}, {L})"
+    zeros = zeros_expr(ctx, r)
     if not _row_fold_base(ctx, o):
         return [f"{v(r.name)} = {zeros}"]
     neg0 = f"gl.full({shape}, -2147483648, gl.int32, {L}).to(gl.float32, bitcast=True)"  # -0.0 (a literal folds to +0)
