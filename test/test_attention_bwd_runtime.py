@@ -92,11 +92,16 @@ def test_dq_mode_choice_and_configs():
     assert attention_bwd.choose_dq_mode() == "separate" and attention_bwd.choose_dq_mode("atomic") == "atomic"
     assert attention_bwd.choose_dq_mode("reduce") == "reduce"
     assert attention_bwd.choose_dq_mode("separate", 64) == "separate"
-    # the measured default per head dim and keys: reduce ahead of separate at d=64 from 1024 keys (sweeps/...-attention-
-    # bwd-configs-7), at d=128 from 2048 (-configs-6); other head dims: separate
-    assert [attention_bwd.choose_dq_mode(None, d, 1024) for d in (64, 128)] == ["reduce", "separate"]
-    assert [attention_bwd.choose_dq_mode(None, d, 1023) for d in (64, 128)] == ["separate", "separate"]
-    assert [attention_bwd.choose_dq_mode(None, d, 2048) for d in (64, 128)] == ["reduce", "reduce"]
+    # the measured default per head dim, mask and keys: reduce ahead of separate at causal d=64 from 1024 keys
+    # (sweeps/...-attention-bwd-configs-7), without the mask from 2048 (-configs-9), at d=128 from 2048 (-configs-6);
+    # other head dims: separate
+    assert [attention_bwd.choose_dq_mode(None, d, 1024, True) for d in (64, 128)] == ["reduce", "separate"]
+    assert [attention_bwd.choose_dq_mode(None, d, 1024) for d in (64, 128)] == ["separate", "separate"]
+    assert [attention_bwd.choose_dq_mode(None, d, 1023, True) for d in (64, 128)] == ["separate", "separate"]
+    for causal in (False, True):
+        assert [attention_bwd.choose_dq_mode(None, d, 2048, causal) for d in (64, 128)] == ["reduce", "reduce"]
+        assert attention_bwd.choose_dq_mode(None, 64, None, causal) == "reduce"  # keys unknown: as for many
+    assert attention_bwd.choose_dq_mode(None, 64, 2047) == "separate"
     assert attention_bwd.choose_dq_mode(None, 128, 2047) == "separate" and attention_bwd.choose_dq_mode(None, 96) == (
         "separate")
     with pytest.raises(ValueError, match="dq_mode='fast'; use one of"):

@@ -228,7 +228,7 @@ def test_attention_bwd_draws_are_served_within_the_compile_budget(monkeypatch):
     for c in sc.attention_bwd_cases():
         do, dlse, q, k, v, out, lse, scale = sc.attention_bwd_inputs(c, fill=False)
         assert rt_bwd.support_reason(q, k, v, out, lse, do, c.causal, scale) is None, c.describe()
-        for form in {c.dq_mode, rt_bwd.choose_dq_mode(None, c.d, c.skv)}:
+        for form in {c.dq_mode, rt_bwd.choose_dq_mode(None, c.d, c.skv, c.causal)}:
             variants.add(("main", c.dtype, c.d, c.causal, form, rt_bwd.choose_config(c.d, c.causal, form)))
         if c.dq_mode == "separate":
             variants.add(("dq", c.dtype, c.d, c.causal, rt_bwd.choose_dq_config(c.d, c.causal)))

@@ -70,16 +70,21 @@ CONFIGS: dict[str, Options] = {
     "bwd_64x128_dp2_fold": Options(block_m=64, block_n=128, stages=2, data_partition=2, persistent=False, group_m=1,
                                    producer_regs=24, fold_rows=True),
     # The persistent walk with the fold at d=64 (reduce form, no mask): 1.3-1.5% ahead of bwd_64x128_dp2_p there (its
-    # two subtractions a column and step go into the mmas' initial accumulators; -configs-5).
+    # two subtractions a column and step go into the mmas' initial accumulators; -configs-5). The step's query block
+    # and the walk's tile indices carried as counters (carry_index, codegen/emit_control.py): +0.3-2.7% (s1024-s8192,
+    # causal or not; sweeps/2026-12-02-h200-attention-bwd-configs-9.json).
     "bwd_64x128_dp2_p_fold": Options(block_m=64, block_n=128, stages=2, data_partition=2, persistent=True, group_m=1,
-                                     producer_regs=24, fold_rows=True),
+                                     producer_regs=24, fold_rows=True, carry_index=True),
     # The 5-GEMM reduce form at d=128 with 64-query steps (FA3's plan): the split dQ (dq_split) and the folded row
     # vectors (fold_rows) together leave it 8 spill bytes offline (causal 40; 424/536 without the fold), SMEM 198176.
     # Picked for the reduce form at d=128: with its wgmmas pipelined (ptxas had serialized them, 0.88-0.95x the
     # separate form then: a wait on the chained dQ^T accumulator, passes/README.md) 1.13-1.19x the 32-query split and
     # 0.97x (1024 keys) to 1.13x (8192) the separate form on the H200 (sweeps/2026-12-01-h200-attention-bwd-configs-6).
+    # With carry_index (as above): +0.6-3.1% (-configs-9: s1024 407 -> 418 TFLOP/s, s4096 519 -> 535, s8192 549 -> 563;
+    # causal +0.7-2.8%).
     "bwd_64x128_dp2_dqsplit_fold": Options(block_m=64, block_n=128, stages=2, data_partition=2, persistent=False,
-                                           group_m=1, producer_regs=24, dq_split=True, fold_rows=True),
+                                           group_m=1, producer_regs=24, dq_split=True, fold_rows=True,
+                                           carry_index=True),
     # Separate form only (the atomic form's dQ mma would have 32 rows; wgmma takes multiples of 64): 32-query steps
     # keep S^T/dP^T at 16 registers each beside dK/dV (64 each at d=128), so d=128 compiles without spills.
     "bwd_32x128_dp2": Options(block_m=32, block_n=128, stages=2, data_partition=2, persistent=False, group_m=1,
@@ -169,13 +174,18 @@ def choose_dq_config(d: int, causal: bool) -> str:
 #: at 1024 and 1.02-1.09x from 2048 (the gain grows with the sequence: one main kernel, 5 GEMMs a step, against two
 #: kernels and 7). At d=128 its split-dQ fold (``bwd_64x128_dp2_dqsplit_fold``) ran 0.97x the separate form at 1024
 #: keys, 1.03-1.04x at 2048, 1.08x at 4096 and 1.11-1.13x at 8192 (sweeps/2026-12-01-h200-attention-bwd-configs-6).
-REDUCE_FROM_KEYS: dict[int, int] = {64: 1024, 128: 2048}
+#: Keyed by (head dim, causal): without the mask d=64's reduce pick ran 0.966x the separate form at 1024 keys again
+#: with carry_index (-configs-9: 1.066 vs 1.031 ms), so there it starts at 2048.
+REDUCE_FROM_KEYS: dict[tuple[int, bool], int] = {(64, False): 2048, (64, True): 1024, (128, False): 2048,
+                                                 (128, True): 2048}
 
 
-def choose_dq_mode(dq_mode: str | None = None, d: int | None = None, keys: int | None = None) -> str:
-    """The form for a call at head dim ``d`` with ``keys`` keys a head: ``dq_mode`` if given; else "reduce" where
-    ``REDUCE_FROM_KEYS`` says so (keys None: as for many keys) and "separate" elsewhere (ahead of "atomic"
-    everywhere), and "separate" always while deterministic algorithms are on (every gradient element written once).
+def choose_dq_mode(dq_mode: str | None = None, d: int | None = None, keys: int | None = None,
+                   causal: bool = False) -> str:
+    """The form for a call at head dim ``d`` with ``keys`` keys a head, with the causal mask or not: ``dq_mode`` if
+    given; else "reduce" where ``REDUCE_FROM_KEYS`` says so (keys None: as for many keys) and "separate" elsewhere
+    (ahead of "atomic" everywhere), and "separate" always while deterministic algorithms are on (every gradient
+    element written once).
     Raises ``Unsupported`` for "atomic" or "reduce" asked for while deterministic algorithms are on."""
     if dq_mode is not None and dq_mode not in DQ_MODES:
         raise ValueError(f"attention backward dq_mode={dq_mode!r}; use one of {DQ_MODES} or None (chosen per call)")
@@ -185,7 +195,8 @@ def choose_dq_mode(dq_mode: str | None = None, d: int | None = None, keys: int |
         raise Unsupported(f"{dq_mode} dQ is not deterministic (its {how} reorder; torch.use_deterministic_algorithms "
                           f"is on); dq_mode='separate' is")
     if dq_mode is None:
-        many = d in REDUCE_FROM_KEYS and (keys is None or keys >= REDUCE_FROM_KEYS[d])
+        start = REDUCE_FROM_KEYS.get((d, bool(causal)))
+        many = start is not None and (keys is None or keys >= start)
         return "reduce" if many and not deterministic else "separate"
     return dq_mode
 
@@ -307,8 +318,8 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: floa
     if why:
         raise Unsupported(why)
     D = q.shape[-1]
-    dq_mode = choose_dq_mode(dq_mode, D, k.shape[2])
     causal, scale = bool(is_causal), float(scale)
+    dq_mode = choose_dq_mode(dq_mode, D, k.shape[2], causal)
     config = _checked(config, D, causal, dq_mode)
     if dq_mode == "separate":
         dq_config = dq_config or choose_dq_config(D, causal)

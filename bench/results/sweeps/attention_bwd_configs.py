@@ -60,11 +60,13 @@ VARIANTS = {
     "bwd_128x128_dp2_p_fold": ("bwd_64x128_dp2", {"block_m": 128, "fold_rows": True, "persistent": True},
                                {"separate": (64,)}),
     # the picks with the step's q-head and Q block carried as counters instead of two integer divisions by
-    # cdiv(Sq, 64) a step (Options.carry_index; offline: 16 -> 9 division sequences in the kernel, no spill more)
-    "bwd_64x128_dp2_p_fold_cc": ("bwd_64x128_dp2_p_fold", {"carry_index": True}, {"reduce": (64,)}),
+    # cdiv(Sq, 64) a step (Options.carry_index; offline: 16 -> 9 division sequences in the kernel, no spill more).
+    # -configs-9 timed these; the two reduce picks have carried them since, so their _cc names are now the picks
+    # and the variants without it are the _nc ones.
+    "bwd_64x128_dp2_p_fold_nc": ("bwd_64x128_dp2_p_fold", {"carry_index": False}, {"reduce": (64,)}),
+    "bwd_64x128_dp2_dqsplit_fold_nc": ("bwd_64x128_dp2_dqsplit_fold", {"carry_index": False}, {"reduce": (128,)}),
     "bwd_64x128_dp2_cc": ("bwd_64x128_dp2", {"carry_index": True}, {"reduce": (64,), "separate": (64, 128)}),
     "bwd_64x128_dp2_p_cc": ("bwd_64x128_dp2_p", {"carry_index": True}, {"separate": (64,)}),
-    "bwd_64x128_dp2_dqsplit_fold_cc": ("bwd_64x128_dp2_dqsplit_fold", {"carry_index": True}, {"reduce": (128,)}),
 }
 #: dQ-kernel variants: name -> (base, overrides[, head dims]).
 DQ_VARIANTS = {"dq_128x128_dp2_p": ("dq_128x128_dp2", {"persistent": True}),
@@ -149,7 +151,7 @@ def case(s: int, d: int, causal: bool) -> dict:
                                                dq_config=dc))
     err, ms = checked_times(fns)
     flops = 2.5 * 4 * B * H * s * s * d / (2 if causal else 1)
-    default = rt.choose_dq_mode(None, d, s)
+    default = rt.choose_dq_mode(None, d, s, causal)
     prof = kernel_times(lambda: rt.backward(go, None, q, k, v, out, lse, causal, scale))
     return {"case": f"s{s}-d{d}{'-causal' * causal}", "ms": ms, "tflops": {n: flops / t / 1e9 for n, t in ms.items()},
             "err_vs_cudnn": err, "default": [default, rt.choose_config(d, causal, default)],
