@@ -67,8 +67,13 @@ CONFIGS: dict[str, Options] = {
     "ws_p3_192x64_q2": replace(_P3, block_n=64, defer_mma=True),
     # Head dims 192 and 256 (tiles of 256 columns, templates.attention.tile_d), FA3's d=256 shape: each consumer's
     # accumulator is 64x256 f32 (128 registers a thread), so 64 keys per step and nothing deferred (P V deferred
-    # spills at d=192); Q 64 KB + 2 K/V stages of 32 KB each (192 KB). Picked for d=256.
+    # spills at d=192); Q 64 KB + 2 K/V stages of 32 KB each (192 KB). Picked for d=256 until the deferred form below.
     "ws_p_128x64_rm_g16": _WIDE,
+    # ... with P V deferred (a step late, under the next step's softmax) and a third V slot (K 2 + V 3: 229472 bytes of
+    # SMEM; consumers at 240 registers, 0 spills offline). Deferred on two slots it ran 19-21% behind the above: V is
+    # read a step late, so its ring had one load ahead (sweeps/2026-12-02-h200-attention-d256-2.json); with the third
+    # slot +1.7-6.1% ahead of it at s1024-s16384, causal or not, 0.94-1.01x cuDNN (-d256-3). Picked for d=256.
+    "ws_p_128x64_rm_g16_dm_s3": replace(_WIDE, defer_mma=True, producer_regs=24, stages=3),
     "ws_p_128x64_rm_g16_pp": replace(_WIDE, pingpong=True),
     # Head dims 96 and 192 in equal power-of-two column pieces (split_d: 192 = 3 x 64, 96 = 3 x 32) instead of tiles
     # padded to 128 / 256 columns, so no wgmma works on padding (a quarter of the padded tile at 192 and 96): at d=192
@@ -107,7 +112,7 @@ HEAD_DIMS: dict[str, tuple[int, ...]] = {
     "ws_p_128x128_q2_rm_g16": (64, 96, 128), "ws_p_128x128_q2_pp": (64, 96, 128), "ws_p_128x128_q2_rm_g16_pp": (128,),
     "ws_p_128x128_q2_rm_g16_xt": (64, 128),
     "ws_p3_192x128_q2": (64,), "ws_p3_192x128_q2_rm_g8": (64,), "ws_p3_192x64_q2": (64,),
-    "ws_p_128x64_rm_g16": (192, 256), "ws_p_128x64_rm_g16_pp": (192, 256),
+    "ws_p_128x64_rm_g16": (192, 256), "ws_p_128x64_rm_g16_pp": (192, 256), "ws_p_128x64_rm_g16_dm_s3": (256,),
     "ws_p_128x64_rm_g16_sd": (96, 192), "ws_p_128x64_rm_g16_sd_dm_s3": (192,), "ws_p_128x128_q2_rm_g16_sd": (96,),
     "ws_p_128x64_rm_g16_sdb_dm_s3": (192,), "ws_p_128x128_q2_rm_g16_sdb": (96,),
     "ws_p_128x64_rm_g16_sdb_dm_s3_lc": (192,),
@@ -131,8 +136,9 @@ def choose_config(d: int, causal: bool, seqlen_kv: int) -> str:
       over the padded kernel at d=96, +18-33% at d=192 with P V deferred; the widest pieces first (split_d_binary:
       64 + 32, 128 + 64) 4-7% ahead of the equal ones at d=96 (1.05-1.18x cuDNN) and -0.5..+7% at d=192 (0.93-0.97x
       cuDNN: the prior leaves d=192 with SDPA), at d=192 with both Q K^T pieces issued before the deferred P V
-      (lead_chains) +1.2-2.4% more; d=256 in 128x64 tiles (sweeps/2026-12-01-h200-attention-split-d*.json,
-      -lead-chains.json);
+      (lead_chains) +1.2-2.4% more (sweeps/2026-12-01-h200-attention-split-d*.json, -lead-chains.json);
+    * d=256 in 128x64 tiles with P V deferred and a third V slot: +1.7-6.1% over the same tiles undeferred
+      (sweeps/2026-12-02-h200-attention-d256-3.json);
     * causal d=128 up to 4096 keys: the two consumers ping-pong their mmas, +1.5-4% (-pp-2.json; longer causal
       sequences not measured with it yet).
     """
@@ -145,7 +151,7 @@ def choose_config(d: int, causal: bool, seqlen_kv: int) -> str:
     if d == 192:
         return "ws_p_128x64_rm_g16_sdb_dm_s3_lc"
     if tile_d(d) > 128:
-        return "ws_p_128x64_rm_g16"
+        return "ws_p_128x64_rm_g16_dm_s3"
     return "ws_p_128x128_q2_rm_g16"
 
 

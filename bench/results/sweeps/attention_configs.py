@@ -46,6 +46,14 @@ VARIANTS = {"q2_forward": ("ws_p_128x128_q2", {"serpentine": False}),
             "w256_dm_bn32_s4": ("ws_p_128x64_rm_g16", {"defer_mma": True, "producer_regs": 24, "block_n": 32,
                                                        "stages": 4}),
             "w256_bn32_s4": ("ws_p_128x64_rm_g16", {"block_n": 32, "stages": 4}),
+            # -d256-2: the deferred d=256 kernel re-measured since ptxas stopped serializing (0 spills, 0 waits
+            # injected offline), and with both Q K^T chains issued before the deferred P V (lead_chains)
+            "w256_dm_lc": ("ws_p_128x64_rm_g16", {"defer_mma": True, "producer_regs": 24, "lead_chains": True}),
+            # -d256-3: ... with a third V slot (K 2 + V 3, 229472 bytes of SMEM): V is read a step late, so with two
+            # slots its ring had one load ahead of the mma
+            "w256_dm_s3": ("ws_p_128x64_rm_g16", {"defer_mma": True, "producer_regs": 24, "stages": 3}),
+            "w256_dm_lc_s3": ("ws_p_128x64_rm_g16", {"defer_mma": True, "producer_regs": 24, "lead_chains": True,
+                                                     "stages": 3}),
             # -pp-2: the d=128 pick with ping-pong again (raw_max, o_tma since -pingpong), or consumers at 240 registers
             "q2_rm_g16_pp": ("ws_p_128x128_q2_rm_g16", {"pingpong": True}),
             "q2_rm_g16_r24": ("ws_p_128x128_q2_rm_g16", {"producer_regs": 24}),
