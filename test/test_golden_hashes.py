@@ -1,8 +1,9 @@
 """Behaviour pin for refactors: the IR after every pipeline step and the generated Gluon of every runtime config.
 
 For each config in ``runtime.gemm.CONFIGS`` and ``runtime.attention.CONFIGS`` this builds the Programs the runtimes
-build (GEMM: both dtypes, out dtype = operand or f32, transposed operands, bias, batched; attention: each head dim
-the config serves, both dtypes, causal or not, positive and non-positive scales), and the attention backward's main
+build (GEMM: both dtypes, out dtype = operand or f32, transposed operands, bias, batched, the RoPE epilogue at head dims
+64/128 in nn.Linear's layout where the config serves it; attention: each head dim the config serves, both dtypes,
+causal or not, positive and non-positive scales), and the attention backward's main
 kernel in its "reduce" dQ form for each ``runtime.attention_bwd`` config and head dim serving it (both dtypes, causal
 or not; the other backward forms are not pinned here), runs the pipeline, and hashes (sha256) ``format_program``
 after every step and ``gluon.generate`` of the result. The hashes must equal ``test/golden_hashes.json``.
@@ -49,6 +50,10 @@ def cases():
             # as runtime.gemm.bmm: the batch is compiled into the grid
             req = GemmRequest(1, 1, 1, dt, "f32" if f32 else dt, False, False, False, batch)
             out.append((f"gemm/{config}/{req}", build_gemm, req, opts))
+        for d, bias in itertools.product((64, 128), (False, True)):  # the RoPE epilogue, nn.Linear's layout
+            if rt_gemm.serves_rope(config, d):
+                req = GemmRequest(1, 1, 1, "bf16", None, False, True, bias, rope=d)
+                out.append((f"gemm/{config}/{req}", build_gemm, req, opts))
     for config in rt_attention.CONFIGS:
         for d, dt, causal, scale in itertools.product(HEAD_DIMS, ("bf16", "fp16"), (False, True), (0.125, -0.125)):
             if not rt_attention.serves(config, d):

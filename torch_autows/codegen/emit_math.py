@@ -101,6 +101,23 @@ def _gelu(ctx, o, indent):
     raise ValueError(f"gelu: approximate {o.attr('approximate')!r} has no emitter; use 'tanh' or 'none'")
 
 
+@emitter("rotate_half")
+def _rotate_half(ctx, o, indent):
+    # register-only in wgmma's accumulator layout (passes/README.md, "RoPE in a projection's epilogue"): a thread
+    # holding column c of a head also holds c + width/2, so the halves pair up through reshape/permute/split/join and
+    # the final convert_layout back to the tile's layout moves nothing
+    x, r = v(o.operands[0]), v(o.results[0].name)
+    bm, bn = o.results[0].type.shape
+    w = int(o.attr("width"))
+    if bn % w or w % 2:
+        raise ValueError(f"codegen: rotate_half of {bn} columns in groups of {w}: the tile must hold whole even groups")
+    shape = [bm, 2, w // 2] if bn == w else [bm, bn // w, 2, w // 2]
+    perm = (0, 2, 1) if bn == w else (0, 1, 3, 2)
+    return [f"{r}_x1, {r}_x2 = gl.split(gl.permute(gl.reshape({x}, {shape}), {perm}))  # the halves of each head",
+            f"{r} = gl.convert_layout(gl.reshape(gl.permute(gl.join(-{r}_x2, {r}_x1), {perm}), [{bm}, {bn}]), "
+            f"{ctx.layouts[o.results[0].name]})  # cat(-x2, x1) per head, back in the tile's layout"]
+
+
 @emitter("neg")
 def _neg(ctx, o, indent):
     return [f"{v(o.results[0].name)} = -{v(o.operands[0])}"]

@@ -132,10 +132,14 @@ def _load_ptr(ctx, o, indent):
     L = ctx.layouts[r.name]
     bm, bn = r.type.shape
     n = v(r.name)
+    rows, cols = f"({expr(o.attr('row'))} + {n}_r)", f"({expr(o.attr('col'))} + {n}_c)"
+    if o.attr("row_mod") is not None:  # a table read periodically (load_ptr in ir/kinds.py)
+        rows = f"({rows} % ({expr(o.attr('row_mod'))}))"
+    if o.attr("col_mod") is not None:
+        cols = f"({cols} % ({expr(o.attr('col_mod'))}))"
     return [f"{n}_r = gl.arange(0, {bm}, layout={ctx._slice(1, L)})",
             f"{n}_c = gl.arange(0, {bn}, layout={ctx._slice(0, L)})",
-            f"{n}_p = {o.attr('arg')}_ptr + (({expr(o.attr('row'))} + {n}_r).to(gl.int64) * ({expr(o.attr('ld'))}))"
-            f"[:, None] + ({expr(o.attr('col'))} + {n}_c)[None, :]",
+            f"{n}_p = {o.attr('arg')}_ptr + ({rows}.to(gl.int64) * ({expr(o.attr('ld'))}))[:, None] + {cols}[None, :]",
             f"{n}_m = ({n}_r < {expr(o.attr('rows_valid'))})[:, None] & "
             f"({n}_c < {expr(o.attr('cols_valid'))})[None, :]",
             f"{n} = gl.load({n}_p, mask={n}_m, other=0.0).to({GL_DTYPE[r.type.dtype]})"]

@@ -8,7 +8,10 @@ multiples of 1/4 in [-1, 1], exact in bf16/fp16 with exact fp32 products and sum
 schedule is bit-identical to torch. A swiglu GEMM (arg ``bu``, the up weight laid out as ``b``) has the
 reference ``silu(A @ B) * (A @ Bu)`` in fp32 (the interpreter's silu is torch's, on the same exact sums). A residual
 GEMM (arg ``r``, [batch*M, N] like c) adds R in fp32 after the bias, before the one rounding to c's dtype. An
-activation GEMM (a ``gelu`` op) applies torch's F.gelu (same ``approximate``) to the fp32 biased sum.
+activation GEMM (a ``gelu`` op) applies torch's F.gelu (same ``approximate``) to the fp32 biased sum. A RoPE GEMM
+(args ``cos``, ``sin`` [P, D], a ``rotate_half`` op of width D) has N a multiple of D, a random period P and the
+reference ``x * cos[m % P, n % D] + rotate_half(x) * sin[m % P, n % D]`` on the fp32 biased sum (quarter-valued
+tables: still exact).
 Attention: random heads (GQA groups 1 or 2), ragged Sq and Skv, q and k/v each [B, H, S, D] or [B, S, H, D]
 in memory, causal or not, normal values, compared with an fp32 softmax reference within bf16/fp16 tolerances."""
 from __future__ import annotations
@@ -109,7 +112,8 @@ def _gemm(program: Program, seed: int, shape, trans_a: bool, trans_b: bool, bias
         ksteps = count + 1 + rng.randrange(2)
         mt = rng.choice((2, 3))
         nt = rng.choice((1, 2)) if mt == 3 else 2
-        N = nt * BN - tail(BN)
+        rope_w = next((int(x.attr("width")) for x in walk(program.body) if x.kind == "rotate_half"), 0)
+        N = nt * BN - (rope_w * rng.randrange(0, BN // rope_w) if rope_w else tail(BN))  # RoPE: whole heads
         if B > 1:  # batches are flattened into rows: M and K must be whole tiles (the runtime checks it)
             M, K = BM * rng.choice((1, 2)), ksteps * BK
         else:
@@ -129,6 +133,14 @@ def _gemm(program: Program, seed: int, shape, trans_a: bool, trans_b: bool, bias
     if residual:
         tensors["r"] = _values((B * M, N), TORCH_DTYPE[program.arg("r").dtype], gen)
     act = next((x.attr("approximate") for x in walk(program.body) if x.kind == "gelu"), None)
+    scalars = {"M": M, "N": N, "K": K}
+    rope = next((int(x.attr("width")) for x in walk(program.body) if x.kind == "rotate_half"), 0)
+    if rope:
+        if N % rope:
+            raise InterpError(f"interp: a RoPE GEMM needs N a multiple of its head dim {rope}, not N={N}")
+        scalars["P"] = P = rng.randrange(1, B * M + 1)
+        for t in ("cos", "sin"):
+            tensors[t] = _values((P, rope), TORCH_DTYPE[program.arg(t).dtype], gen)
     refs = []
     for i in range(B):
         A = a[i * K:(i + 1) * K].t() if trans_a else a[i * M:(i + 1) * M]
@@ -142,6 +154,11 @@ def _gemm(program: Program, seed: int, shape, trans_a: bool, trans_b: bool, bias
             r = r + tensors["bias"].float()
         if act is not None:
             r = torch.nn.functional.gelu(r, approximate=act)
+        if rope:
+            pos = torch.arange(i * M, (i + 1) * M) % scalars["P"]
+            cos, sin = (tensors[t].float()[pos].repeat(1, N // rope) for t in ("cos", "sin"))
+            h = r.reshape(M, N // rope, 2, rope // 2)
+            r = r * cos + torch.cat((-h[:, :, 1], h[:, :, 0]), dim=-1).reshape(M, N) * sin
         if residual:
             r = r + tensors["r"][i * M:(i + 1) * M].float()
         refs.append(r.to(TORCH_DTYPE[odt_name]))
@@ -159,7 +176,9 @@ def _gemm(program: Program, seed: int, shape, trans_a: bool, trans_b: bool, bias
         desc += " residual"
     if act is not None:
         desc += f" gelu({act})"
-    return Instance(desc, tensors, {"M": M, "N": N, "K": K}, {"c": torch.cat(refs)}, {"c": TOL[odt_name]})
+    if rope:
+        desc += f" rope({rope}, period {scalars['P']})"
+    return Instance(desc, tensors, scalars, {"c": torch.cat(refs)}, {"c": TOL[odt_name]})
 
 
 def _attention_shape(rng: random.Random, o) -> tuple[int, int, int, int, int]:

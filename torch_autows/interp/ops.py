@@ -263,8 +263,12 @@ def _load_ptr(ctx, o, args):
     t = ctx.tensor(o.attr("arg")).reshape(-1)
     r, c = torch.arange(bm), torch.arange(bn)
     keep = (r < int(ctx.eval(o.attr("rows_valid"))))[:, None] & (c < int(ctx.eval(o.attr("cols_valid"))))[None, :]
-    offs = (int(ctx.eval(o.attr("row"))) + r)[:, None] * int(ctx.eval(o.attr("ld"))) \
-        + (int(ctx.eval(o.attr("col"))) + c)[None, :]
+    rows, cols = int(ctx.eval(o.attr("row"))) + r, int(ctx.eval(o.attr("col"))) + c
+    if o.attr("row_mod") is not None:
+        rows = rows % int(ctx.eval(o.attr("row_mod")))
+    if o.attr("col_mod") is not None:
+        cols = cols % int(ctx.eval(o.attr("col_mod")))
+    offs = rows[:, None] * int(ctx.eval(o.attr("ld"))) + cols[None, :]
     if keep.any() and (offs[keep].min() < 0 or offs[keep].max() >= t.numel()):
         raise InterpError(f"interp: `{format_op(o)[0].strip()}` reads outside {o.attr('arg')} "
                           f"({t.numel()} elements): its mask lets offsets {offs[keep].min()}..{offs[keep].max()} in")
@@ -330,6 +334,13 @@ def _silu(ctx, o, args):
 @semantics("gelu")
 def _gelu(ctx, o, args):  # torch's, in fp32 (approximate "tanh" or "none")
     return torch.nn.functional.gelu(args[0].float(), approximate=o.attr("approximate"))
+
+
+@semantics("rotate_half")
+def _rotate_half(ctx, o, args):  # per group of ``width`` columns: cat(-x2, x1), as the models' rotate_half
+    x, w = args[0], int(o.attr("width"))
+    g = x.reshape(x.shape[0], -1, 2, w // 2)
+    return torch.cat((-g[:, :, 1], g[:, :, 0]), dim=-1).reshape(x.shape)
 
 
 @semantics("neg")

@@ -63,7 +63,10 @@ OPS: dict[str, OpKind] = _kinds(
     OpKind("load", _NONE, _ONE, axes="source", latency=1),
     OpKind("load_vec", _NONE, _ONE, axes="source"),
     # a masked pointer load of a 2-D tile straight into registers (the residual epilogue's R): rows row + r
-    # (r < rows_valid), columns col + c (c < cols_valid) of a row-major tensor with leading dim ``ld``, else 0
+    # (r < rows_valid), columns col + c (c < cols_valid) of a row-major tensor with leading dim ``ld``, else 0;
+    # ``row_mod`` / ``col_mod`` (optional): rows (row + r) % row_mod, columns (col + c) % col_mod, a table read
+    # periodically (the RoPE epilogue's cos/sin: a row's position is its index modulo the sequence length, a column's
+    # place in its head its index modulo the head dim)
     OpKind("load_ptr", _NONE, _ONE, axes="source", row_attrs=(("row", "offset"), ("rows_valid", "bound"))),
     # a TMA store of a register tile through an SMEM staging tile: its own ``<value>_stage`` buffer, or (``stage``, set
     # by passes/buffers) the slot of a per-tile SMEM value the partition has finished reading, its second operand; the
@@ -122,6 +125,9 @@ OPS: dict[str, OpKind] = _kinds(
     OpKind("silu", _UNARY, _ONE, axes="elementwise"),  # x * sigmoid(x), fp32 (the swiglu epilogue)
     # F.gelu in fp32, attr approximate "tanh" or "none" (erf) (the GEMM activation epilogue)
     OpKind("gelu", _UNARY, _ONE, axes="elementwise"),
+    # RoPE's rotate-half on each group of ``width`` columns (a head): column c of a group takes -x[c + width/2] for
+    # c < width/2, else x[c - width/2] (torch.cat((-x2, x1), -1)); rows independent (the RoPE epilogue)
+    OpKind("rotate_half", _UNARY, _ONE, axes="elementwise"),
     OpKind("mulc", _UNARY, _ONE, axes="elementwise"),
     OpKind("fin0", _UNARY, _ONE, axes="elementwise"),
     # scores past kv_len (and, with q_len, queries past q_len) to -inf, causal top-left; ``keys_on_rows``: the

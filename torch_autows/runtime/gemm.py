@@ -31,6 +31,7 @@ from .gemm_configs import (  # noqa: F401  (re-exported: runtime.gemm is where c
     decode_time,
     serves_activation,
     serves_residual,
+    serves_rope,
     serves_swap,
     swap_serves,
 )

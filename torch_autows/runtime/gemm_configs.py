@@ -162,6 +162,19 @@ def serves_residual(config: str) -> bool:
     return CONFIGS[config].block_n <= RESIDUAL_BLOCK_N and not CONFIGS[config].swap_ab
 
 
+def serves_rope(config: str, head_dim: int) -> bool:
+    """Whether ``config`` serves the RoPE epilogue at ``head_dim`` (templates.gemm ``GemmRequest.rope``): tiles of whole
+    heads, a consumer's accumulator at most 64 x ``RESIDUAL_BLOCK_N`` (offline sm_90a, nn.Linear's layout: 0 spills
+    there at D 64/128; 2.4-3.9 KB with 256-wide tiles and 5.6 KB with a consumer owning a whole 128x128 tile, the
+    ping-pong ``ws_pp2_128x128``, where the fp32 cos/sin tiles sit beside 128 accumulator registers), not swap-AB
+    (its tile is C^T: a head's columns are the accumulator's rows). Split-K serves it as the residual: the CTA that
+    stores rotates the reduced sum."""
+    o = CONFIGS[config]
+    rows = o.block_m // o.data_partition  # a consumer's accumulator rows
+    return (o.block_n <= RESIDUAL_BLOCK_N and rows <= 64 and o.block_n % head_dim == 0 and head_dim % 2 == 0
+            and not o.swap_ab)
+
+
 def serves_swap(config: str, *, trans_a: bool, trans_b: bool, batched: bool = False, epilogue: str = "none") -> bool:
     """Whether ``config`` serves a GEMM of that layout and kind: a swap-AB config only nn.Linear's (A row-major, B a
     transposed view), 2-D, no activation (``epilogue``: the GEMM's activation; templates.gemm.swap_reason); every

@@ -28,6 +28,16 @@ kernel, so activation + residual and activation + swiglu are refused. After spli
 reduced sum (a non-linear op applied once, by the CTA that stores; the other CTAs compute on zeros and store
 nothing).
 
+``GemmRequest.rope`` (a head dim D > 0, even) applies rotary position embedding to every head of D columns after the
+bias, in fp32 before the one rounding: ``C = rope(A @ B (+ bias))``, ``rope(x) = x * cos + rotate_half(x) * sin`` per
+head, ``rotate_half`` as the models write it (``cat(-x2, x1)`` of the head's halves), with cos/sin [P, D] tables of
+the operand dtype (args ``cos``, ``sin``; row-major) read at row ``m % P`` (P, a run-time scalar: the sequence length
+when rows are [batch, sequence] flattened and the positions repeat per sequence, or M for a table per row) and
+column ``n % D``. That is the Llama q/k projections' RoPE in their epilogue (issue 16): no write and read back of q/k
+between the GEMM and a pointwise kernel. The tables' tiles come in by ``load_ptr`` (``row_mod``/``col_mod``), the
+rotation is a ``rotate_half`` op, register-only in wgmma's accumulator layout (passes/README.md); a tile holds whole
+heads (BN a multiple of D). Refused with swiglu, a residual, an activation or a batch.
+
 Swap-AB (``Options.swap_ab``; decode: M of 1..64 rows against a large weight): wgmma's M slot is 64 rows per
 warpgroup, so a tile of a few activation rows there is mostly zero padding (75-98% of the A tile in SMEM and of
 each wgmma at M <= 16). Swapped, the Program computes the tile of C^T = B^T A^T: the weight's [BN, BK] tile (B^T,
@@ -70,8 +80,13 @@ class GemmRequest:
     epilogue: str = "none"  # one of EPILOGUES
     residual: bool = False  # C = ... + R, R [M, N] of the operand dtype (arg ``r``), added in fp32 before the cast
     activation: str = "none"  # one of ACTIVATIONS, applied in fp32 after the bias, before the cast
+    rope: int = 0  # head dim D of a RoPE epilogue (args cos, sin [P, D], scalar P), 0: none
 
     def __post_init__(self):
+        if self.rope and (self.rope < 0 or self.rope % 2 or self.epilogue != "none" or self.residual
+                          or self.activation != "none" or self.batch > 1):
+            raise ValueError(f"gemm template: rope={self.rope} takes an even head dim, and no swiglu, residual, "
+                             f"activation or batch; apply RoPE to the GEMM's output outside for those")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"gemm template: activation {self.activation!r} not served; use one of "
                              f"{', '.join(ACTIVATIONS)}")
@@ -94,7 +109,7 @@ class GemmRequest:
     def __repr__(self) -> str:
         # the dataclass form, with the epilogue, residual and activation only where set (names built from it stay
         # as they were)
-        unset = {"epilogue": "none", "residual": False, "activation": "none"}
+        unset = {"epilogue": "none", "residual": False, "activation": "none", "rope": 0}
         fields = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
                   if f.name not in unset or getattr(self, f.name) != unset[f.name]]
         return f"GemmRequest({', '.join(fields)})"
@@ -107,7 +122,7 @@ def swap_reason(req: GemmRequest) -> str | None:
         return (f"layout {'t' if req.trans_a else 'n'}{'t' if req.trans_b else 'n'}: a swap_ab tile reads A "
                 f"row-major and B as a transposed view (nn.Linear's x @ w.t(), layout nt); use a config without "
                 f"swap_ab or make the operands so")
-    for what, unserved in (("batch > 1", req.batch > 1), ("a residual", req.residual),
+    for what, unserved in (("batch > 1", req.batch > 1), ("a residual", req.residual), ("rope", req.rope > 0),
                            (f"activation {req.activation!r}", req.activation != "none")):
         if unserved:
             return (f"{what}: a swap_ab tile stores the (biased) product or swiglu's only; use a config without "
@@ -183,7 +198,14 @@ def build(req: GemmRequest, opts: Options) -> Program:
         args.append(Arg("bias", "ptr", dt, ("N",)))
     if req.residual:
         args.append(Arg("r", "ptr", dt, ("M", "N")))
+    if req.rope:
+        if BN % req.rope:
+            raise ValueError(f"gemm template: rope={req.rope} needs tiles of whole heads; block_n={BN} is not a "
+                             f"multiple of it")
+        args += [Arg("cos", "ptr", dt, ("P", str(req.rope))), Arg("sin", "ptr", dt, ("P", str(req.rope)))]
     args += [Arg("M", "scalar", "i32"), Arg("N", "scalar", "i32"), Arg("K", "scalar", "i32")]
+    if req.rope:
+        args.append(Arg("P", "scalar", "i32"))
 
     T = TileType
     body = []
@@ -221,6 +243,16 @@ def build(req: GemmRequest, opts: Options) -> Program:
     if req.activation != "none":  # after the bias, in fp32
         body.append(op("gelu", [Value("acc_act", acc_t)], [last], approximate=ACTIVATIONS[req.activation]))
         last = "acc_act"
+    if req.rope:  # x * cos + rotate_half(x) * sin per head, the tables' rows m % P and columns n % D, in fp32
+        D = req.rope
+        body += [op("load_ptr", [Value(f"{t}_tile", acc_t)], arg=t, row=row_a, col="0", ld=str(D),
+                    rows_valid="M-pid_m*%d" % BM, cols_valid="N-pid_n*%d" % BN, row_mod="P", col_mod=str(D))
+                 for t in ("cos", "sin")]
+        body += [op("rotate_half", [Value("acc_rot", acc_t)], [last], width=D),
+                 op("mul", [Value("acc_cos", acc_t)], [last, "cos_tile"]),
+                 op("mul", [Value("acc_sin", acc_t)], ["acc_rot", "sin_tile"]),
+                 op("add", [Value("acc_rope", acc_t)], ["acc_cos", "acc_sin"])]
+        last = "acc_rope"
     if req.residual:  # R's tile, masked at the ragged edges, in fp32 (the rows of c: a batch's rows follow its own)
         body += [op("load_ptr", [Value("res", acc_t)], arg="r", row=row_a, col="pid_n*%d" % BN, ld="N",
                     rows_valid="M-pid_m*%d" % BM, cols_valid="N-pid_n*%d" % BN),
@@ -239,6 +271,8 @@ def build(req: GemmRequest, opts: Options) -> Program:
         name += "_" + req.activation
     if req.residual:
         name += "_res"
+    if req.rope:
+        name += f"_rope{req.rope}"
     if batched:
         name += "_batched"
     if swiglu:

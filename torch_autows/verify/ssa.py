@@ -9,7 +9,7 @@ from .base import _fail
 
 #: Attributes that hold index expressions (load/store coordinates, pointer rows and bounds, loop bounds).
 _EXPR_ATTRS = ("coords", "offset", "size", "lb", "ub", "row", "col", "ld", "rows_valid", "cols_valid", "valid",
-               "per_tile")
+               "row_mod", "col_mod", "per_tile")
 
 
 def _check_ssa(p: Program, stage: str):

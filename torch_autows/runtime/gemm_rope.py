@@ -1,0 +1,80 @@
+"""A GEMM with rotary position embedding in its epilogue: ``rope(a @ b (+ bias))`` by the generated kernel.
+
+The Llama q/k projections followed by RoPE (``x * cos + rotate_half(x) * sin`` per head of D columns, cos/sin rows
+of the positions) as one kernel (templates.gemm ``GemmRequest.rope``; issue 16, item 3): the projection's output is
+rotated in fp32 in registers and rounded once, instead of written, read back and rewritten by a pointwise kernel.
+Row m of the output takes the tables' row ``m % P`` (P = ``cos.shape[0]``): with rows [batch, sequence] flattened
+and positions 0..S-1 in every sequence, tables of S rows; with a position per row, tables of M rows.
+
+Not wired into the backend yet: no graph rewrite sends sites here and no measured choice stands between it and
+cuBLAS plus Inductor's RoPE kernel (a caller names the kernel, as ``config=`` does for ``runtime.gemm.gemm``).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..templates.gemm import GemmRequest
+from .fallback import Unsupported
+from .gemm import CONFIGS, DTYPES, _tma_view, launch_template, serves_rope, support_reason
+from .launch import BoundCache
+
+_BOUND = BoundCache(64)
+
+
+def rope_reason(a, b, cos, sin, bias=None) -> str | None:
+    """Why ``gemm_rope`` cannot serve the call (None: it can). Works on fake tensors."""
+    if a.dim() != 2 or b.dim() != 2:
+        return "a and b must be 2-D (flatten the batch and sequence into rows)"
+    why = support_reason(a, b, bias)
+    if why:
+        return why
+    if cos.dim() != 2 or tuple(cos.shape) != tuple(sin.shape):
+        return f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must both be [P, D]"
+    P, D = cos.shape
+    if P < 1 or D < 2 or D % 2:
+        return f"tables [{P}, {D}]: RoPE needs an even head dim D and at least one row"
+    if cos.dtype != a.dtype or sin.dtype != a.dtype:
+        return f"cos/sin {cos.dtype}/{sin.dtype}: the epilogue reads tables of the operands' dtype {a.dtype} " \
+               f"(the models cast them so: cos.to(x.dtype))"
+    if not (cos.is_contiguous() and sin.is_contiguous()) or cos.device != a.device or sin.device != a.device:
+        return "cos and sin must be contiguous and on the operands' device"
+    if b.shape[1] % D:
+        return f"N={b.shape[1]} is not a multiple of the head dim {D}: RoPE rotates whole heads"
+    return None
+
+
+def choose_config(m: int, d: int) -> str:
+    """A config serving the RoPE epilogue at head dim ``d``: 128-row tiles, or 64 rows up to 128 rows (not measured
+    against each other yet)."""
+    names = ("dec_128x128_s1", "ws_p_128x128") if m <= 128 else ("ws_p_128x128",)
+    for name in names:
+        if serves_rope(name, d):
+            return name
+    raise Unsupported(f"no GEMM config serves the RoPE epilogue at head dim {d} (runtime.gemm.serves_rope)")
+
+
+def gemm_rope(a, b, cos, sin, bias=None, config: str = "auto", out: torch.Tensor | None = None) -> torch.Tensor:
+    """``rope(a @ b (+ bias))``: a [M, K], b [K, N] (nn.Linear's ``x @ w.t()`` included), cos/sin [P, D] of the
+    operands' dtype, N a multiple of D; row m rotates by the tables' row m % P. Output [M, N] of the operands' dtype
+    (into ``out`` if given, contiguous). ``config`` "auto" or a config name that ``serves_rope``. Raises
+    ``Unsupported`` with the reason where the kernel cannot serve the call."""
+    why = rope_reason(a, b, cos, sin, bias)
+    if why:
+        raise Unsupported(why)
+    M, K = a.shape
+    N = b.shape[1]
+    P, D = cos.shape
+    config = choose_config(M, D) if config == "auto" else config
+    if config not in CONFIGS or not serves_rope(config, D):
+        raise ValueError(f"config {config!r} does not serve the RoPE epilogue at head dim {D}; use 'auto' or one of "
+                         f"{[c for c in CONFIGS if serves_rope(c, D)]}")
+    if out is not None and (tuple(out.shape) != (M, N) or out.dtype != a.dtype or not out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous [{M}, {N}] {a.dtype} tensor, not {tuple(out.shape)} {out.dtype}")
+    ta, tb = _tma_view(a, M, K)[0], _tma_view(b, K, N)[0]
+    c = out if out is not None else torch.empty((M, N), device=a.device, dtype=a.dtype)
+    req = GemmRequest(1, 1, 1, DTYPES[a.dtype], None, ta, tb, bias is not None, rope=D)  # sizes at run time
+    key = ("rope", a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, P, D, config, bias is not None)
+    ptrs = {"cos": cos, "sin": sin, "P": P, **({"bias": bias} if bias is not None else {})}
+    launch_template(req, CONFIGS[config], {"a": a.t() if ta else a, "b": b.t() if tb else b, "c": c}, ptrs, M, N, K,
+                    a.device, _BOUND, key, (M, N))
+    return c
