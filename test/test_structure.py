@@ -30,8 +30,8 @@ LAYERS = [
 INDUCTOR_LAYERS = [
     ["masks", "support", "externs", "attention_nodes"],  # mask analysis; "can autows serve this?"; the extern
                                                 # kernels; the attention matcher's node predicates (and val)
-    ["lowering", "attention_sites", "rewrite_attention"],  # the ops' lowerings; the attention sites and their
-                                                # rewrite (Dynamo graph)
+    ["lowering", "attention_sites", "rewrite_attention", "rope_sites"],  # the ops' lowerings; the attention sites
+                                                # and their rewrite (Dynamo graph); RoPE sites (post-grad, matching)
     ["rewrite_gemm"],                           # the post-grad GEMM rewrite (uses the lowerings, val())
     ["rewrite_swiglu", "rewrite_residual", "rewrite_activation"],  # post-grad SwiGLU, residual, GELU fusions
     ["graph_passes"],                           # the CustomGraphPass objects and their cache key
