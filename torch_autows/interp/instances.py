@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ..ir import Program, walk
-from .ops import TORCH_DTYPE, InterpError
+from .ops import TORCH_DTYPE, InterpError, rotate_half
 
 TOL = {"bf16": 1e-2, "fp16": 1e-3, "f32": 1e-5, "fp32": 1e-5}
 
@@ -102,6 +102,7 @@ def _gemm(program: Program, seed: int, shape, trans_a: bool, trans_b: bool, bias
     BM, BN, BK = o.block_m, o.block_n, o.block_k
     rng = random.Random(seed)
     count = max([g.count for g in program.groups] or [o.stages])
+    rope = next((int(x.attr("width")) for x in walk(program.body) if x.kind == "rotate_half"), 0)  # RoPE's head dim
 
     def tail(b):
         return 8 * rng.randrange(0, max(b // 8, 1))
@@ -112,8 +113,7 @@ def _gemm(program: Program, seed: int, shape, trans_a: bool, trans_b: bool, bias
         ksteps = count + 1 + rng.randrange(2)
         mt = rng.choice((2, 3))
         nt = rng.choice((1, 2)) if mt == 3 else 2
-        rope_w = next((int(x.attr("width")) for x in walk(program.body) if x.kind == "rotate_half"), 0)
-        N = nt * BN - (rope_w * rng.randrange(0, BN // rope_w) if rope_w else tail(BN))  # RoPE: whole heads
+        N = nt * BN - (rope * rng.randrange(0, BN // rope) if rope else tail(BN))  # RoPE: whole heads
         if B > 1:  # batches are flattened into rows: M and K must be whole tiles (the runtime checks it)
             M, K = BM * rng.choice((1, 2)), ksteps * BK
         else:
@@ -134,7 +134,6 @@ def _gemm(program: Program, seed: int, shape, trans_a: bool, trans_b: bool, bias
         tensors["r"] = _values((B * M, N), TORCH_DTYPE[program.arg("r").dtype], gen)
     act = next((x.attr("approximate") for x in walk(program.body) if x.kind == "gelu"), None)
     scalars = {"M": M, "N": N, "K": K}
-    rope = next((int(x.attr("width")) for x in walk(program.body) if x.kind == "rotate_half"), 0)
     if rope:
         if N % rope:
             raise InterpError(f"interp: a RoPE GEMM needs N a multiple of its head dim {rope}, not N={N}")
@@ -157,8 +156,7 @@ def _gemm(program: Program, seed: int, shape, trans_a: bool, trans_b: bool, bias
         if rope:
             pos = torch.arange(i * M, (i + 1) * M) % scalars["P"]
             cos, sin = (tensors[t].float()[pos].repeat(1, N // rope) for t in ("cos", "sin"))
-            h = r.reshape(M, N // rope, 2, rope // 2)
-            r = r * cos + torch.cat((-h[:, :, 1], h[:, :, 0]), dim=-1).reshape(M, N) * sin
+            r = r * cos + rotate_half(r, rope) * sin
         if residual:
             r = r + tensors["r"][i * M:(i + 1) * M].float()
         refs.append(r.to(TORCH_DTYPE[odt_name]))

@@ -336,11 +336,16 @@ def _gelu(ctx, o, args):  # torch's, in fp32 (approximate "tanh" or "none")
     return torch.nn.functional.gelu(args[0].float(), approximate=o.attr("approximate"))
 
 
-@semantics("rotate_half")
-def _rotate_half(ctx, o, args):  # per group of ``width`` columns: cat(-x2, x1), as the models' rotate_half
-    x, w = args[0], int(o.attr("width"))
-    g = x.reshape(x.shape[0], -1, 2, w // 2)
+def rotate_half(x: torch.Tensor, width: int) -> torch.Tensor:
+    """RoPE's rotate-half of a [rows, cols] tile per group of ``width`` columns: cat(-x2, x1) of each group's halves,
+    as the models write it (the ``rotate_half`` op's meaning, and the RoPE GEMM instances' reference)."""
+    g = x.reshape(x.shape[0], -1, 2, width // 2)
     return torch.cat((-g[:, :, 1], g[:, :, 0]), dim=-1).reshape(x.shape)
+
+
+@semantics("rotate_half")
+def _rotate_half(ctx, o, args):
+    return rotate_half(args[0], int(o.attr("width")))
 
 
 @semantics("neg")
