@@ -2,11 +2,12 @@
 
 For each config in ``runtime.gemm.CONFIGS`` and ``runtime.attention.CONFIGS`` this builds the Programs the runtimes
 build (GEMM: both dtypes, out dtype = operand or f32, transposed operands, bias, batched, the RoPE epilogue at head dims
-64/128 in nn.Linear's layout where the config serves it; attention: each head dim the config serves, both dtypes,
-causal or not, positive and non-positive scales), and the attention backward's main
-kernel in its "reduce" dQ form for each ``runtime.attention_bwd`` config and head dim serving it (both dtypes, causal
-or not; the other backward forms are not pinned here), runs the pipeline, and hashes (sha256) ``format_program``
-after every step and ``gluon.generate`` of the result. The hashes must equal ``test/golden_hashes.json``.
+64/128 in nn.Linear's layout where the config serves it, its tables by pointers and, one head a tile, by TMA;
+attention: each head dim the config serves, both dtypes, causal or not, positive and non-positive scales), and the
+attention backward's main kernel in its "reduce" dQ form for each ``runtime.attention_bwd`` config and head dim serving
+it (both dtypes, causal or not; the other backward forms are not pinned here), runs the pipeline, and hashes (sha256)
+``format_program`` after every step and ``gluon.generate`` of the result.
+The hashes must equal ``test/golden_hashes.json``.
 
 A change that is meant to change the generated code regenerates the file (and says so in its commit):
 
@@ -17,6 +18,7 @@ a "gluon" hash: ``--check-gluon`` compares only those with the file (``test_gluo
 ``--update`` prints how many it changes before it writes."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import itertools
@@ -54,6 +56,10 @@ def cases():
             if rt_gemm.serves_rope(config, d):
                 req = GemmRequest(1, 1, 1, "bf16", None, False, True, bias, rope=d)
                 out.append((f"gemm/{config}/{req}", build_gemm, req, opts))
+                if opts.block_n == d and opts.split_k == 1 and opts.store_buffers == 1:  # tables by TMA
+                    # (runtime.gemm_rope.tables_options)
+                    out.append((f"gemm/{config}/{req}/epilogue_tma", build_gemm, req,
+                                dataclasses.replace(opts, epilogue_tma=True)))
     for config in rt_attention.CONFIGS:
         for d, dt, causal, scale in itertools.product(HEAD_DIMS, ("bf16", "fp16"), (False, True), (0.125, -0.125)):
             if not rt_attention.serves(config, d):

@@ -107,6 +107,7 @@ def test_swap_ab_config_where_the_measurement_kept_it_and_the_layout_allows(monk
     from torch_autows.runtime import swiglu as rs
     from torch_autows.runtime.fallback import Unsupported
     from torch_autows.runtime.launch import Tma
+    from torch_autows.templates.gemm import build
 
     seen = []
 
@@ -122,8 +123,8 @@ def test_swap_ab_config_where_the_measurement_kept_it_and_the_layout_allows(monk
             return None
 
     monkeypatch.setattr(rs, "support_reason", lambda *a, **k: None)
-    monkeypatch.setattr(rg, "compile_kernel", lambda *a: SimpleNamespace(
-        launcher=Launcher(), program=SimpleNamespace(grid=SimpleNamespace(persistent=True))))
+    monkeypatch.setattr(rg, "compile_kernel", lambda kind, req, options: SimpleNamespace(
+        launcher=Launcher(), program=build(req, options)))  # the Program's args say TMA or pointer
     monkeypatch.setattr(dev, "index", lambda d: 0)
     monkeypatch.setattr(dev, "num_sms", lambda i: 132)
     monkeypatch.setattr(rs, "_decide", lambda *a: choice.Decision(True, "measured", 1.0, 2.0, 0.0,

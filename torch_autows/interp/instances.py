@@ -11,7 +11,8 @@ GEMM (arg ``r``, [batch*M, N] like c) adds R in fp32 after the bias, before the 
 activation GEMM (a ``gelu`` op) applies torch's F.gelu (same ``approximate``) to the fp32 biased sum. A RoPE GEMM
 (args ``cos``, ``sin`` [P, D], a ``rotate_half`` op of width D) has N a multiple of D, a random period P and the
 reference ``x * cos[m % P, n % D] + rotate_half(x) * sin[m % P, n % D]`` on the fp32 biased sum (quarter-valued
-tables: still exact).
+tables: still exact); with the tables read by TMA (``Options.epilogue_tma``) P is a multiple of the tile's rows or
+at least M, as the runtime requires (runtime.gemm_rope.tables_options).
 Attention: random heads (GQA groups 1 or 2), ragged Sq and Skv, q and k/v each [B, H, S, D] or [B, S, H, D]
 in memory, causal or not, normal values, compared with an fp32 softmax reference within bf16/fp16 tolerances."""
 from __future__ import annotations
@@ -137,7 +138,11 @@ def _gemm(program: Program, seed: int, shape, trans_a: bool, trans_b: bool, bias
     if rope:
         if N % rope:
             raise InterpError(f"interp: a RoPE GEMM needs N a multiple of its head dim {rope}, not N={N}")
-        scalars["P"] = P = rng.randrange(1, B * M + 1)
+        if program.arg("cos").kind == "tensor":  # tiles by TMA (Options.epilogue_tma): no tile's rows wrap
+            P = rng.choice([*range(BM, M, BM)] * 2 + [M + rng.randrange(BM)])  # a multiple of BM, or P >= M
+        else:
+            P = rng.randrange(1, B * M + 1)
+        scalars["P"] = P
         for t in ("cos", "sin"):
             tensors[t] = _values((P, rope), TORCH_DTYPE[program.arg(t).dtype], gen)
     refs = []

@@ -245,6 +245,10 @@ class Options:
     # step j) as two counters carried from step to step instead of an integer division by a runtime value per step
     # and use (codegen/emit_control.carried_counters; the IR and the interpreter are unchanged). Not measured yet.
     carry_index: bool = False
+    # GEMM template: the epilogue's operand tiles (the residual, RoPE's cos/sin) come by TMA, loaded by the producer
+    # after the tile's K steps into SMEM and read by the consumer, instead of pointer loads in the consumer (a
+    # burst of loads by every CTA at once after its last mma, with the tensor cores idle)
+    epilogue_tma: bool = False
 
     def items(self) -> list[tuple[str, Any]]:
         return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]

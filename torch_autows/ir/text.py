@@ -52,7 +52,8 @@ def format_op(o: Op, indent: int = 0) -> list[str]:
 #: Program as it was (so the IR of existing kernels prints, and hashes, the same). Parsing fills the default.
 _UNSET = {("split_k", 1), ("cross_tile", False), ("tile_consumers", 1), ("swap_ab", False), ("dq_split", False),
           ("fold_rows", False), ("split_d", False), ("split_d_binary", False),
-          ("lead_chains", False), ("carry_index", False)}
+          ("lead_chains", False), ("carry_index", False),
+          ("epilogue_tma", False)}
 
 
 def format_program(p: Program) -> str:

@@ -5,7 +5,8 @@ Guarantees: each TMA ``load`` result has a Buffer (its landing tile); each ``sto
 has a staging Buffer ``<value>_stage`` (TMA stores and reduces read SMEM; a ``tma_reduce_add`` names it in its
 ``buffer`` attribute, as later passes rename the operand; a ``transposed`` one's is the transposed shape), but a
 top-level ``store`` that stages in a slot it may take (``stage_in_slots``: the tile type of a per-tile TMA load
-only its partition reads, all before the store; attention's O in its chain's Q slot); each
+only its partition reads, all before the store; attention's O in its chain's Q slot; not with ``store_buffers`` > 1,
+whose stores drain from their own copies under the next tile, the slot released once read); each
 ``smem_store`` result has a Buffer its partition alone writes (another chain may view it: data_partition's dq_split);
 every value used in a partition other than its producer's goes through a Channel (value, src, dsts, buffer), but
 the tile an ``smem_view`` reads (no ring: the chains' ``chain_sync`` orders the owner's store before the view).
@@ -123,7 +124,8 @@ def stage_in_slots(body: tuple[Op, ...]) -> tuple[Op, ...]:
 
 
 def run(program: Program, options=None) -> Program:
-    program = replace(program, body=stage_in_slots(program.body))
+    if program.options.store_buffers == 1:  # with more, a store drains under the next tile from its own copies
+        program = replace(program, body=stage_in_slots(program.body))
     dmap = defs(program.body)
     users: dict[str, set[str]] = {}
     for o in walk(program.body):

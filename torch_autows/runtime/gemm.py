@@ -129,28 +129,26 @@ def replay(hit, inputs: list, out, out_dtype, after: list = ()):
 
 
 def _launch(req: GemmRequest, config: str, a2, b2, c2, bias, M, N, K, device, key, shape, residual=None):
-    tensors = {"a": a2, "b": b2, "c": c2}
-    ptrs = {n: t for n, t in (("bias", bias), ("r", residual)) if t is not None}
-    launch_template(req, CONFIGS[config], tensors, ptrs, M, N, K, device, _BOUND, key, shape)
+    operands = {n: t for n, t in (("a", a2), ("b", b2), ("c", c2), ("bias", bias), ("r", residual)) if t is not None}
+    launch_template(req, CONFIGS[config], operands, M, N, K, device, _BOUND, key, shape)
 
 
-def launch_template(req: GemmRequest, options: Options, tensors: dict, ptrs: dict, M: int, N: int, K: int, device,
+def launch_template(req: GemmRequest, options: Options, operands: dict, M: int, N: int, K: int, device,
                     cache: BoundCache, key, shape, accumulators: int = 1) -> None:
-    """Launch the GEMM template's kernel for ``req`` and ``options`` (runtime.gemm and runtime.swiglu): ``tensors``
-    are read or written through TMA descriptors, ``ptrs`` are pointer args, both by the Program's argument names
-    (a swap-AB kernel's C, given among ``tensors``, goes as a pointer: its tile is C^T's, stored by pointers);
-    a split-K config gets this stream's workspace (``accumulators`` slots per part of every output tile) and
-    counters. The launch is remembered in ``cache`` under ``key`` (with ``shape``, the output's)."""
+    """Launch the GEMM template's kernel for ``req`` and ``options`` (runtime.gemm, runtime.swiglu and
+    runtime.gemm_rope): ``operands`` by the Program's argument names, each passed as its argument is declared (a
+    "tensor" through a TMA descriptor, a "ptr" as a pointer: a swap-AB kernel's C, an epilogue operand without
+    ``Options.epilogue_tma``); a split-K config gets this stream's workspace (``accumulators`` slots per part of
+    every output tile) and counters. The launch is remembered in ``cache`` under ``key`` (with ``shape``, the
+    output's)."""
     try:  # no directory to write the kernel source to (or another OSError): torch serves the call, with why
         kernel = compile_kernel("gemm", req, options)
         launcher, persistent = kernel.launcher, kernel.program.grid.persistent
     except OSError as e:
         raise Unsupported(f"could not build the kernel: {e}") from e
     o = options
-    if o.swap_ab:
-        tensors, ptrs = {n: t for n, t in tensors.items() if n != "c"}, {**ptrs, "c": tensors["c"]}
-    values = {name: Tma(t, t.shape, t.stride()) for name, t in tensors.items()}
-    values.update(ptrs)
+    kinds = {a.name: a.kind for a in kernel.program.args}
+    values = {name: Tma(t, t.shape, t.stride()) if kinds[name] == "tensor" else t for name, t in operands.items()}
     values.update(M=M, N=N, K=K)
     idx = dev.index(device)
     tiles = req.batch * -(-M // o.block_m) * -(-N // o.block_n)

@@ -204,5 +204,5 @@ def gemm_swiglu(a, bg, bu, out_dtype, config: str | None = None, out: torch.Tens
     # M, N, K are run-time scalars: the request that keys the compiled kernel leaves them at 1
     req = GemmRequest(1, 1, 1, DTYPES[a.dtype], DTYPES[out_dtype], ta, tb, epilogue="swiglu")
     tensors = {"a": a.t() if ta else a, "b": bg.t() if tb else bg, "bu": bu.t() if tb else bu, "c": c}
-    launch_template(req, CONFIGS[name], tensors, {}, M, N, K, a.device, _BOUND, key, (M, N), accumulators=2)
+    launch_template(req, CONFIGS[name], tensors, M, N, K, a.device, _BOUND, key, (M, N), accumulators=2)
     return c

@@ -38,6 +38,16 @@ between the GEMM and a pointwise kernel. The tables' tiles come in by ``load_ptr
 rotation is a ``rotate_half`` op, register-only in wgmma's accumulator layout (passes/README.md); a tile holds whole
 heads (BN a multiple of D). Refused with swiglu, a residual, an activation or a batch.
 
+``Options.epilogue_tma`` brings the epilogue's operand tiles (R; cos and sin) by TMA instead: args of kind "tensor",
+``load`` ops after the K loop, so the producer partition loads them into SMEM while the consumers run the tile's last
+K steps, an ``smem_read`` into the accumulator's layout and a ``cast`` to fp32 in the consumer (passes/buffers then
+reuses the tile's slot as the store's staging tile). Pointer loads in the consumer are issued by every CTA at once
+after its last mma, with the tensor cores idle: on the H200 the TMA form ran the RoPE q projection (16384x4096x4096,
+128x128 tiles) in 903 us against 984, the o_proj residual 874 against 907 (bench/results/sweeps, epilogue_tma).
+Out-of-range rows and columns read as zeros. The tables' rows are ``(m0 % P) + r``: the caller keeps a tile's rows
+inside the table (P a multiple of BM, or P >= M) and a tile one head wide (BN = D, refused otherwise). Refused with
+split_k > 1 (only the CTA that stores reads the operands; every part's producer would load them).
+
 Swap-AB (``Options.swap_ab``; decode: M of 1..64 rows against a large weight): wgmma's M slot is 64 rows per
 warpgroup, so a tile of a few activation rows there is mostly zero padding (75-98% of the A tile in SMEM and of
 each wgmma at M <= 16). Swapped, the Program computes the tile of C^T = B^T A^T: the weight's [BN, BK] tile (B^T,
@@ -177,6 +187,14 @@ def _build_swapped(req: GemmRequest, opts: Options) -> Program:
     return Program(name, tuple(args), grid, opts, tuple(body), template="gemm")
 
 
+def _tma_epilogue_tile(arg: str, name: str, coords: tuple[str, str], dt: str, shape: tuple[int, int]) -> list:
+    """An epilogue operand tile by TMA (``Options.epilogue_tma``): the producer loads it into SMEM (out-of-bounds
+    rows and columns read as zeros), the consumer reads it into registers and widens it to fp32 as ``name``."""
+    return [op("load", [Value(f"{name}_s", TileType(dt, shape, "smem"))], arg=arg, coords=coords),
+            op("smem_read", [Value(f"{name}_m", TileType(dt, shape))], [f"{name}_s"]),
+            op("cast", [Value(name, TileType("f32", shape))], [f"{name}_m"])]
+
+
 def build(req: GemmRequest, opts: Options) -> Program:
     """The Program of one output tile [BM, BN]; K loop of cdiv(K, BK) steps with a carried accumulator
     (``opts.swap_ab``: the tile of C^T, module docstring)."""
@@ -196,13 +214,18 @@ def build(req: GemmRequest, opts: Options) -> Program:
             Arg("c", "tensor", odt, ("M", "N"), out=True)]
     if req.bias:
         args.append(Arg("bias", "ptr", dt, ("N",)))
+    tma_epi = opts.epilogue_tma and (req.residual or req.rope > 0)
+    if tma_epi and opts.split_k > 1:
+        raise ValueError("gemm template: epilogue_tma with split_k > 1: only the CTA that stores reads the epilogue's "
+                         "operands, which the producers of every part would load; use pointer loads (epilogue_tma "
+                         "False)")
     if req.residual:
-        args.append(Arg("r", "ptr", dt, ("M", "N")))
+        args.append(Arg("r", "tensor" if tma_epi else "ptr", dt, ("M", "N")))
     if req.rope:
-        if BN % req.rope:
-            raise ValueError(f"gemm template: rope={req.rope} needs tiles of whole heads; block_n={BN} is not a "
-                             f"multiple of it")
-        args += [Arg("cos", "ptr", dt, ("P", str(req.rope))), Arg("sin", "ptr", dt, ("P", str(req.rope)))]
+        if BN % req.rope or (tma_epi and BN != req.rope):
+            raise ValueError(f"gemm template: rope={req.rope} needs tiles of whole heads (by TMA: of one head); "
+                             f"block_n={BN} is not {'equal to' if tma_epi else 'a multiple of'} it")
+        args += [Arg(t, "tensor" if tma_epi else "ptr", dt, ("P", str(req.rope))) for t in ("cos", "sin")]
     args += [Arg("M", "scalar", "i32"), Arg("N", "scalar", "i32"), Arg("K", "scalar", "i32")]
     if req.rope:
         args.append(Arg("P", "scalar", "i32"))
@@ -245,18 +268,25 @@ def build(req: GemmRequest, opts: Options) -> Program:
         last = "acc_act"
     if req.rope:  # x * cos + rotate_half(x) * sin per head, the tables' rows m % P and columns n % D, in fp32
         D = req.rope
-        body += [op("load_ptr", [Value(f"{t}_tile", acc_t)], arg=t, row=row_a, col="0", ld=str(D),
-                    rows_valid="M-pid_m*%d" % BM, cols_valid="N-pid_n*%d" % BN, row_mod="P", col_mod=str(D))
-                 for t in ("cos", "sin")]
+        if tma_epi:  # rows (m0 % P) + r: whole tiles of rows inside the table (the runtime's P % BM == 0, or P >= M)
+            for t in ("cos", "sin"):
+                body += _tma_epilogue_tile(t, f"{t}_tile", ("(pid_m*%d)%%P" % BM, "0"), dt, (BM, BN))
+        else:
+            body += [op("load_ptr", [Value(f"{t}_tile", acc_t)], arg=t, row=row_a, col="0", ld=str(D),
+                        rows_valid="M-pid_m*%d" % BM, cols_valid="N-pid_n*%d" % BN, row_mod="P", col_mod=str(D))
+                     for t in ("cos", "sin")]
         body += [op("rotate_half", [Value("acc_rot", acc_t)], [last], width=D),
                  op("mul", [Value("acc_cos", acc_t)], [last, "cos_tile"]),
                  op("mul", [Value("acc_sin", acc_t)], ["acc_rot", "sin_tile"]),
                  op("add", [Value("acc_rope", acc_t)], ["acc_cos", "acc_sin"])]
         last = "acc_rope"
     if req.residual:  # R's tile, masked at the ragged edges, in fp32 (the rows of c: a batch's rows follow its own)
-        body += [op("load_ptr", [Value("res", acc_t)], arg="r", row=row_a, col="pid_n*%d" % BN, ld="N",
-                    rows_valid="M-pid_m*%d" % BM, cols_valid="N-pid_n*%d" % BN),
-                 op("add", [Value("acc_res", acc_t)], [last, "res"])]
+        if tma_epi:
+            body += _tma_epilogue_tile("r", "res", (row_a, "pid_n*%d" % BN), dt, (BM, BN))
+        else:
+            body.append(op("load_ptr", [Value("res", acc_t)], arg="r", row=row_a, col="pid_n*%d" % BN, ld="N",
+                           rows_valid="M-pid_m*%d" % BM, cols_valid="N-pid_n*%d" % BN))
+        body.append(op("add", [Value("acc_res", acc_t)], [last, "res"]))
         last = "acc_res"
     body += [op("cast", [Value("out", T(odt, (BM, BN)))], [last]),
              op("store", [], ["out"], arg="c", coords=(row_a if batched else "pid_m*%d" % BM, "pid_n*%d" % BN))]
