@@ -1,6 +1,7 @@
 """ops.gemm(..., residual=): argument checks, the CPU fallback (torch.mm/addmm, then the residual added), the
 custom op ``autows::gemm_residual`` (fake impl, autograd: the residual's gradient is the output's), and the
-runtime's support checks and config choice for the residual epilogue (128-wide tiles only)."""
+runtime's support checks and config choice for the residual epilogue (R by TMA on unsplit tiles of any width, by
+pointers on 128-wide split-K ones)."""
 from __future__ import annotations
 
 import pytest
@@ -73,25 +74,36 @@ def _fake_cuda(*shape, dtype=torch.bfloat16, stride=None):
     return FakeTensor(FakeTensorMode(), meta, torch.device("cuda", 0))
 
 
-def test_support_reasons():
+def test_support_reasons(monkeypatch):
     a, w = _fake_cuda(8, 256), _fake_cuda(512, 256)  # nn.Linear weight [N, K]: b = w.t()
     assert rt.support_reason(a, w.t(), None, None, _fake_cuda(8, 512), check_device=False) is None
     assert rt.support_reason(a, w.t(), None, torch.float32, _fake_cuda(8, 512), check_device=False) is None
     for bad in (_fake_cuda(512, 8).t(), _fake_cuda(8, 512, stride=(1024, 1)), _fake_cuda(8, 512, dtype=torch.float16)):
         why = rt.support_reason(a, w.t(), None, None, bad, check_device=False)
         assert "contiguous [M, N] = [8, 512] tensor of the operands' dtype" in why, why
+    from torch_autows.runtime import device as dev
+
+    monkeypatch.setattr(dev, "sm90_reason", lambda device, check_device=True: None)  # CPU tensors: an address
+    a, w = torch.randn(8, 256).bfloat16(), torch.randn(512, 256).bfloat16()
+    odd = torch.randn(8 * 512 + 1).bfloat16()[1:].view(8, 512)  # R by TMA: 16-byte aligned
+    assert "residual is not 16-byte aligned" in rt.support_reason(a, w.t(), None, None, odd, check_device=False)
 
 
 def test_configs_that_serve_a_residual():
     assert rt.choose_config(8192, 4096, 4096) == "ws_p_128x256"
-    assert rt.choose_config(8192, 4096, 4096, residual=True) == "ws_p_128x128"
+    assert rt.choose_config(8192, 4096, 4096, residual=True) == "ws_p_128x256"  # R by TMA: any width
+    assert rt.choose_config(8192, 4096, 4096, residual=True, out32=True) == "ws_p_128x128"
     for m in (1, 16, 128):
         for n in (4096, 14336, 128256):
             assert rt.CONFIGS[rt.choose_config(m, n, 4096, residual=True)].block_n <= 128
     assert rt.CONFIGS[rt.choose_config(1, 1024, 4096, residual=True)].split_k > 1  # split-K serves it too
-    assert [c for c, o in rt.CONFIGS.items() if not rt.serves_residual(c) and not o.swap_ab] == [
+    # split-K loads R by pointers, which spill on wider tiles; a wider output has no SMEM to stage in on them
+    assert [c for c, o in rt.CONFIGS.items() if not rt.serves_residual(c) and not o.swap_ab] == ["dec_256x64_s2"]
+    assert [c for c, o in rt.CONFIGS.items() if not rt.serves_residual(c, out32=True) and not o.swap_ab] == [
         "ws_p_128x256", "ws_np_128x256", "ws_pp2_64x256", "dec_256x64_s1", "dec_256x64_s2"]
     assert not any(rt.serves_residual(c) for c, o in rt.CONFIGS.items() if o.swap_ab)  # swap-AB: the product only
-    a, b, r = torch.randn(4, 8), torch.randn(8, 16), torch.randn(4, 16)
-    with pytest.raises(Unsupported, match="ws_p_128x256 .256-wide tiles. does not serve a residual"):
+    assert rt.residual_options("ws_p_128x256").epilogue_tma and not rt.residual_options("dec_128x128_s2").epilogue_tma
+    a, b, r = torch.randn(4, 8).bfloat16(), torch.randn(8, 16).bfloat16(), torch.randn(4, 16).bfloat16()
+    with pytest.raises(Unsupported, match="ws_p_128x256 .256-wide tiles. does not serve a residual with a "
+                                          "torch.float32 output"):
         rt.gemm(a, b, None, torch.float32, config="ws_p_128x256", residual=r)

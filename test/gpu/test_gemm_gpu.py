@@ -93,21 +93,23 @@ def test_unsupported_falls_back_with_reason(caplog):
     torch.testing.assert_close(out, a @ b)
 
 
-# --- the residual epilogue: a @ b (+ bias) + r, r added in fp32 before the one rounding ---
+# --- the residual epilogue: a @ b (+ bias) + r, r added in fp32 before the one rounding; R's tile by TMA where K is
+# not split (runtime.gemm_configs.residual_options: any tile width), by pointers after split-K's reduction ---
 
 RESIDUAL_CONFIGS = [c for c in rt.CONFIGS if rt.serves_residual(c)]
 
 
-def _residual_cases(n=60, seed=1):
+def _residual_cases(n=72, seed=1):
     rng = random.Random(seed)
     ms = [1, 2, 7, 16, 64, 100, 128, 129, 255, 256, 500, 1024]  # decode rows (split-K configs) and large ones
     out = []
     for i in range(n):
+        config = RESIDUAL_CONFIGS[i % len(RESIDUAL_CONFIGS)]
         out.append(dict(m=rng.choice(ms), n=rng.choice([8, 64, 136, 256, 640, 1024, 2048]),
                         k=rng.choice([16, 100, 256, 1000, 2048, 4096]),
                         dtype=rng.choice([torch.bfloat16, torch.float16]),
                         ta=rng.random() < 0.2, tb=rng.random() < 0.5, bias=rng.random() < 0.4,
-                        out32=rng.random() < 0.15, config=RESIDUAL_CONFIGS[i % len(RESIDUAL_CONFIGS)]))
+                        out32=rng.random() < 0.15 and rt.serves_residual(config, out32=True), config=config))
     return out
 
 
@@ -160,8 +162,12 @@ def test_residual_fallbacks():
     out = torch_autows.ops.gemm(a, b, residual=r)
     assert fallback.counters["gemm.fallback"] == 1
     assert _rel(out, a.float() @ b.float() + r.float()) < 1e-2
+    odd = torch.randn(256 * 384 + 1, device="cuda", dtype=torch.bfloat16)[1:].view(256, 384)  # R by TMA: 16 B
+    out = torch_autows.ops.gemm(a, b, residual=odd)
+    assert fallback.counters["gemm.fallback"] == 2
+    assert _rel(out, a.float() @ b.float() + odd.float()) < 1e-2
     with pytest.raises(fallback.Unsupported, match="does not serve a residual"):
-        rt.gemm(a, b, None, torch.bfloat16, config="ws_p_128x256", residual=r.contiguous())
+        rt.gemm(a, b, None, torch.float32, config="ws_p_128x256", residual=r.contiguous())
 
 
 # --- the activation epilogue: gelu(a @ b (+ bias)) in fp32 before the one rounding ---

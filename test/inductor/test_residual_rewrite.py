@@ -74,7 +74,7 @@ def test_symbolic_rows_are_fused(pretend, monkeypatch):
 
 @pytest.mark.parametrize("mode", ["measure", "prior"])
 def test_symbolic_rows_stay_unfused_unless_forced(pretend, monkeypatch, log_warnings, mode):
-    """A residual fusion is kept only where measured faster than cuBLAS's GEMM alone: with symbolic sizes (no
+    """A residual fusion is kept only where measured faster than cuBLAS's GEMM plus a read of R: with symbolic sizes (no
     measurement at compile time) or in prior mode the default's graph stays, with the reason logged."""
     import torch_autows
 

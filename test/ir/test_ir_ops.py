@@ -44,13 +44,13 @@ def _swiglu_cases():
 
 
 def _residual_cases():
-    """The residual GEMMs runtime.gemm builds (128-wide configs; not in the golden hashes' cases)."""
-    from torch_autows.runtime.gemm import CONFIGS, serves_residual
+    """The residual GEMMs runtime.gemm builds (R by TMA where K is not split; not in the golden hashes' cases)."""
+    from torch_autows.runtime.gemm import CONFIGS, residual_options, serves_residual
     from torch_autows.templates.gemm import GemmRequest
     from torch_autows.templates.gemm import build as build_gemm
 
-    return [(f"residual/{c}", build_gemm, GemmRequest(1, 1, 1, bias=True, residual=True), o)
-            for c, o in CONFIGS.items() if serves_residual(c)]
+    return [(f"residual/{c}", build_gemm, GemmRequest(1, 1, 1, bias=True, residual=True), residual_options(c))
+            for c in CONFIGS if serves_residual(c)]
 
 
 def _activation_cases():

@@ -6,7 +6,7 @@ a RoPE tile wider than a head), what the passes make of it (the loads in the pro
 store staged in the tile's own slot, SMEM within the limit), the partitioned programs interpreted under every policy
 against torch (128x128, the 128x256 and ping-pong tiles for the residual, two tile copies), a table read without the
 period caught, offline sm_90a compiles without spills and without global loads, and the runtime's choice of the
-transport (``runtime.gemm_rope.tables_options``, ``runtime.gemm.launch_template``) and routing of the operands
+transport (``runtime.gemm_rope.tables_options``, ``runtime.gemm_configs.residual_options``) and routing of the operands
 (TMA descriptors or pointers as the Program declares them)."""
 from __future__ import annotations
 
@@ -116,6 +116,9 @@ def test_runtime_transport():
     assert not tables_options(rt.CONFIGS["ws_p_128x128_e2"], cos, cos, 64).epilogue_tma  # measured slower
     odd = torch.empty(2048 * 128 + 1, dtype=bf)[1:].view(2048, 128)  # 2-byte aligned
     assert not tables_options(opts, odd, cos, 64).epilogue_tma
+    assert rt.residual_options("ws_p_128x256").epilogue_tma  # R by TMA where K is not split
+    assert not rt.residual_options("dec_128x128_s2").epilogue_tma  # split-K: pointer loads after the reduction
+    assert rt.serves_residual("ws_p_128x256") and not rt.serves_residual("ws_p_128x256", out32=True)
 
 
 def test_launch_passes_each_operand_as_its_argument_is_declared(monkeypatch):

@@ -252,8 +252,9 @@ def _site_choice(decide: Callable, prior: Callable[[], bool], *ts) -> SiteChoice
 def gemm_choice(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
                 residual: torch.Tensor | None = None, activation: str = "none") -> SiteChoice:
     """The side of a servable GEMM site (2-D, or 3-D bmm); the vendor is cuBLAS through aten. A site with a
-    residual is fused only where measured faster than cuBLAS's GEMM alone (the default adds the residual in
-    its next pointwise kernel): with symbolic sizes, or in prior mode, it stays with Inductor. A site with an
+    residual is fused only where measured faster than cuBLAS's GEMM plus one read of R (the default adds the
+    residual in its next pointwise kernel, which then reads one more tensor than after the fusion;
+    runtime.gemm._decide): with symbolic sizes, or in prior mode, it stays with Inductor. A site with an
     activation likewise, measured against cuBLAS then torch's gelu (the default's GEMM and pointwise kernel)."""
     from ..runtime import choice
     from ..runtime import gemm as rt

@@ -29,6 +29,7 @@ from .gemm_configs import (  # noqa: F401  (re-exported: runtime.gemm is where c
     decode_name,
     decode_pick,
     decode_time,
+    residual_options,
     serves_activation,
     serves_residual,
     serves_rope,
@@ -86,6 +87,8 @@ def support_reason(a, b, bias=None, out_dtype=None, residual=None, *, check_devi
                                  or (M > 1 and residual.stride(0) != N) or (N > 1 and residual.stride(1) != 1)):
         return (f"residual {tuple(residual.shape)} {residual.dtype} with strides {tuple(residual.stride())}: the "
                 f"epilogue reads a contiguous [M, N] = [{M}, {N}] tensor of the operands' dtype; make it .contiguous()")
+    if residual is not None:
+        return dev.alignment_reason(residual=residual)
     return None
 
 
@@ -130,7 +133,8 @@ def replay(hit, inputs: list, out, out_dtype, after: list = ()):
 
 def _launch(req: GemmRequest, config: str, a2, b2, c2, bias, M, N, K, device, key, shape, residual=None):
     operands = {n: t for n, t in (("a", a2), ("b", b2), ("c", c2), ("bias", bias), ("r", residual)) if t is not None}
-    launch_template(req, CONFIGS[config], operands, M, N, K, device, _BOUND, key, shape)
+    options = residual_options(config) if residual is not None else CONFIGS[config]
+    launch_template(req, options, operands, M, N, K, device, _BOUND, key, shape)
 
 
 def launch_template(req: GemmRequest, options: Options, operands: dict, M: int, N: int, K: int, device,
@@ -223,12 +227,16 @@ def _decide(op, a, b, bias, out_dtype, m, n, k, layout, residual=None, activatio
     runs = {c: functools.partial(ours, c) for c in cands} if len(cands) > 1 else ours
 
     def vendor():
-        # A residual site is timed against the GEMM alone: torch.compile's default adds the residual inside
-        # the next pointwise kernel (the norm), at about the cost of one read. So ours must beat cuBLAS while
-        # also doing the add, and a site it does not serve faster keeps exactly the default's graph (H200,
-        # 8192x768x768: cuBLAS 21.8 us, ours with the add 29.9; cuBLAS adding C with beta=1 is 46.6 us,
-        # which made a losing fusion look like a win).
-        return vendor_gemm(a, b, bias, out("vendor"), activation)
+        # A residual site is timed against the GEMM plus one read of R: torch.compile's default adds the residual
+        # inside the next pointwise kernel (the norm reads x and o, writes h = x + o and its output), where the
+        # fused path's norm reads h alone (our epilogue read x and wrote h): the two paths differ by exactly one
+        # read of an [M, N] tensor, which the read of R here costs (a standalone add would cost the default two
+        # more). Not cuBLAS adding C with beta=1 (H200, 8192x768x768: 46.6 us against 21.8 for the GEMM alone,
+        # which made a losing fusion look like a win), and a site not measured faster keeps the default's graph.
+        c = vendor_gemm(a, b, bias, out("vendor"), activation)
+        if residual is not None:
+            residual.sum(dtype=torch.float32)
+        return c
 
     return choice.decide(key, runs, vendor if out_dtype == a.dtype else None, choice.gemm_prior(m, n, k), a.device)
 
@@ -271,11 +279,15 @@ def gemm(a, b, bias, out_dtype, config: str | None = None, out: torch.Tensor | N
         c = replay(hit, [a, b], out, out_dtype, [t for t in (bias, residual) if t is not None])
         if c is not None:
             return c
-    if residual is not None and config not in (None, "auto") and not serves_residual(config):
-        raise Unsupported(f"config {config} ({CONFIGS[config].block_n}-wide tiles"
-                          f"{', swap-AB' if CONFIGS[config].swap_ab else ''}) does not serve a residual: R's registers "
-                          f"would spill (a swap-AB tile stores the product only); name a config at most "
-                          f"{RESIDUAL_BLOCK_N} wide without swap_ab, or config='auto'")
+    out32 = out_dtype is not None and out_dtype.itemsize > a.dtype.itemsize
+    if residual is not None and config not in (None, "auto") and not serves_residual(config, out32):
+        o = CONFIGS[config]
+        raise Unsupported(f"config {config} ({o.block_n}-wide tiles{', swap-AB' if o.swap_ab else ''}"
+                          f"{', split-K' if o.split_k > 1 else ''}) does not serve a residual"
+                          f"{' with a ' + str(out_dtype) + ' output' if out32 else ''}: a swap-AB tile stores the "
+                          f"product only, split-K loads R by pointers, which spill on tiles wider than "
+                          f"{RESIDUAL_BLOCK_N}, and a wider output needs SMEM a 256-wide tile does not have "
+                          f"(runtime.gemm_configs.serves_residual); name another config, or config='auto'")
     if config not in (None, "auto") and not serves_activation(config, activation):
         why = "a swap-AB tile stores the (biased) product only" if CONFIGS[config].swap_ab else \
             "its registers would spill"
@@ -309,7 +321,8 @@ def gemm(a, b, bias, out_dtype, config: str | None = None, out: torch.Tensor | N
     b2 = b.t() if tb else b
     c = out if out is not None else torch.empty((M, N), device=a.device, dtype=out_dtype)
     swap = residual is None and swap_fits(ta, tb, out, activation)
-    config = config or choose_config(M, N, K, residual=residual is not None, activation=activation, swap=swap)
+    config = config or choose_config(M, N, K, residual=residual is not None, activation=activation, swap=swap,
+                                     out32=out32)
     # Kernels take M, N, K at run time: the request that keys the compiled kernel leaves them at 1.
     req = GemmRequest(1, 1, 1, DTYPES[a.dtype], DTYPES[out_dtype], ta, tb, bias is not None,
                       residual=residual is not None, activation=activation)

@@ -2,13 +2,12 @@
 split-K decode tile for a few rows (``decode_time`` / ``decode_pick``), the large-GEMM tile rule and which configs
 serve which epilogue. Pure arithmetic on shapes: no tensors, no GPU.
 
-A residual (``gemm(..., residual=r)``: ``a @ b (+ bias) + r`` in the epilogue, r [M, N] contiguous) runs on the
-128-wide tiles only (``serves_residual``): with a 256-wide tile R's registers beside the accumulator's spill
-(about 1 KB a thread offline for sm_90a), so those configs refuse it. Measured offline (ptxas, ws_p_128x256,
-nt + bias): the masked [64, 256] pointer load spills 970 bytes; the same load without a mask 0; a row mask with
-clamped columns 0 or 2182 depending only on the order of equivalent statements. So it is the per-element mask
-and addresses of one full-tile load, and rewriting that load is not a reliable fix: serving 256-wide tiles needs
-the epilogue applied in column slices of the accumulator (or R brought in by TMA), an IR change.
+A residual (``gemm(..., residual=r)``: ``a @ b (+ bias) + r`` in the epilogue, r [M, N] contiguous and 16-byte
+aligned) comes by TMA where K is not split (``residual_options``: the producer loads R's tile into SMEM, the consumer
+reads it after its last mma), so any tile width serves it; split-K tiles load it by pointers, which only the 128-wide
+tiles take without spilling (``serves_residual``). Measured offline (ptxas, ws_p_128x256, nt + bias): the masked
+[64, 256] pointer load spills 970 bytes; the same load without a mask 0; a row mask with clamped columns 0 or 2182
+depending only on the order of equivalent statements: R by TMA was the fix.
 
 An activation (``gemm(..., activation="gelu_tanh" | "gelu")``: ``gelu(a @ b (+ bias))`` in the epilogue) is
 served where it compiles without spills (``serves_activation``; offline sm_90a, nn/nt/tn/tt, with and without bias,
@@ -18,6 +17,8 @@ ws_np_128x256 360, dec_256x64_s1 32, nt + bias), so it takes the 128-wide ones. 
 against cuBLAS then torch's gelu.
 """
 from __future__ import annotations
+
+from dataclasses import replace
 
 from ..ir import Options
 
@@ -135,31 +136,50 @@ def decode_time(m: int, n: int, k: int, bn: int, bk: int, s: int, sms: int = 132
 
 
 def choose_config(m: int, n: int, k: int, sms: int = 132, split: bool = True, residual: bool = False,
-                  activation: str = "none", swap: bool = False) -> str:
+                  activation: str = "none", swap: bool = False, out32: bool = False) -> str:
     """The config for an M x N x K GEMM: decode tiles (``decode_time``'s least) up to 128 rows, else the
     large-GEMM choice below. ``split=False`` is for batched GEMMs: no split-K (split_k takes 2-D grids), and
     only tiles whose K step divides K (a batch's rows are flattened, so no tile may straddle two).
-    ``residual``, ``activation``: only the configs that serve that epilogue (``serves_residual``,
-    ``serves_activation``). ``swap``: the call is one the swap-AB configs serve (``swap_serves``, a contiguous
-    output); then up to 32 rows take ``SWAP_PICK`` (see there)."""
+    ``residual``, ``activation``: only the configs that serve that epilogue (``serves_residual``, ``out32``: an
+    output wider than the operands; ``serves_activation``); a residual takes the large-GEMM pick where it serves
+    one. ``swap``: the call is one the swap-AB configs serve (``swap_serves``, a contiguous output); then up to 32
+    rows take ``SWAP_PICK`` (see there)."""
     if swap and m <= 32 and not residual and activation == "none":
         return SWAP_PICK
-    residual = residual or activation == "gelu"  # both take the 128-wide tiles only (serves_activation)
+    narrow = residual or activation == "gelu"  # decode tiles: 128 wide (pointer loads of R; gelu spills wider)
     if m <= 128:
-        tiles = tuple(t for t in DECODE_TILES if t[0] <= RESIDUAL_BLOCK_N) if residual else DECODE_TILES
+        tiles = tuple(t for t in DECODE_TILES if t[0] <= RESIDUAL_BLOCK_N) if narrow else DECODE_TILES
         best = decode_pick(tiles, m, n, k, sms, split=split)
         if best:
             return decode_name("dec", best)
-    return "ws_p_128x128" if residual else _large_config(m, n, k, sms)
+    if activation == "gelu":
+        return "ws_p_128x128"
+    pick = _large_config(m, n, k, sms)
+    return pick if not residual or serves_residual(pick, out32) else "ws_p_128x128"
 
 
 #: The widest output tile that adds a residual in the epilogue without spilling registers.
 RESIDUAL_BLOCK_N = 128
 
 
-def serves_residual(config: str) -> bool:
-    """Whether ``config`` serves the residual epilogue (its tile is at most ``RESIDUAL_BLOCK_N`` wide; not swap-AB)."""
-    return CONFIGS[config].block_n <= RESIDUAL_BLOCK_N and not CONFIGS[config].swap_ab
+def serves_residual(config: str, out32: bool = False) -> bool:
+    """Whether ``config`` serves the residual epilogue, as runtime.gemm builds it (``residual_options``): not
+    swap-AB (its tile is C^T's), and R by TMA where K is not split, which any tile width takes (0 spills offline for
+    sm_90a on every unsplit config; ``out32``, an output wider than the operands, needs a staging tile of its own,
+    which a 256-wide tile's SMEM plan does not fit), or by pointer loads (split-K: the CTA that stores adds R) on
+    tiles at most ``RESIDUAL_BLOCK_N`` wide."""
+    o = CONFIGS[config]
+    return not o.swap_ab and (o.block_n <= RESIDUAL_BLOCK_N or (o.split_k == 1 and not out32))
+
+
+def residual_options(config: str) -> Options:
+    """The Options of ``config``'s residual GEMM: R's tile by TMA (``epilogue_tma``: the producer loads it into SMEM
+    during the tile's last K steps, the consumer reads it there) where K is not split; pointer loads in the consumer
+    after split-K's reduction. On the H200 (Llama-3-8B at 8x2048 rows, bench/results/sweeps epilogue_tma) the TMA
+    form lets the residual take the 128x256 tile: o_proj 821 us against 889 on 128x128 tiles with pointer loads (and
+    cuBLAS's GEMM alone 830), down_proj 2794 against 2961."""
+    o = CONFIGS[config]
+    return replace(o, epilogue_tma=o.split_k == 1)
 
 
 def serves_rope(config: str, head_dim: int) -> bool:
