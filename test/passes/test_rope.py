@@ -140,8 +140,11 @@ def test_runtime_checks_and_config(monkeypatch):
     assert "operands' dtype" in gemm_rope.rope_reason(a, w.t(), cos.float(), sin.float())
     assert "contiguous" in gemm_rope.rope_reason(a, w.t(), cos.t().contiguous().t(), sin)
     assert "2-D" in gemm_rope.rope_reason(a.view(2, 128, 512), w.t(), cos, sin)
-    for m in (1, 128, 129, 8192):
+    for m in (1, 8, 128, 129, 8192):
         for d in (64, 128):
-            assert rt.serves_rope(gemm_rope.choose_config(m, d), d)
+            for n, k in ((4096, 4096), (1024, 4096), (128, 14336)):
+                assert rt.serves_rope(gemm_rope.choose_config(m, n, k, d), d)
+    assert rt.CONFIGS[gemm_rope.choose_config(8, 1024, 4096, 128)].split_k > 1  # 8 tiles of N: split K to stream it
+    assert gemm_rope.choose_config(8192, 4096, 4096, 128) == "ws_p_128x128"
     with pytest.raises(ValueError, match="does not serve the RoPE epilogue at head dim 128"):
         gemm_rope.gemm_rope(a, w.t(), cos, sin, config="ws_p_128x256")

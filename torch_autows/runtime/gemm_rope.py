@@ -19,7 +19,17 @@ import torch
 from ..ir import Options
 from ..templates.gemm import GemmRequest
 from .fallback import Unsupported
-from .gemm import CONFIGS, DTYPES, _tma_view, launch_template, serves_rope, support_reason
+from .gemm import (
+    CONFIGS,
+    DECODE_TILES,
+    DTYPES,
+    _tma_view,
+    decode_name,
+    decode_pick,
+    launch_template,
+    serves_rope,
+    support_reason,
+)
 from .launch import BoundCache
 
 _BOUND = BoundCache(64)
@@ -47,13 +57,19 @@ def rope_reason(a, b, cos, sin, bias=None) -> str | None:
     return None
 
 
-def choose_config(m: int, d: int) -> str:
-    """A config serving the RoPE epilogue at head dim ``d``: 128-row tiles, or 64 rows up to 128 rows (not measured
-    against each other yet)."""
-    names = ("dec_128x128_s1", "ws_p_128x128") if m <= 128 else ("ws_p_128x128",)
-    for name in names:
-        if serves_rope(name, d):
-            return name
+def choose_config(m: int, n: int, k: int, d: int) -> str:
+    """A config serving the RoPE epilogue at head dim ``d`` for an M x N x K call: up to 128 rows the decode model's
+    pick (``decode_pick``, as plain GEMMs take theirs) among the decode tiles that hold whole heads and serve it,
+    split-K included (a few rows against a large weight: a single unsplit 128-wide tile streams it from N/128 SMs),
+    else the 128x128 tile (the widest that serves it; with the tables by TMA 877-903 us at the Llama-3-8B q projection
+    of 8x2048 rows on the H200, 940-984 by pointers)."""
+    if m <= 128:
+        tiles = tuple(t for t in DECODE_TILES if serves_rope(decode_name("dec", (t[0], t[1], 1)), d))
+        best = decode_pick(tiles, m, n, k)
+        if best and serves_rope(decode_name("dec", best), d):
+            return decode_name("dec", best)
+    if serves_rope("ws_p_128x128", d):
+        return "ws_p_128x128"
     raise Unsupported(f"no GEMM config serves the RoPE epilogue at head dim {d} (runtime.gemm.serves_rope)")
 
 
@@ -72,7 +88,7 @@ def gemm_rope(a, b, cos, sin, bias=None, config: str = "auto", out: torch.Tensor
     M, K = a.shape
     N = b.shape[1]
     P, D = cos.shape
-    config = choose_config(M, D) if config == "auto" else config
+    config = choose_config(M, N, K, D) if config == "auto" else config
     if config not in CONFIGS or not serves_rope(config, D):
         raise ValueError(f"config {config!r} does not serve the RoPE epilogue at head dim {D}; use 'auto' or one of "
                          f"{[c for c in CONFIGS if serves_rope(c, D)]}")
