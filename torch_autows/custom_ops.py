@@ -1,5 +1,5 @@
 """Custom ops that put the generated kernels into graphs: ``torch.ops.autows.{attention,attention_backward,gemm,
-gemm_residual,gemm_act,bmm,gemm_swiglu}``.
+gemm_residual,gemm_act,bmm,gemm_swiglu,gemm_rope}``.
 
 Registered by ``import torch_autows`` (so ``torch.export.load`` of a program using them works in a fresh
 process); only ``torch.library`` is used here, nothing of Inductor or Dynamo. The Inductor lowerings stay
@@ -18,7 +18,8 @@ an extern kernel and compiles everything around it. Each op
 * has a fake impl written with ``new_empty`` on the input sizes, so symbolic sizes flow through;
 * never syncs with the host, so it is safe inside CUDA graphs (``mode="reduce-overhead"``);
 * has a backward (``register_autograd``): the public ops route calls that need gradients through here;
-  except ``gemm_swiglu`` and ``gemm_act``, which their rewrites insert only into graphs that need none.
+  except ``gemm_swiglu``, ``gemm_act`` and ``gemm_rope``, which their post-grad rewrites insert where the graph
+  keeps none of the values they fuse (after AOTAutograd: no autograd left to record).
 """
 from __future__ import annotations
 
@@ -277,6 +278,45 @@ def gemm_swiglu_into(out: Tensor, a: Tensor, w_gate: Tensor, w_up: Tensor) -> No
 def _gemm_swiglu_fake(a, w_gate, w_up):
     _kernels.check_gemm_swiglu(a, w_gate, w_up, dtypes=_kernels.OP_DTYPES)
     return a.new_empty((a.shape[0], w_gate.shape[1]))
+
+
+@torch.library.custom_op("autows::gemm_rope", mutates_args=())
+def gemm_rope(a: Tensor, b: Tensor, cos: Tensor, sin: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``rope(a [M, K] @ b [K, N] (+ bias [N]))`` in one kernel: per head of D columns ``x * cos + rotate_half(x) *
+    sin`` with row m at the tables' row m % P (cos, sin [P, D] of a's dtype), fp32 accumulation and epilogue, one
+    rounding (runtime/gemm_rope.py). No backward: the post-grad rewrite (inductor/rewrite_rope.py) inserts it where
+    the graph keeps none of the values it fuses."""
+    _kernels.check_gemm_rope(a, b, cos, sin, bias, dtypes=(torch.float16, torch.bfloat16))
+    out = a.new_empty((a.shape[0], b.shape[1]))
+    gemm_rope_into(out, a, b, cos, sin, bias)
+    return out
+
+
+def gemm_rope_into(out: Tensor, a: Tensor, b: Tensor, cos: Tensor, sin: Tensor, bias: Tensor | None = None) -> None:
+    """``out[...] = rope(a @ b (+ bias))`` for checked 2-D arguments (the compiled graph's direct call,
+    ``extern_kernels.autows_mm_rope``): the generated kernel into a contiguous ``out``; torch with the reason logged
+    where it cannot serve the call. The site was measured faster than the default's path when it was rewritten."""
+    op = "gemm_rope"
+    rt = _kernels.runtime_module("gemm_rope")
+    if rt is None or not config.gemm or not out.is_contiguous():
+        why = "disabled by torch_autows.config.gemm = False" if not config.gemm else \
+            "no generated GEMM kernel in this build" if rt is None else "the output is not contiguous"
+        note_fallback(op, why)
+        out.copy_(_kernels.torch_gemm_rope(a, b, cos, sin, bias))
+        return
+    try:
+        rt.gemm_rope(a, b, cos.contiguous(), sin.contiguous(), bias, out=out)
+    except Unsupported as e:
+        note_fallback(op, str(e))
+        out.copy_(_kernels.torch_gemm_rope(a, b, cos, sin, bias))
+    else:
+        note_served(op)
+
+
+@gemm_rope.register_fake
+def _gemm_rope_fake(a, b, cos, sin, bias=None):
+    _kernels.check_gemm_rope(a, b, cos, sin, bias, dtypes=(torch.float16, torch.bfloat16))
+    return a.new_empty((a.shape[0], b.shape[1]))
 
 
 gemm.register_autograd(_gemm_backward, setup_context=_gemm_setup_context)

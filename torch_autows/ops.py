@@ -298,6 +298,38 @@ def torch_gemm_swiglu(a, w_gate, w_up, out_dtype):
     return (torch.nn.functional.silu(a32 @ w_gate.float()) * (a32 @ w_up.float())).to(out_dtype)
 
 
+def check_gemm_rope(a, b, cos, sin, bias=None, dtypes=_FLOAT_DTYPES) -> None:
+    """Raise TypeError/ValueError unless ``rope(a [M, K] @ b [K, N] (+ bias [N]))`` with tables cos, sin [P, D] is a
+    valid call: N a multiple of an even D, tables of a's dtype (shapes, dtypes and devices only: works on fake
+    tensors). Shared by ``torch.ops.autows.gemm_rope`` and its fake."""
+    check_gemm(a, b, bias, None, dtypes)
+    _check_tensor("cos", cos, 2, dtypes)
+    _check_tensor("sin", sin, 2, dtypes)
+    if tuple(cos.shape) != tuple(sin.shape):
+        raise ValueError(f"gemm_rope: cos is {tuple(cos.shape)} and sin is {tuple(sin.shape)}; both must be [P, D]")
+    D = cos.shape[1]
+    if D % 2 or b.shape[1] % D or cos.shape[0] < 1:
+        raise ValueError(f"gemm_rope: tables [P, D] = {tuple(cos.shape)} need an even D dividing N = {b.shape[1]} "
+                         f"and P >= 1")
+    _check_same_device_dtype(("a", a), ("cos", cos), ("sin", sin))
+
+
+def torch_gemm_rope(a, b, cos, sin, bias=None):
+    """``rope(a @ b (+ bias))`` by torch, the fallback of ``autows::gemm_rope`` and its reference: product, bias and
+    rotation in fp32 (``x * cos + rotate_half(x) * sin`` per head of D columns, row m at the tables' row m % P),
+    rounded once to a's dtype, as the kernel does."""
+    y = a.float() @ b.float()
+    if bias is not None:
+        y = y + bias.float()
+    M, N = y.shape
+    P, D = cos.shape
+    rows = torch.arange(M, device=y.device) % P
+    c, s = (t.float()[rows].repeat(1, N // D) for t in (cos, sin))
+    x = y.view(M, N // D, 2, D // 2)
+    rotated = torch.cat((-x[:, :, 1], x[:, :, 0]), dim=-1).reshape(M, N)
+    return (y * c + rotated * s).to(a.dtype)
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
               scale: float | None = None, enable_gqa: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """SDPA forward, torch semantics: q [B, Hq, Sq, D], k/v [B, Hkv, Skv, D] -> (out, lse fp32 [B, Hq, Sq]).

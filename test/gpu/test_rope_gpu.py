@@ -53,3 +53,27 @@ def test_a_table_per_row():
     y = (x.float() @ w.float().t()).view(5, 1, 128)
     ref = apply_rope(y, c16.float().view(5, 1, 128), s16.float().view(5, 1, 128)).view(5, 128)
     assert _rel(out, ref) < 4e-3
+
+
+def test_vendor_path_and_op():
+    """What the measured choice times against the fused kernel (cuBLAS, then one pointwise RoPE kernel) computes the
+    same RoPE; ``autows::gemm_rope`` (the compiled graph's op) serves the call."""
+    import torch_autows.custom_ops  # noqa: F401
+    from torch_autows.ops import torch_gemm_rope
+    from torch_autows.runtime.gemm_rope import site_decision, vendor_rope
+
+    B, S, H, D, K = 2, 300, 4, 128, 512
+    x = torch.randn(B * S, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(H * D, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5
+    bias = torch.randn(H * D, device="cuda", dtype=torch.bfloat16)
+    cos, sin = (t.to(torch.bfloat16) for t in rope_tables(LlamaConfig(), S, device="cuda"))
+    ref = torch_gemm_rope(x, w.t(), cos, sin, bias).float()
+    out = torch.full((B * S, H * D), float("nan"), device="cuda", dtype=torch.bfloat16)
+    vendor_rope(x, w.t(), cos, sin, bias, out)
+    assert _rel(out, ref) < 1e-2
+    got = torch.ops.autows.gemm_rope(x, w.t(), cos, sin, bias)
+    assert _rel(got, ref) < 4e-3
+    import torch_autows
+
+    with torch_autows.config.patch(choice="measure"):  # (tests force "autows": conftest.py) times both sides
+        assert site_decision(x, w.t(), cos, sin, bias).source in ("measured", "cache")

@@ -1,7 +1,7 @@
 """The extern kernels: the Python functions Inductor's output code calls as ``extern_kernels.autows_*``.
 
 ``autows_mm`` / ``autows_addmm`` / ``autows_bmm`` / ``autows_mm_residual`` / ``autows_mm_gelu_tanh`` /
-``autows_mm_gelu`` / ``autows_mm_swiglu`` write our GEMM into the buffer
+``autows_mm_gelu`` / ``autows_mm_swiglu`` / ``autows_mm_rope`` write our GEMM into the buffer
 Inductor planned (``out=``); ``autows_attention`` is the attention op's body (``custom_ops.attention_impl``).
 Both the GEMM choice under max-autotune (choices.py) and the ops' lowerings (lowering.py) bind them through
 ``extern_choice``. Their names are global in Inductor, so each ``ExternKernelChoice`` is created once per
@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch._inductor.select_algorithm import ExternKernelChoice, extern_kernels
 
-from ..custom_ops import attention_impl, gemm_into, gemm_swiglu_into
+from ..custom_ops import attention_impl, gemm_into, gemm_rope_into, gemm_swiglu_into
 
 
 def autows_mm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor) -> None:
@@ -54,6 +54,12 @@ def autows_mm_swiglu(a: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, 
     gemm_swiglu_into(out, a, w_gate, w_up)
 
 
+def autows_mm_rope(a: torch.Tensor, b: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   bias: torch.Tensor | None = None, *, out: torch.Tensor) -> None:
+    """``out = rope(a @ b (+ bias))`` (2-D; ``autows::gemm_rope``'s lowering)."""
+    gemm_rope_into(out, a, b, cos, sin, bias)
+
+
 def autows_bmm(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor) -> None:
     """``out = a @ b`` (3-D, batched)."""
     gemm_into(out, a, b)
@@ -64,6 +70,7 @@ KERNELS = {"mm": autows_mm, "addmm": autows_addmm, "bmm": autows_bmm,
            # nor these: gemm_act's lowering, one name per activation (no string argument in the output code)
            "mm_gelu_tanh": autows_mm_gelu_tanh, "mm_gelu": autows_mm_gelu,
            "mm_swiglu": autows_mm_swiglu,  # gemm_swiglu's lowering
+           "mm_rope": autows_mm_rope,  # gemm_rope's lowering
            "attention": attention_impl}  # not a GEMM choice: the attention lowering's kernel name (lowering.py)
 _CHOICES: dict[str, ExternKernelChoice] = {}
 

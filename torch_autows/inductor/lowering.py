@@ -1,5 +1,5 @@
 """Inductor lowerings of ``autows::gemm`` / ``autows::gemm_residual`` / ``autows::gemm_act`` /
-``autows::gemm_swiglu`` / ``autows::bmm`` / ``autows::attention``:
+``autows::gemm_swiglu`` / ``autows::gemm_rope`` / ``autows::bmm`` / ``autows::attention``:
 direct calls of our extern kernels.
 
 Without a lowering, Inductor runs a custom op as a ``FallbackKernel``: the compiled wrapper calls
@@ -8,7 +8,8 @@ Without a lowering, Inductor runs a custom op as a ``FallbackKernel``: the compi
 on a CPU where the launcher itself takes 20; small models, with many short GEMMs, wait on that. The
 lowering emits what max-autotune already emits when our choice wins: ``extern_kernels.autows_mm(a, b,
 out=buf)`` (externs.py; ``autows_mm_residual(a, b, residual[, bias], out=buf)`` for the residual op,
-``autows_mm_<activation>(a, b[, bias], out=buf)`` for the activation op, ``autows_mm_swiglu(a, w_gate, w_up,
+``autows_mm_<activation>(a, b[, bias], out=buf)`` for the activation op, ``autows_mm_rope(a, b, cos, sin[, bias],
+out=buf)`` for the RoPE op, ``autows_mm_swiglu(a, w_gate, w_up,
 out=buf)`` for SwiGLU: through the op, the decode MLP's fused site cost about 20 us more host time a call than
 Inductor's three launches on the H200) into a
 buffer Inductor plans like any other, so the wrapper calls our Python function directly and Inductor can
@@ -39,6 +40,7 @@ _GEMM, _BMM = torch.ops.autows.gemm.default, torch.ops.autows.bmm.default
 _GEMM_RESIDUAL = torch.ops.autows.gemm_residual.default
 _GEMM_ACT = torch.ops.autows.gemm_act.default
 _GEMM_SWIGLU = torch.ops.autows.gemm_swiglu.default
+_GEMM_ROPE = torch.ops.autows.gemm_rope.default
 _ATTENTION = torch.ops.autows.attention.default
 
 
@@ -92,6 +94,16 @@ def _lower_gemm_swiglu(a, w_gate, w_up):
     return extern_choice("mm_swiglu").bind((a, w_gate, w_up), layout).output_node()
 
 
+def _lower_gemm_rope(a, b, cos, sin, bias=None):
+    if not _direct(a, None):
+        return _as_op(_GEMM_ROPE, a, b, cos, sin, bias)
+    _, _, _, layout, a, b = mm_args(a, b)
+    inputs = (a, b, *(ir.ExternKernel.require_contiguous(ir.ExternKernel.realize_input(t)) for t in (cos, sin)))
+    if bias is not None:
+        inputs += (ir.ExternKernel.require_stride1(ir.ExternKernel.realize_input(bias)),)
+    return extern_choice("mm_rope").bind(inputs, layout).output_node()
+
+
 def _lower_bmm(a, b, out_dtype=None):
     if not _direct(a, out_dtype):
         return _as_op(_BMM, a, b, out_dtype)
@@ -121,11 +133,12 @@ _registered = False
 
 
 def register() -> None:
-    """Register the six lowerings in Inductor (once per process; before Inductor lowers a graph with our ops:
+    """Register the seven lowerings in Inductor (once per process; before Inductor lowers a graph with our ops:
     the post-grad pass and ``rewrite_gemms`` call it)."""
     global _registered
     if not _registered:
         for op, fn in ((_GEMM, _lower_gemm), (_GEMM_RESIDUAL, _lower_gemm_residual), (_GEMM_ACT, _lower_gemm_act),
-                       (_GEMM_SWIGLU, _lower_gemm_swiglu), (_BMM, _lower_bmm), (_ATTENTION, _lower_attention)):
+                       (_GEMM_SWIGLU, _lower_gemm_swiglu), (_GEMM_ROPE, _lower_gemm_rope), (_BMM, _lower_bmm),
+                       (_ATTENTION, _lower_attention)):
             register_lowering(op, type_promotion_kind=None)(fn)
         _registered = True

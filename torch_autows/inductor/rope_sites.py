@@ -1,6 +1,5 @@
 """Find RoPE on a projection's output in post-grad graphs: the sites a GEMM with the RoPE epilogue
-(templates.gemm ``GemmRequest.rope``, runtime/gemm_rope.py) would serve. Matching only: nothing is rewritten yet
-(issue 16 item 3; the rewrite, its measured choice and its backward come next).
+(templates.gemm ``GemmRequest.rope``, runtime/gemm_rope.py) serves. ``inductor/rewrite_rope.py`` rewrites them.
 
 The Llama q/k projections followed by rotary embedding, ``apply_rope(self.wq(x).view(B, S, H, D).transpose(1, 2),
 cos, sin)`` with ``rotate_half(x) = cat(-x2, x1)``, reach the post-grad graph as::
@@ -41,7 +40,9 @@ class RopeSite:
     cos: fx.Node                 # the tables as the graph has them (before a cast to the projection's dtype)
     sin: fx.Node
     head_dim: int
-    reason: str | None = None
+    reason: str | None = None    # why it cannot be served (None: it can)
+    vendor: str | None = None    # why the measured choice keeps the default's path (inductor/rewrite_rope.py)
+    nodes: tuple[fx.Node, ...] = ()  # every node of the pattern, the GEMM to the add (the tables' casts included)
 
 
 def _call(n, *targets) -> bool:
@@ -154,6 +155,7 @@ def find_rope_sites(graph: fx.Graph) -> list[RopeSite]:
         split = [x1.args[0]] if _call(x1, operator.getitem) else []
         nodes = [gemm, *views, permute, *split, x1, x2, r.args[0][0], r, mc, ms, n]  # r.args[0][0]: the neg
         nodes += [x for x in (c, s) if _call(x, prims.convert_element_type.default)]
-        site.reason = _why_not(site, [x for x in nodes if isinstance(x, fx.Node)])
+        site.nodes = tuple(dict.fromkeys(x for x in nodes if isinstance(x, fx.Node)))
+        site.reason = _why_not(site, list(site.nodes))
         sites.append(site)
     return sites

@@ -128,6 +128,7 @@ def concrete(t: torch.Tensor | None) -> torch.Tensor | None:
 
 _MISSING = {"gemm": "torch_autows.runtime.gemm is not available in this build",
             "swiglu": "torch_autows.runtime.swiglu is not available in this build",
+            "gemm_rope": "torch_autows.runtime.gemm_rope is not available in this build",
             "attention": "no generated attention kernel in this build (torch_autows.runtime.attention is missing)"}
 
 
@@ -141,7 +142,8 @@ def _runtime_reason(name: str, *args) -> str | None:
     if rt is None:
         return _MISSING[name]
     try:
-        r = rt.support_reason(*args, check_device=not _pretend_target)
+        check = rt.rope_reason if name == "gemm_rope" else rt.support_reason
+        r = check(*args, check_device=not _pretend_target)
     except Exception as e:  # a support check must never break compilation
         return f"runtime support check raised {type(e).__name__}: {e}"
     return None if r is None else str(r)
@@ -185,6 +187,18 @@ def swiglu_reason(a: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> 
     if a.dtype not in (torch.float16, torch.bfloat16):
         return f"dtype {a.dtype}; the fused SwiGLU GEMM takes float16 or bfloat16"
     return _runtime_reason("swiglu", concrete(a), concrete(w_gate), concrete(w_up))
+
+
+def rope_reason(a: torch.Tensor, b: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                bias: torch.Tensor | None = None) -> str | None:
+    """Why autows cannot serve ``rope(a @ b (+ bias))`` in one kernel (tables cos, sin [P, D] as the op takes them);
+    None when it can."""
+    r = _gemm_gate(a.device)
+    if r:
+        return r
+    if a.dtype not in (torch.float16, torch.bfloat16):
+        return f"dtype {a.dtype}; the RoPE GEMM takes float16 or bfloat16"
+    return _runtime_reason("gemm_rope", *(concrete(t) for t in (a, b, cos, sin, bias)))
 
 
 def attention_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
@@ -278,6 +292,31 @@ def swiglu_choice(a: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> 
 
     m, n, k = _hint(a.shape[0]), _hint(w_gate.shape[-1]), _hint(a.shape[-1])
     return _site_choice(lambda: rt.site_decision(a, w_gate, w_up), lambda: choice.gemm_prior(m, n, k), a, w_gate, w_up)
+
+
+def rope_choice(a: torch.Tensor, b: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                bias: torch.Tensor | None = None) -> SiteChoice:
+    """The side of a servable RoPE site: the fused kernel where measured faster than cuBLAS then one pointwise RoPE
+    kernel (runtime.gemm_rope.site_decision); with symbolic sizes, or in prior mode, Inductor's path (no runtime
+    choice stands behind the op: the site is decided here)."""
+    from ..runtime import choice
+    from ..runtime import gemm_rope as rt
+
+    if choice.mode() != "autows" and not _static(a, b, cos, sin, bias):
+        return SiteChoice(False, "a RoPE fusion is kept only where measured faster, which needs static sizes")
+    side = _site_choice(lambda: rt.site_decision(a, b, cos, sin, bias), lambda: False, a, b, cos, sin, bias)
+    if side.why is None:  # undecided here (the measurement failed): nothing decides later, so the default's path
+        return SiteChoice(False, "not measured at compile time; a RoPE fusion is kept only where measured faster")
+    return side
+
+
+def rope_verdict(a: torch.Tensor, b: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 bias: torch.Tensor | None = None) -> tuple[str | None, str | None]:
+    """``gemm_verdict`` for a RoPE site."""
+    reason = rope_reason(a, b, cos, sin, bias)
+    if reason is not None:
+        return reason, None
+    return None, rope_choice(a, b, cos, sin, bias).vendor_reason
 
 
 def gemm_verdict(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,

@@ -7,17 +7,19 @@ Row m of the output takes the tables' row ``m % P`` (P = ``cos.shape[0]``): with
 and positions 0..S-1 in every sequence, tables of S rows; with a position per row, tables of M rows. The tables
 come by TMA where the producer can load them (``tables_options``), else by pointer loads in the consumer.
 
-Not wired into the backend yet: no graph rewrite sends sites here and no measured choice stands between it and
-cuBLAS plus Inductor's RoPE kernel (a caller names the kernel, as ``config=`` does for ``runtime.gemm.gemm``).
+``inductor/rewrite_rope.py`` sends the sites it finds here where ``site_decision`` measures the fused kernel faster
+than what ``torch.compile``'s default runs (``vendor_rope``: cuBLAS, then one pointwise RoPE kernel).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 import torch
 
 from ..ir import Options
 from ..templates.gemm import GemmRequest
+from . import choice
 from .fallback import Unsupported
 from .gemm import (
     CONFIGS,
@@ -35,11 +37,11 @@ from .launch import BoundCache
 _BOUND = BoundCache(64)
 
 
-def rope_reason(a, b, cos, sin, bias=None) -> str | None:
+def rope_reason(a, b, cos, sin, bias=None, *, check_device: bool = True) -> str | None:
     """Why ``gemm_rope`` cannot serve the call (None: it can). Works on fake tensors."""
     if a.dim() != 2 or b.dim() != 2:
         return "a and b must be 2-D (flatten the batch and sequence into rows)"
-    why = support_reason(a, b, bias)
+    why = support_reason(a, b, bias, check_device=check_device)
     if why:
         return why
     if cos.dim() != 2 or tuple(cos.shape) != tuple(sin.shape):
@@ -119,3 +121,56 @@ def tables_options(options: Options, cos, sin, m: int) -> Options:
     fits = (options.block_n == D and (P % options.block_m == 0 or P >= m) and options.split_k == 1
             and options.store_buffers == 1 and not (cos.data_ptr() % 16 or sin.data_ptr() % 16))
     return replace(options, epilogue_tma=fits)
+
+
+def vendor_rope(a, b, cos, sin, bias, out):
+    """What ``torch.compile``'s default runs for a RoPE site, into ``out`` [M, N]: cuBLAS's GEMM, then one pointwise
+    kernel over its output (Inductor fuses the halves, the negation, the concatenation, the two products and the
+    sum into one; eager torch would run five kernels, which would flatter the fused kernel in the choice)."""
+    y = torch.addmm(bias, a, b) if bias is not None else torch.mm(a, b)
+    M, N = y.shape
+    P, D = cos.shape
+    _rope_kernel()[(M, -(-N // 1024))](y, cos, sin, out, N, P, D=D, BLOCK=1024)
+    return out
+
+
+@functools.cache
+def _rope_kernel():
+    """Row m of ``o = y * cos + rotate_half(y) * sin`` per head of D columns, tables' row m % P, in fp32 (one read of
+    y, one write of o; the tables stay in L2)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def rope_rows(y_ptr, c_ptr, s_ptr, o_ptr, N, P, D: tl.constexpr, BLOCK: tl.constexpr):
+        m = tl.program_id(0).to(tl.int64)
+        n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        keep = n < N
+        d = n % D
+        half = D // 2
+        partner = tl.where(d < half, n + half, n - half)
+        sign = tl.where(d < half, -1.0, 1.0)
+        y = tl.load(y_ptr + m * N + n, mask=keep, other=0.0).to(tl.float32)
+        r = tl.load(y_ptr + m * N + partner, mask=keep, other=0.0).to(tl.float32)
+        p = m % P
+        c = tl.load(c_ptr + p * D + d, mask=keep, other=0.0).to(tl.float32)
+        s = tl.load(s_ptr + p * D + d, mask=keep, other=0.0).to(tl.float32)
+        tl.store(o_ptr + m * N + n, (y * c + sign * r * s).to(o_ptr.dtype.element_ty), mask=keep)
+
+    return rope_rows
+
+
+def site_decision(a, b, cos, sin, bias=None) -> choice.Decision:
+    """The choice for a RoPE site seen at compile time with static sizes (tensors may be fake), made on real random
+    tensors of the same sizes, strides and dtypes (the support checks must have passed): the fused kernel against
+    ``vendor_rope``; without a measurement (prior mode, or no sm_90 GPU) the default's path."""
+    a, b, cos, sin = (choice.materialize(t) for t in (a, b, cos, sin))
+    bias = choice.materialize(bias) if bias is not None else None
+    M, K = a.shape
+    N = b.shape[1]
+    key = ("rope", str(a.dtype), (_tma_view(a, M, K)[0], _tma_view(b, K, N)[0]), bias is not None,
+           choice.bucket(M), N, K, tuple(cos.shape))
+    outs = [torch.empty((M, N), device=a.device, dtype=a.dtype) for _ in range(2)]
+    return choice.decide(key, lambda: gemm_rope(a, b, cos, sin, bias, out=outs[0]),
+                         lambda: vendor_rope(a, b, cos, sin, bias, outs[1]), False, a.device)
+
