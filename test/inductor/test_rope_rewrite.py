@@ -1,7 +1,8 @@
 """The post-grad RoPE rewrite (inductor/rewrite_rope.py): the q/k projections followed by rotary embedding become one
 ``autows::gemm_rope`` each (then the reshape and permute) in the Llama example and in Hugging Face's form, inference
 and training forward graphs alike, with the outputs and gradients of the unfused model; near misses and sites
-without static sizes stay with a logged reason; the op's checks, fake and torch fallback."""
+without static sizes stay with a logged reason; the op's checks, fake and torch fallback; explain() lists the
+fusion per site."""
 from __future__ import annotations
 
 import pytest
@@ -122,3 +123,19 @@ def test_no_site_no_rewrite(pretend, monkeypatch):
         _, graph = _run(_Plain().to(torch.bfloat16), torch.randn(2, 4, 64, dtype=torch.bfloat16),
                         monkeypatch=monkeypatch)
     assert "gemm_rope" not in graph and support.site_counters["gemm_rope.rewritten"] == 0
+
+
+def test_explain_lists_the_fusion(pretend):
+    import torch_autows
+
+    torch._dynamo.reset()
+    report = torch_autows.explain(build_model(SMALL, device="cpu"), torch.randn(2, 16, 256, dtype=torch.bfloat16),
+                                  print_report=False)
+    rope = [s for s in report.sites if "+rope(64)" in s.shape]
+    assert len(rope) == 2 and all(s.kernel == "autows" and "autows::gemm_rope" in s.why for s in rope), report
+    assert [s.shape for s in rope] == ["[32x256]@[256x256]+rope(64)", "[32x256]@[256x128]+rope(64)"]  # q, k
+    torch._dynamo.reset()
+    report = torch_autows.explain(HFAttention(per_head_tables=True).to(torch.bfloat16), *_hf_inputs(),
+                                  print_report=False)
+    assert not any("+rope" in s.shape for s in report.sites)
+    assert any("RoPE not fused: table" in s.why and "does not broadcast" in s.why for s in report.sites), report

@@ -7,8 +7,10 @@ in the report means the compile will rewrite that site. GEMM sites are the torch
 mm / bmm / addmm calls, described as the 2-D (or batched) GEMM they lower to; a GEMM whose only user adds a
 tensor of its shape and dtype (``x + self.wo(o)``) is listed with ``+residual`` where rewrite_residual.py fuses
 the add into its epilogue; one whose only user is a GELU (F.gelu / nn.GELU, tanh or exact) is listed with
-``+gelu_tanh`` / ``+gelu`` where rewrite_activation.py fuses it (inference graphs). With max-autotune a served
-GEMM is a candidate that must still win Inductor's benchmark.
+``+gelu_tanh`` / ``+gelu`` where rewrite_activation.py fuses it (inference graphs); one whose output, as [B, H, S, D]
+heads, is rotated as RoPE (``p * cos + cat(-x2, x1) * sin``) with ``+rope(D)`` where rewrite_rope.py fuses it (its
+measured choice kept the fused kernel), else with why not. With max-autotune a served GEMM is a candidate that must
+still win Inductor's benchmark.
 """
 from __future__ import annotations
 
@@ -59,6 +61,8 @@ class ExplainReport:
     def __str__(self) -> str:
         vendor = self.count("attention", "vendor") + self.count("gemm", "vendor") + self.count("swiglu", "vendor")
         fusions = f", {self.count('swiglu', 'autows')} SwiGLU fusion(s)" if self.count("swiglu") else ""
+        rope = sum(s.kernel == "autows" and "+rope(" in s.shape for s in self.sites)
+        fusions += f", {rope} RoPE fusion(s)" if rope else ""
         head = (f"autows explain: {self.graphs} graph(s); attention {self.count('attention', 'autows')}/"
                 f"{self.count('attention')} sites served, GEMM {self.count('gemm', 'autows')}/"
                 f"{self.count('gemm')} sites served{fusions} (mode={self.mode or 'default'})"
@@ -145,6 +149,54 @@ def _activation_of(n: fx.Node) -> str | None:
         return None
     approx = users[0].kwargs.get("approximate", users[0].args[1] if len(users[0].args) > 1 else "none")
     return {"tanh": "gelu_tanh", "none": "gelu"}.get(approx)
+
+
+_VIEWS = ("view", "reshape", "transpose", "permute")
+_NEG = (operator.neg, torch.neg)
+
+
+def _is(n, fns=(), methods=()) -> bool:
+    return isinstance(n, fx.Node) and ((n.op == "call_function" and n.target in fns)
+                                       or (n.op == "call_method" and n.target in methods))
+
+
+def _untyped(n):
+    """``n`` without ``.to(...)`` / ``.type_as(...)`` casts in front."""
+    while _is(n, methods=("to", "type_as")):
+        n = n.args[0]
+    return n
+
+
+def _rope_of(n: fx.Node, a):
+    """(cos [P, D], sin [P, D] as the fused kernel reads them, None) where the GEMM ``n``'s output, through views
+    and a transpose to [B, H, S, D], is rotated as the models write RoPE (``p * cos + cat(-x2, x1) * sin``; what
+    inductor/rewrite_rope.py fuses, with its reasons for the near misses); (None, None, None) otherwise."""
+    p = n
+    while len(p.users) == 1 and _is(next(iter(p.users)), (torch.reshape, torch.transpose, torch.permute), _VIEWS):
+        p = next(iter(p.users))
+    y, pv = val(n), val(p)
+    if p is n or y is None or pv is None or pv.dim() != 4:
+        return None, None, None
+    for add in {u for m in p.users for u in m.users if _is(u, _ADD) and len(u.args) == 2}:
+        muls = [m for m in add.args if _is(m, _MUL) and len(m.args) == 2]
+        mc = next((m for m in muls if p in m.args), None)
+        ms = next((m for m in muls if m is not mc), None)
+        if mc is None or ms is None:
+            continue
+        rot = next((x for x in ms.args if _is(x, (torch.cat,))), None)
+        if rot is None or not rot.args[0] or not _is(rot.args[0][0], _NEG, ("neg",)):
+            continue
+        c = _untyped(next(x for x in mc.args if x is not p))
+        s = _untyped(next(x for x in ms.args if x is not rot))
+        cv, sv = val(c), val(s)
+        if cv is None or sv is None:
+            return None, None, "the tables have no fake values"
+        B, H, S, D = pv.shape
+        if tuple(cv.shape) not in ((S, D), (1, 1, S, D), (B, 1, S, D)) or tuple(sv.shape) != tuple(cv.shape):
+            return None, None, f"table {tuple(cv.shape)} does not broadcast as [S, D] or [B, 1, S, D]"
+        rows = cv.numel() // D
+        return tuple(support.fake_tensor((rows, D), (D, 1), y.dtype, y.device) for _ in range(2)) + (None,)
+    return None, None, None
 
 
 _SILU = (F.silu,)
@@ -238,6 +290,20 @@ def _sites_of(gm: fx.GraphModule, index: int, max_autotune: bool) -> list[Site]:
         act = _activation_of(n) if a.dim() == 2 and not max_autotune and res is None and res_why is None else None
         act_why = support.gemm_reason(a, b, bias, activation=act) if act else None
         act = act if act_why is None else None
+        cos = sin = rope_why = None
+        if a.dim() == 2 and not max_autotune and res is None and act is None:
+            cos, sin, rope_why = _rope_of(n, a)
+        if cos is not None:
+            rope_why = support.rope_reason(a, b, cos, sin, bias)
+            chosen = support.rope_choice(a, b, cos, sin, bias) if rope_why is None else None
+            if chosen is not None and chosen.use_ours:  # the fused site, listed as such
+                out.append(Site(index, "gemm", form, n.name, f"[{_shape(a)}]@[{_shape(b)}]"
+                                + ("+bias" if bias is not None else "") + f"+rope({cos.shape[1]})", "autows",
+                                "post-grad rewrite to autows::gemm_rope (the projection and its rotary embedding in "
+                                "one kernel, where the graph saves neither for a backward)" + _chosen(chosen),
+                                _where(n)))
+                continue
+            rope_why = rope_why or (chosen.vendor_reason if chosen is not None else None)
         reason = support.gemm_reason(a, b, bias)
         shape = (f"[{_shape(a)}]@[{_shape(b)}]" + ("+bias" if bias is not None else "")
                  + ("+residual" if res is not None else "") + (f"+{act}" if act else ""))
@@ -253,7 +319,8 @@ def _sites_of(gm: fx.GraphModule, index: int, max_autotune: bool) -> list[Site]:
                     else "post-grad rewrite to autows::gemm/bmm (bias fused; other epilogues stay with Inductor)")
             why = chosen.vendor_reason or (what + _chosen(chosen)
                                            + (f"; residual add not fused: {res_why}" if res_why else "")
-                                           + (f"; GELU not fused: {act_why}" if act_why else ""))
+                                           + (f"; GELU not fused: {act_why}" if act_why else "")
+                                           + (f"; RoPE not fused: {rope_why}" if rope_why else ""))
         out.append(Site(index, "gemm", form, n.name, shape, kernel, why if reason is None else reason, _where(n)))
     return out
 
