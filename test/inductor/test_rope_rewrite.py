@@ -61,6 +61,35 @@ def test_training_forward_is_fused_and_gradients_match(pretend, monkeypatch):
         assert p.grad is not None
 
 
+class SharedCast(nn.Module):
+    """The tables cast once and read by both sites (a layer's q and k)."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k = nn.Linear(128, 128, bias=False), nn.Linear(128, 64, bias=False)
+
+    def forward(self, x, cos, sin):
+        B, S, _ = x.shape
+        c, s = cos.to(x.dtype), sin.to(x.dtype)
+        q = self.q(x).view(B, S, 2, 64).transpose(1, 2)
+        k = self.k(x).view(B, S, 1, 64).transpose(1, 2)
+        return apply_rope(q, c, s), apply_rope(k, c, s)
+
+
+def test_tables_cast_once_for_both_sites(pretend, monkeypatch):
+    torch._dynamo.reset()
+    support.reset()
+    model = SharedCast().to(torch.bfloat16)
+    x = torch.randn(2, 8, 128, dtype=torch.bfloat16)
+    cos, sin = rope_tables(LlamaConfig(head_dim=64), 8)  # fp32, as the Llama example keeps them
+    with torch.no_grad():
+        (q, k), graph = _run(model, x, cos, sin, monkeypatch=monkeypatch)
+        rq, rk = model(x, cos, sin)
+    assert graph.count("autows.gemm_rope") == 2, graph
+    torch.testing.assert_close(q, rq, atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(k, rk, atol=3e-2, rtol=3e-2)
+
+
 def test_near_misses_and_symbolic_sizes_stay_with_a_reason(pretend, monkeypatch, log_warnings):
     torch._dynamo.reset()
     support.reset()

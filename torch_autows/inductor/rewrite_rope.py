@@ -99,6 +99,9 @@ def rewrite_rope(graph: fx.Graph) -> list[RopeSite]:
         for n in sorted(s.nodes, key=order.__getitem__, reverse=True):  # users before their inputs
             if n is not s.out and not n.users:
                 graph.erase_node(n)
+        for n in dict.fromkeys(s.casts):  # the tables' casts, where no other site still reads them
+            if not n.users:
+                graph.erase_node(n)
         support.site_counters["gemm_rope.rewritten"] += 1
     graph.lint()
     return sites

@@ -14,7 +14,8 @@ where c and s are the cos/sin tables broadcast over batch and heads: [S, D], or 
 unsqueezed position embeddings), through casts to the projection's dtype. A site records the GEMM, its views, the
 permute, the tables as the graph has them (before any cast), the head dim, and why it could not be served (None:
 it could): the tables must broadcast as above with the projection's dtype or be cast to it, D even, every node
-between the GEMM and the add used only inside the pattern but the permute (used by the split and the cos mul).
+between the GEMM and the add used only inside the pattern (the tables and their casts are inputs: the q and k sites
+of a layer may share them).
 """
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ class RopeSite:
     head_dim: int
     reason: str | None = None    # why it cannot be served (None: it can)
     vendor: str | None = None    # why the measured choice keeps the default's path (inductor/rewrite_rope.py)
-    nodes: tuple[fx.Node, ...] = ()  # every node of the pattern, the GEMM to the add (the tables' casts included)
+    nodes: tuple[fx.Node, ...] = ()  # every node of the pattern, the GEMM to the add
+    casts: tuple[fx.Node, ...] = ()  # the tables' casts the muls read (inputs, which other sites may share)
 
 
 def _call(n, *targets) -> bool:
@@ -154,8 +156,8 @@ def find_rope_sites(graph: fx.Graph) -> list[RopeSite]:
         site = RopeSite(n, gemm, views, permute, _uncast(c), _uncast(s), val(p).shape[-1] if val(p) is not None else 0)
         split = [x1.args[0]] if _call(x1, operator.getitem) else []
         nodes = [gemm, *views, permute, *split, x1, x2, r.args[0][0], r, mc, ms, n]  # r.args[0][0]: the neg
-        nodes += [x for x in (c, s) if _call(x, prims.convert_element_type.default)]
         site.nodes = tuple(dict.fromkeys(x for x in nodes if isinstance(x, fx.Node)))
+        site.casts = tuple(x for x in (c, s) if _call(x, prims.convert_element_type.default))
         site.reason = _why_not(site, list(site.nodes))
         sites.append(site)
     return sites
