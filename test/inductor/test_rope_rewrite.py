@@ -108,9 +108,15 @@ def test_near_misses_and_symbolic_sizes_stay_with_a_reason(pretend, monkeypatch,
     torch._dynamo.reset()
     support.reset()
     with torch.no_grad(), torch_autows.config.patch(choice="measure"):  # static, but no sm_90 GPU to measure on
-        _, graph = _run(build_model(SMALL, device="cpu"), torch.randn(2, 16, 256, dtype=torch.bfloat16),
+        _, graph = _run(build_model(SMALL, device="cpu"), torch.randn(4, 40, 256, dtype=torch.bfloat16),
                         monkeypatch=monkeypatch)
     assert "autows.gemm_rope" not in graph and "not measured at compile time" in log_warnings.text
+    torch._dynamo.reset()
+    support.reset()
+    with torch.no_grad(), torch_autows.config.patch(choice="measure"):  # 32 rows: host time would show
+        _, graph = _run(build_model(SMALL, device="cpu"), torch.randn(2, 16, 256, dtype=torch.bfloat16),
+                        monkeypatch=monkeypatch)
+    assert "autows.gemm_rope" not in graph and "no replay fast path yet" in log_warnings.text
 
 
 def test_op_checks_fake_and_fallback():

@@ -9,8 +9,9 @@ the same reshape and permute on its output, so every user sees the [B, H, S, D] 
 The tables go in as [P, D] of the projection's dtype (the graph's cast, then a reshape): [S, D] and [1, 1, S, D]
 tables give P = S (every sequence at positions 0..S-1, rows m % S), [B, 1, S, D] ones P = B * S = M (a table row
 per output row). A site is rewritten where the support check passes and the measured choice keeps the fused kernel
-(``support.rope_verdict``: against cuBLAS then one pointwise RoPE kernel, at static sizes on an sm_90 GPU); a site
-left alone logs why. In a training graph the site is rewritten only where no value of the pattern is saved for the
+(``support.rope_verdict``: against cuBLAS then one pointwise RoPE kernel, at static sizes on an sm_90 GPU, and not at
+decode's M <= 128 rows, where the op's host time per launch would show and the measurement times the GPU only); a
+site left alone logs why. In a training graph the site is rewritten only where no value of the pattern is saved for the
 backward (``rope_sites``: every node but the output used only inside the pattern); the backward graph keeps its
 own path. Runs before ``rewrite_gemm`` in the post-grad pass, so the GEMM it takes is not rewritten first.
 """

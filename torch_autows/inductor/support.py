@@ -304,6 +304,10 @@ def rope_choice(a: torch.Tensor, b: torch.Tensor, cos: torch.Tensor, sin: torch.
 
     if choice.mode() != "autows" and not _static(a, b, cos, sin, bias):
         return SiteChoice(False, "a RoPE fusion is kept only where measured faster, which needs static sizes")
+    if choice.mode() != "autows" and _hint(a.shape[0]) <= 128:
+        # the measurement times the GPU only; runtime.gemm_rope has no replay fast path yet, so its host time per
+        # call (the full launch path) would show at decode, where a forward waits on its launches
+        return SiteChoice(False, "decode rows (M <= 128): the fused RoPE launch has no replay fast path yet")
     side = _site_choice(lambda: rt.site_decision(a, b, cos, sin, bias), lambda: False, a, b, cos, sin, bias)
     if side.why is None:  # undecided here (the measurement failed): nothing decides later, so the default's path
         return SiteChoice(False, "not measured at compile time; a RoPE fusion is kept only where measured faster")
