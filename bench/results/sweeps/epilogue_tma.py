@@ -4,8 +4,9 @@ rounds of triton.testing.do_bench, on the Llama-3-8B shapes at 8x2048 tokens:
 
 - RoPE on the q and k projections (hidden 4096, d 128): cuBLAS then the model's RoPE compiled by torch.compile
   default, our plain GEMM pick then the same RoPE, both GEMMs alone, the 128x128 and ping-pong kernels alone, and
-  runtime.gemm_rope on 128x128 tiles with the tables by pointer loads (``ptr:``) and by TMA (``tma:``; ``_e2``: the
-  store staged in two copies of its own, so the tables' slot is released once read, not after the store);
+  runtime.gemm_rope on 128x128 tiles with the tables by pointer loads (``ptr:``) and by TMA (``tma:``; the ``-2``
+  JSON's ``tma:ws_p_128x128_e2``, the store staged in two copies of its own, ran 1076 us, so since then a config
+  with two staging copies takes its tables by pointers);
 - the residual add on o_proj (K 4096) and down_proj (K 14336): ``linear(x, w) + r`` compiled by torch.compile
   default, cuBLAS's addmm (beta 1: the residual in cuBLAS's epilogue), our plain pick and the 128x128 and ping-pong
   kernels alone, runtime.gemm's residual epilogue on 128x128, 128x256 and ping-pong tiles (R by TMA: the runtime's
@@ -28,8 +29,7 @@ from torch_autows.runtime import gemm as rtg
 from torch_autows.runtime.gemm_rope import gemm_rope
 
 # runtime.gemm_rope picks the tables' transport itself ("auto": TMA where the tiles fit); "pointer" forces the loads
-ROPE = {"ptr:ws_p_128x128": ("ws_p_128x128", "pointer"), "tma:ws_p_128x128": ("ws_p_128x128", "auto"),
-        "tma:ws_p_128x128_e2": ("ws_p_128x128_e2", "auto")}
+ROPE = {"ptr:ws_p_128x128": ("ws_p_128x128", "pointer"), "tma:ws_p_128x128": ("ws_p_128x128", "auto")}
 RESIDUAL = ["ws_p_128x128", "ws_p_128x128_e2", "ws_p_128x256", "ws_pp2_128x128"]
 B, S, HID, D = 8, 2048, 4096, 128
 M = B * S
