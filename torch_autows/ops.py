@@ -321,13 +321,13 @@ def torch_gemm_rope(a, b, cos, sin, bias=None):
     y = a.float() @ b.float()
     if bias is not None:
         y = y + bias.float()
+    from .interp.ops import rotate_half  # the IR op's meaning: the kernel's own definition of the rotation
+
     M, N = y.shape
     P, D = cos.shape
     rows = torch.arange(M, device=y.device) % P
     c, s = (t.float()[rows].repeat(1, N // D) for t in (cos, sin))
-    x = y.view(M, N // D, 2, D // 2)
-    rotated = torch.cat((-x[:, :, 1], x[:, :, 0]), dim=-1).reshape(M, N)
-    return (y * c + rotated * s).to(a.dtype)
+    return (y * c + rotate_half(y, D) * s).to(a.dtype)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,

@@ -18,6 +18,16 @@ from .test_rope_sites import HFAttention, _hf_inputs
 SMALL = LlamaConfig(n_layers=1, hidden=256, n_heads=4, n_kv_heads=2, head_dim=64, ffn=512, max_seq_len=64)
 
 
+def _assert_q_and_k_fused(model, *inputs, monkeypatch):
+    """Compiled, a model returning (q, k) runs one autows::gemm_rope per site, with the eager model's outputs."""
+    with torch.no_grad():
+        (q, k), graph = _run(model, *inputs, monkeypatch=monkeypatch)
+        rq, rk = model(*inputs)
+    assert graph.count("autows.gemm_rope") == 2, graph
+    torch.testing.assert_close(q, rq, atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(k, rk, atol=3e-2, rtol=3e-2)
+
+
 def test_llama_example_q_and_k_are_fused(pretend, monkeypatch):
     torch._dynamo.reset()
     support.reset()
@@ -34,14 +44,8 @@ def test_llama_example_q_and_k_are_fused(pretend, monkeypatch):
 def test_hugging_face_form_with_a_bias_and_per_row_tables(pretend, monkeypatch):
     torch._dynamo.reset()
     support.reset()
-    model = HFAttention().to(torch.bfloat16)
-    x, cos, sin = _hf_inputs()  # [B, S, D] tables, unsqueezed to [B, 1, S, D]: a table row per output row
-    with torch.no_grad():
-        (q, k), graph = _run(model, x, cos, sin, monkeypatch=monkeypatch)
-        rq, rk = model(x, cos, sin)
-    assert graph.count("autows.gemm_rope") == 2, graph
-    torch.testing.assert_close(q, rq, atol=3e-2, rtol=3e-2)
-    torch.testing.assert_close(k, rk, atol=3e-2, rtol=3e-2)
+    # [B, S, D] tables, unsqueezed to [B, 1, S, D]: a table row per output row
+    _assert_q_and_k_fused(HFAttention().to(torch.bfloat16), *_hf_inputs(), monkeypatch=monkeypatch)
 
 
 def test_training_forward_is_fused_and_gradients_match(pretend, monkeypatch):
@@ -79,15 +83,9 @@ class SharedCast(nn.Module):
 def test_tables_cast_once_for_both_sites(pretend, monkeypatch):
     torch._dynamo.reset()
     support.reset()
-    model = SharedCast().to(torch.bfloat16)
-    x = torch.randn(2, 8, 128, dtype=torch.bfloat16)
     cos, sin = rope_tables(LlamaConfig(head_dim=64), 8)  # fp32, as the Llama example keeps them
-    with torch.no_grad():
-        (q, k), graph = _run(model, x, cos, sin, monkeypatch=monkeypatch)
-        rq, rk = model(x, cos, sin)
-    assert graph.count("autows.gemm_rope") == 2, graph
-    torch.testing.assert_close(q, rq, atol=3e-2, rtol=3e-2)
-    torch.testing.assert_close(k, rk, atol=3e-2, rtol=3e-2)
+    _assert_q_and_k_fused(SharedCast().to(torch.bfloat16), torch.randn(2, 8, 128, dtype=torch.bfloat16), cos, sin,
+                          monkeypatch=monkeypatch)
 
 
 def test_near_misses_and_symbolic_sizes_stay_with_a_reason(pretend, monkeypatch, log_warnings):

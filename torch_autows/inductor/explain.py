@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from . import support
 from .rewrite_attention import find_attention_sites, val
+from .rope_sites import kernel_table, table_reason
 
 _LINEAR = (F.linear, torch._C._nn.linear)
 _MATMUL = (torch.matmul, operator.matmul, torch.mm, torch.bmm, torch.addmm)
@@ -186,16 +187,13 @@ def _rope_of(n: fx.Node, a):
         rot = next((x for x in ms.args if _is(x, (torch.cat,))), None)
         if rot is None or not rot.args[0] or not _is(rot.args[0][0], _NEG, ("neg",)):
             continue
-        c = _untyped(next(x for x in mc.args if x is not p))
-        s = _untyped(next(x for x in ms.args if x is not rot))
-        cv, sv = val(c), val(s)
-        if cv is None or sv is None:
+        tables = [val(_untyped(next(x for x in m.args if x is not skip))) for m, skip in ((mc, p), (ms, rot))]
+        if None in tables:
             return None, None, "the tables have no fake values"
-        B, H, S, D = pv.shape
-        if tuple(cv.shape) not in ((S, D), (1, 1, S, D), (B, 1, S, D)) or tuple(sv.shape) != tuple(cv.shape):
-            return None, None, f"table {tuple(cv.shape)} does not broadcast as [S, D] or [B, 1, S, D]"
-        rows = cv.numel() // D
-        return tuple(support.fake_tensor((rows, D), (D, 1), y.dtype, y.device) for _ in range(2)) + (None,)
+        why = next(filter(None, (table_reason(t, tuple(pv.shape), y.dtype) for t in tables)), None)
+        if why:
+            return None, None, why
+        return tuple(kernel_table(t, y.dtype) for t in tables) + (None,)
     return None, None, None
 
 

@@ -17,15 +17,13 @@ own path. Runs before ``rewrite_gemm`` in the post-grad pass, so the GEMM it tak
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.fx as fx
 
 from . import support
 from .rewrite_attention import val
 from .rewrite_gemm import call_op, replay_views
-from .rope_sites import RopeSite, find_rope_sites
+from .rope_sites import RopeSite, find_rope_sites, kernel_table
 
 aten, prims = torch.ops.aten, torch.ops.prims
 
@@ -37,13 +35,6 @@ def _operands(site: RopeSite) -> tuple:
         return a, b, bias
     a, b = site.gemm.args[:2]
     return a, b, None
-
-
-def _table_fake(t: fx.Node, dtype: torch.dtype, d: int) -> torch.Tensor:
-    """A fake [P, D] table of ``dtype``: what the op reads after the rewrite's cast and reshape of ``t``."""
-    v = val(t)
-    rows = math.prod(support._hint(s) for s in v.shape[:-1])
-    return support.fake_tensor((rows, d), (d, 1), dtype, v.device)
 
 
 def _bias_ok(bias) -> bool:
@@ -63,7 +54,7 @@ def find_sites(graph: fx.Graph) -> list[RopeSite]:
             s.reason = "addmm's bias is not a 1-D [N] vector"
             continue
         y = val(s.gemm)
-        tables = [_table_fake(t, y.dtype, s.head_dim) for t in (s.cos, s.sin)]
+        tables = [kernel_table(val(t), y.dtype) for t in (s.cos, s.sin)]
         s.reason, s.vendor = support.rope_verdict(val(a), val(b), *tables, val(bias) if bias is not None else None)
     return sites
 

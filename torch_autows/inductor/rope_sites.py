@@ -20,11 +20,13 @@ of a layer may share them).
 from __future__ import annotations
 
 import dataclasses
+import math
 import operator
 
 import torch
 import torch.fx as fx
 
+from . import support
 from .attention_nodes import val
 
 aten, prims = torch.ops.aten, torch.ops.prims
@@ -97,6 +99,27 @@ def _projection(p) -> tuple[fx.Node, tuple[fx.Node, ...], fx.Node] | None:
     return n, tuple(views[::-1]), p
 
 
+def table_reason(table: torch.Tensor, heads: tuple, dtype: torch.dtype) -> str | None:
+    """Why ``table`` (cos or sin as the model has it) is not a RoPE table the epilogue serves for [B, H, S, D]
+    ``heads`` of a ``dtype`` projection: it must broadcast as [S, D] or [B, 1, S, D] and be of ``dtype`` or fp32 (then
+    cast); None when it is. Shared by the rewrite's matcher and explain()."""
+    B, H, S, D = heads
+    shape = tuple(table.shape)
+    if shape not in ((S, D), (1, 1, S, D), (B, 1, S, D)):
+        return f"table {shape} does not broadcast as [S, D] or [B, 1, S, D] over [B, H, S, D] = {tuple(heads)}"
+    if table.dtype not in (dtype, torch.float32):
+        return f"table of {table.dtype}: the epilogue reads tables of the projection's dtype {dtype} (or fp32 cast)"
+    return None
+
+
+def kernel_table(table: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A fake [P, D] table of ``dtype``: what ``autows::gemm_rope`` reads for ``table`` once the rewrite has cast it and
+    reshaped it to rows (P = S for [S, D] and [1, 1, S, D] tables, B * S for [B, 1, S, D] ones)."""
+    d = table.shape[-1]
+    rows = math.prod(support._hint(s) for s in table.shape[:-1])
+    return support.fake_tensor((rows, d), (d, 1), dtype, table.device)
+
+
 def _why_not(site: RopeSite, nodes: list[fx.Node]) -> str | None:
     y, out = val(site.gemm), val(site.out)
     if y is None or out is None:
@@ -106,13 +129,9 @@ def _why_not(site: RopeSite, nodes: list[fx.Node]) -> str | None:
         return f"head dim {D} is odd"
     for t in (site.cos, site.sin):
         v = val(t)
-        if v is None:
-            return "no fake value on a table"
-        shape = tuple(v.shape)
-        if shape not in ((S, D), (1, 1, S, D), (B, 1, S, D)):
-            return f"table {shape} does not broadcast as [S, D] or [B, 1, S, D] over [B, H, S, D] = {tuple(out.shape)}"
-        if v.dtype not in (y.dtype, torch.float32):
-            return f"table of {v.dtype}: the epilogue reads tables of the projection's dtype {y.dtype} (or fp32 cast)"
+        why = "no fake value on a table" if v is None else table_reason(v, tuple(out.shape), y.dtype)
+        if why:
+            return why
     inside = set(nodes)
     for n in nodes:
         if n is site.out:
