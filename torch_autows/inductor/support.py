@@ -132,8 +132,9 @@ _MISSING = {"gemm": "torch_autows.runtime.gemm is not available in this build",
             "attention": "no generated attention kernel in this build (torch_autows.runtime.attention is missing)"}
 
 
-def _runtime_reason(name: str, *args) -> str | None:
-    """``torch_autows.runtime.<name>.support_reason(*args)``, the check the op makes again at run time; asked
+def _runtime_reason(name: str, *args, check: str = "support_reason") -> str | None:
+    """``torch_autows.runtime.<name>.<check>(*args)`` (``support_reason``, or the module's own check such as
+    ``gemm_rope.rope_reason``), the check the op makes again at run time; asked
     without its device check when pretending sm_90 (it would see this CPU or non-sm_90 machine). The runtime
     is looked up as the ops look it up (``ops.runtime_module``: None where it cannot be imported)."""
     from .. import ops
@@ -142,8 +143,7 @@ def _runtime_reason(name: str, *args) -> str | None:
     if rt is None:
         return _MISSING[name]
     try:
-        check = rt.rope_reason if name == "gemm_rope" else rt.support_reason
-        r = check(*args, check_device=not _pretend_target)
+        r = getattr(rt, check)(*args, check_device=not _pretend_target)
     except Exception as e:  # a support check must never break compilation
         return f"runtime support check raised {type(e).__name__}: {e}"
     return None if r is None else str(r)
@@ -198,7 +198,7 @@ def rope_reason(a: torch.Tensor, b: torch.Tensor, cos: torch.Tensor, sin: torch.
         return r
     if a.dtype not in (torch.float16, torch.bfloat16):
         return f"dtype {a.dtype}; the RoPE GEMM takes float16 or bfloat16"
-    return _runtime_reason("gemm_rope", *(concrete(t) for t in (a, b, cos, sin, bias)))
+    return _runtime_reason("gemm_rope", *(concrete(t) for t in (a, b, cos, sin, bias)), check="rope_reason")
 
 
 def attention_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
@@ -302,12 +302,13 @@ def rope_choice(a: torch.Tensor, b: torch.Tensor, cos: torch.Tensor, sin: torch.
     from ..runtime import choice
     from ..runtime import gemm_rope as rt
 
-    if choice.mode() != "autows" and not _static(a, b, cos, sin, bias):
-        return SiteChoice(False, "a RoPE fusion is kept only where measured faster, which needs static sizes")
-    if choice.mode() != "autows" and _hint(a.shape[0]) <= 128:
-        # the measurement times the GPU only; runtime.gemm_rope has no replay fast path yet, so its host time per
-        # call (the full launch path) would show at decode, where a forward waits on its launches
-        return SiteChoice(False, "decode rows (M <= 128): the fused RoPE launch has no replay fast path yet")
+    if choice.mode() != "autows":
+        if not _static(a, b, cos, sin, bias):
+            return SiteChoice(False, "a RoPE fusion is kept only where measured faster, which needs static sizes")
+        if _hint(a.shape[0]) <= 128:
+            # the measurement times the GPU only; runtime.gemm_rope has no replay fast path yet, so its host time per
+            # call (the full launch path) would show at decode, where a forward waits on its launches
+            return SiteChoice(False, "decode rows (M <= 128): the fused RoPE launch has no replay fast path yet")
     side = _site_choice(lambda: rt.site_decision(a, b, cos, sin, bias), lambda: False, a, b, cos, sin, bias)
     if side.why is None:  # undecided here (the measurement failed): nothing decides later, so the default's path
         return SiteChoice(False, "not measured at compile time; a RoPE fusion is kept only where measured faster")
