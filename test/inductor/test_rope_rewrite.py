@@ -117,8 +117,11 @@ def test_near_misses_and_symbolic_sizes_stay_with_a_reason(pretend, monkeypatch,
     assert "autows.gemm_rope" not in graph and "no replay fast path yet" in log_warnings.text
 
 
-def test_op_checks_fake_and_fallback():
+def test_op_checks_fake_and_fallback(log_warnings):
     import torch_autows.custom_ops  # noqa: F401  (registers autows::gemm_rope)
+    from torch_autows.runtime import fallback
+
+    fallback.reset()
 
     bf = torch.bfloat16
     B, S, H, D, K = 2, 8, 3, 64, 32
@@ -126,6 +129,8 @@ def test_op_checks_fake_and_fallback():
     cos, sin = (t.to(bf) for t in rope_tables(LlamaConfig(head_dim=D), S))
     bias = torch.randn(H * D, dtype=bf)
     got = torch.ops.autows.gemm_rope(a, w.t(), cos, sin, bias)  # CPU: torch computes it, in fp32, rounded once
+    assert fallback.counters["gemm_rope.fallback"] == 1
+    assert "autows gemm_rope: falling back to torch: tensors on cpu" in log_warnings.text  # the runtime's reason
     y = (a.float() @ w.float().t() + bias.float()).view(B, S, H, D).transpose(1, 2)
     want = apply_rope(y, cos.float(), sin.float()).transpose(1, 2).reshape(B * S, H * D)
     assert torch.equal(got, want.to(bf))
