@@ -38,8 +38,7 @@ BACKWARD_CHOICES = ("vendor", "autows")
 #: TORCH_AUTOWS is the enable switch (``torch_autows/__init__.py``); REFERENCE is read by the benchmarks,
 #: TEST_SHARD by the GPU tests.
 ENV_VARS = frozenset({PREFIX} | {f"{PREFIX}_{n}" for n in (
-    "DUMP", "DEBUG", "GEMM", "ATTENTION", "ATTENTION_BACKWARD", "CACHE_DIR", "CHOICE", "PDL", "REFERENCE",
-    "TEST_SHARD")})
+    "DUMP", "DEBUG", "GEMM", "ATTENTION", "ATTENTION_BACKWARD", "CACHE_DIR", "CHOICE", "REFERENCE", "TEST_SHARD")})
 
 
 def parse_bool(name: str, value: str) -> bool:
@@ -111,10 +110,6 @@ choice: str = env_choice(f"{PREFIX}_CHOICE", "measure", CHOICES)
 #: flash kernel, then the math; attention_grad.py) / "autows": the generated backward (runtime/attention_bwd.py)
 #: where it serves the call, else the vendor's, with the reason logged once. Not measured faster yet: off by default.
 attention_backward: str = env_choice(f"{PREFIX}_ATTENTION_BACKWARD", "vendor", BACKWARD_CHOICES)
-#: Launch the generated kernels with programmatic dependent launch (TORCH_AUTOWS_PDL; ``Options.pdl``): each waits
-#: at entry for the kernel before it and lets the next one launch early, so a generated kernel that follows another
-#: has its CTAs resident and its prologue run before the first one ends. Takes effect at the next call.
-pdl: bool = env_flag(f"{PREFIX}_PDL", False)
 
 for _msg in unknown_env_vars():
     warnings.warn(_msg, UserWarning, stacklevel=2)
@@ -133,7 +128,6 @@ _SETTINGS = {
     "cache_dir": (_is_dir, "a directory (str or os.PathLike) or None"),
     "choice": (lambda v: v in CHOICES, f"one of {', '.join(map(repr, CHOICES))}"),
     "attention_backward": (lambda v: v in BACKWARD_CHOICES, f"one of {', '.join(map(repr, BACKWARD_CHOICES))}"),
-    "pdl": (lambda v: isinstance(v, bool), "a bool"),
 }
 
 

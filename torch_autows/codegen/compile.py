@@ -160,15 +160,9 @@ def num_warps(program: Program) -> int:
     return program.partitions[0].warps
 
 
-def compile_options(program: Program) -> dict:
-    """Triton's compile options for the Program's kernel: its warps, and ``launch_pdl`` where it takes part in
-    programmatic dependent launch (``Options.pdl``: the launcher then sets the launch attribute)."""
-    return {"num_warps": num_warps(program), **({"launch_pdl": True} if program.options.pdl else {})}
-
-
 def launch_plan(program: Program):
     """(kernel, {tensor arg: (TMA block, shared layout)}, num_warps) for a partitioned Program: what a
-    runtime needs to launch it, independent of the tensors' addresses (``compile_options`` adds the rest)."""
+    runtime needs to launch it, independent of the tensors' addresses."""
     kernel = load_module(generate(program), program.arch).kernel
     descs = {name: (list(block), desc_layout(block, dtype)) for name, (block, dtype) in block_shapes(program).items()}
     return kernel, descs, num_warps(program)
@@ -182,7 +176,7 @@ def compile_offline(program: Program):
     mod = load_module(generate(program), program.arch)
     src = GluonASTSource(mod.kernel, signature(program), {})
     target = GPUTarget("cuda", program.arch.sm, 32)
-    return triton.compile(src, target=target, options=compile_options(program))
+    return triton.compile(src, target=target, options={"num_warps": num_warps(program)})
 
 
 def compile_as_launched(program: Program):
@@ -196,7 +190,8 @@ def compile_as_launched(program: Program):
     attrs = {(i,): [["tt.divisibility", 16]] for i, (name, ty) in enumerate(sig.items())
              if name != "G" and (ty == "i32" or ty.startswith("*"))}
     src = GluonASTSource(load_module(generate(program), program.arch).kernel, sig, {}, attrs)
-    return triton.compile(src, target=GPUTarget("cuda", program.arch.sm, 32), options=compile_options(program))
+    return triton.compile(src, target=GPUTarget("cuda", program.arch.sm, 32),
+                          options={"num_warps": num_warps(program)})
 
 
 def sass_per_line(program: Program, kernel) -> dict[int, int]:

@@ -65,11 +65,7 @@ def _partition_fn(program: Program, part) -> list[str]:
     ctx = Ctx(program, part, lowering(program))
     params = _params(program) + _shared_params(program)
     groups = sorted({o.attr("group") for o in walk(part.body) if o.attr("group")})
-    body = []
-    if program.options.pdl:  # before anything reads or writes global memory: the previous kernel's writes first
-        body += ["    # Options.pdl: wait for the kernels this one depends on, then let the next launch start"]
-        body += list(ctx.lowering.GRID_DEPENDENCY)
-    body += [f"    {g}_n = 0" for g in groups]
+    body = [f"    {g}_n = 0" for g in groups]
     if program.turns and part.name in program.turns.partitions:
         body.append("    turn_n = 0  # mma issue groups this partition ran (ping-pong turns)")
     body += [f"    {ctx.stage_buf[o.operands[0]].name}_n = 0  # stores issued from this staging ring"

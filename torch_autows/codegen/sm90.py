@@ -32,15 +32,6 @@ KIND_IMPORTS = {"tma_reduce_add": "from torch_autows.codegen.gluon_ext import as
 
 EMITTERS: dict = {}
 
-#: ``Options.pdl``: what every partition runs first (``codegen.gluon``). ``griddepcontrol.wait`` blocks the thread until
-#: the kernels this launch depends on have completed and their writes are visible; ``launch_dependents`` then lets a
-#: kernel launched after this one with PDL start its CTAs (it waits in turn before touching memory). Inline PTX, as
-#: ``triton.language.extra.cuda.gdc_wait`` / ``gdc_launch_dependents`` (Gluon 3.6 has no such builtin).
-GRID_DEPENDENCY = (
-    '    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)',
-    '    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, '
-    'is_pure=False, pack=1)')
-
 
 def accumulator_layout(warps: int, n: int) -> str:
     """The wgmma accumulator layout of an ``n``-wide result over ``warps`` warps (Gluon source)."""

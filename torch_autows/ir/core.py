@@ -249,12 +249,6 @@ class Options:
     # after the tile's K steps into SMEM and read by the consumer, instead of pointer loads in the consumer (a
     # burst of loads by every CTA at once after its last mma, with the tensor cores idle)
     epilogue_tma: bool = False
-    # programmatic dependent launch (sm_90): every partition waits for the previous kernel in the stream to complete
-    # (``griddepcontrol.wait``) before it touches global memory, then lets the next kernel launch
-    # (``griddepcontrol.launch_dependents``), so a kernel launched after it with PDL gets its CTAs resident, their
-    # prologue run, while this one finishes; launched with Triton's ``launch_pdl``. Codegen only (the IR, passes and
-    # interpreter are unchanged: it orders kernels, not the ops of one)
-    pdl: bool = False
 
     def items(self) -> list[tuple[str, Any]]:
         return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import replace
 
 import torch
 
@@ -57,11 +56,10 @@ class Launcher:
     kernel's argument order; ``launcher.ordered({name: value})`` puts values given by name in that order."""
 
     def __init__(self, kernel, descs: list, num_warps: int, names: tuple[str, ...] = (),
-                 aliases: dict[str, str] | None = None, pdl: bool = False):
+                 aliases: dict[str, str] | None = None):
         self.kernel = kernel          # the @gluon.jit function
         self.descs = descs            # (block, layout) per Tma argument, in argument order
         self.num_warps = num_warps
-        self.pdl = pdl                # compiled with launch_pdl (Options.pdl): launched with the PDL attribute
         self.names = tuple(names)     # the kernel's arguments (Program.args), in order
         self.aliases = dict(aliases or {})  # arg -> the arg whose value it takes (Arg.alias: another block shape)
         self._direct: dict[tuple, tuple | None] = {}  # (device, specialisation) -> direct state (None: slow)
@@ -157,8 +155,7 @@ class Launcher:
                 call.append(a)
         if first:
             use_inductor_triton_cache(key[0])
-        pdl = {"launch_pdl": True} if self.pdl else {}
-        compiled = self.kernel[(grid,)](*call, num_warps=self.num_warps, **pdl)
+        compiled = self.kernel[(grid,)](*call, num_warps=self.num_warps)
         if first:
             if len(self._direct) >= _MAP_CACHE_MAX:
                 self._direct.clear()
@@ -256,15 +253,11 @@ class Bound:
 
 class BoundCache(dict):
     """A runtime's per-call cache: metadata key -> (Bound, *what the call needs besides it), cleared when it
-    holds ``limit`` entries. An entry holds for the launch settings it was made under (``config.pdl``): ``get``
-    misses after they change, so the next call builds its launch again."""
+    holds ``limit`` entries."""
 
     def __init__(self, limit: int):
         super().__init__()
         self.limit = limit
-
-    def get(self, key, default=None):
-        return super().get((key, _launch_settings()), default)
 
     def remember(self, key, launcher: Launcher, grid: int, args: list, device_index: int, *extra) -> None:
         """Keep ``launcher.bind(...)`` for ``key`` where the launch can be bound."""
@@ -275,14 +268,7 @@ class BoundCache(dict):
     def put(self, key, entry) -> None:
         if len(self) >= self.limit:
             self.clear()
-        self[(key, _launch_settings())] = entry
-
-
-def _launch_settings() -> tuple:
-    """The settings that change how a runtime launches the same call (``BoundCache`` entries hold for one)."""
-    from .. import config
-
-    return (config.pdl,)
+        self[key] = entry
 
 
 def _fixed_args(state) -> tuple:
@@ -351,20 +337,10 @@ class Kernel:
         return launcher_for(self.program)
 
 
+@functools.lru_cache(maxsize=256)
 def compile_kernel(template: str, request, options) -> Kernel:
     """The Kernel of ``templates.TEMPLATES[template]`` for ``request`` and ``options`` (runtime.gemm,
-    runtime.attention and the CLI all build kernels here): template -> passes.pipeline, once per key. With
-    ``config.pdl`` every kernel takes part in programmatic dependent launch (``Options.pdl``)."""
-    from .. import config
-
-    return _compile_kernel(template, request, replace(options, pdl=True) if config.pdl else options)
-
-
-compile_kernel.cache_clear = lambda: _compile_kernel.cache_clear()  # the built Kernels (tests start afresh)
-
-
-@functools.lru_cache(maxsize=256)
-def _compile_kernel(template: str, request, options) -> Kernel:
+    runtime.attention and the CLI all build kernels here): template -> passes.pipeline, once per key."""
     from ..passes import pipeline
     from ..templates import template as lookup
 
@@ -382,5 +358,4 @@ def launcher_for(program) -> Launcher:
 
     kernel, descs, warps = launch_plan(program)
     return Launcher(kernel, [descs[a.name] for a in program.args if a.kind == "tensor"], warps,
-                    tuple(a.name for a in program.args), {a.name: a.alias for a in program.args if a.alias},
-                    pdl=program.options.pdl)
+                    tuple(a.name for a in program.args), {a.name: a.alias for a in program.args if a.alias})
