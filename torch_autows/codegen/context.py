@@ -71,9 +71,6 @@ class Ctx:
                 rs = [r for r in o.results if r.type.space == "reg"]
                 if o.kind in ("mma", "zeros") or (o.kind == "full" and len(rs[0].type.shape) == 2):
                     L[rs[0].name] = self._mma_layout(rs[0].type.shape[1])
-                elif o.kind == "halves":  # each half in the accumulator layout of its own width
-                    for r in rs:
-                        L[r.name] = self._mma_layout(r.type.shape[1])
                 elif o.kind in REDUCE and o.operands[0] in L:
                     L.setdefault(rs[0].name, self._slice(o.attr("axis"), L[o.operands[0]]))
                 elif o.kind == "expand" and o.operands[0] in L:

@@ -118,20 +118,6 @@ def _rotate_half(ctx, o, indent):
             f"{ctx.layouts[o.results[0].name]})  # cat(-x2, x1) per head, back in the tile's layout"]
 
 
-@emitter("halves")
-def _halves(ctx, o, indent):
-    # register-only in wgmma's accumulator layout, as rotate_half: a thread holding column c also holds c + n/2, so
-    # reshape/permute/split pairs them and each half's convert_layout to its own tile layout moves nothing
-    x = v(o.operands[0])
-    (ra, rb) = o.results
-    a, b = v(ra.name), v(rb.name)
-    bm, half = ra.type.shape
-    return [f"{a}, {b} = gl.split(gl.permute(gl.reshape({x}, [{bm}, 2, {half}]), (0, 2, 1)))  # columns [0, {half}), "
-            f"[{half}, {2 * half})",
-            f"{a} = gl.convert_layout({a}, {ctx.layouts[ra.name]})",
-            f"{b} = gl.convert_layout({b}, {ctx.layouts[rb.name]})"]
-
-
 @emitter("neg")
 def _neg(ctx, o, indent):
     return [f"{v(o.results[0].name)} = -{v(o.operands[0])}"]

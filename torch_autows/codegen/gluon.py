@@ -184,13 +184,8 @@ def block_shapes(program: Program) -> dict[str, tuple[tuple[int, ...], str]]:
             if t is None:
                 t = next(r.type for x in walk(program.body) for r in x.results if r.name == o.operands[0])
             shape = tuple(t.shape)[::-1] if o.attr("transposed") else tuple(t.shape)  # a dQ^T tile into dQ
-            parts = [o.attr("arg")]
-            if o.attr("stack") is not None:  # two copies, each of half the tile's rows
-                shape = (shape[0] // 2, *shape[1:])
-                parts.append(o.attr("stack")[0])
-            for arg in parts:
-                prev = out.get(arg)
-                if prev is not None and prev[0] != shape:
-                    raise ValueError(f"codegen: arg {arg} is accessed with blocks {prev[0]} and {shape}")
-                out[arg] = (shape, t.dtype)
+            prev = out.get(o.attr("arg"))
+            if prev is not None and prev[0] != shape:
+                raise ValueError(f"codegen: arg {o.attr('arg')} is accessed with blocks {prev[0]} and {shape}")
+            out[o.attr("arg")] = (shape, t.dtype)
     return out

@@ -100,16 +100,8 @@ def _acquire(ctx, o, indent):
 def _load(ctx, o, indent):
     g = o.attr("group")
     coords = ", ".join(expr(c) for c in o.attr("coords"))
-    dst = f"{o.attr('buffer')}.index({g}_s)"
-    if o.attr("stack") is None:
-        return [f"tma.async_copy_global_to_shared({o.attr('arg')}_desc, [{coords}], {g}_ready.index({g}_s), {dst})"]
-    arg2, coords2 = o.attr("stack")  # two copies into the halves of the slot's rows, one barrier for both
-    half = o.results[0].type.shape[0] // 2
-    coords2 = ", ".join(expr(c) for c in coords2)
     return [f"tma.async_copy_global_to_shared({o.attr('arg')}_desc, [{coords}], {g}_ready.index({g}_s), "
-            f"{dst}.slice(0, {half}))",
-            f"tma.async_copy_global_to_shared({arg2}_desc, [{coords2}], {g}_ready.index({g}_s), "
-            f"{dst}.slice({half}, {half}))"]
+            f"{o.attr('buffer')}.index({g}_s))"]
 
 
 @_sm90("wait_ready")

@@ -166,12 +166,7 @@ def _load(ctx, o, args):
     t = ctx.tensor(o.attr("arg"))
     if t.dtype != TORCH_DTYPE[r.type.dtype]:
         raise InterpError(f"interp: tensor {o.attr('arg')} is {t.dtype}, the IR loads {r.type.dtype}")
-    if o.attr("stack") is None:
-        return tma_load(t, coords_of(ctx, o), r.type.shape)
-    arg2, coords2 = o.attr("stack")  # the second half of the rows from another tensor
-    half = (r.type.shape[0] // 2, *r.type.shape[1:])
-    return torch.cat([tma_load(t, coords_of(ctx, o), half),
-                      tma_load(ctx.tensor(arg2), tuple(int(ctx.eval(c)) for c in coords2), half)])
+    return tma_load(t, coords_of(ctx, o), r.type.shape)
 
 
 def skipped(ctx, o: Op) -> bool:
@@ -334,11 +329,6 @@ def _exp2(ctx, o, args):
 @semantics("silu")
 def _silu(ctx, o, args):
     return torch.nn.functional.silu(args[0].float())
-
-
-@semantics("halves")
-def _halves(ctx, o, args):
-    return tuple(args[0].chunk(2, dim=1))
 
 
 @semantics("gelu")

@@ -249,10 +249,6 @@ class Options:
     # after the tile's K steps into SMEM and read by the consumer, instead of pointer loads in the consumer (a
     # burst of loads by every CTA at once after its last mma, with the tensor cores idle)
     epilogue_tma: bool = False
-    # GEMM template, swiglu: the gate and up weights' [block_n, block_k] tiles stacked into one [2 block_n, block_k]
-    # SMEM tile (two TMA copies) and one wgmma of twice the width into one accumulator, whose column halves the epilogue
-    # takes apart (``halves``), instead of two wgmmas that each read the A tile from SMEM again
-    stack_weights: bool = False
 
     def items(self) -> list[tuple[str, Any]]:
         return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]

@@ -11,8 +11,7 @@ Fields:
     axes         how the result's axes follow the operands' (data_partition's split rule; codegen's layouts):
                  "elementwise" (same shape; size-1 dims broadcast), "mma" (rows from A and the accumulator,
                  columns from B), "trans" (swapped), "expand" (a new size-1 dim at ``axis``), "reduce"
-                 (``axis`` removed), "rows" (rows follow the operand's, columns are the op's own: ``halves``),
-                 "source" (no tile operands: read from memory), None (no tile result)
+                 (``axis`` removed), "source" (no tile operands: read from memory), None (no tile result)
     output       writes a kernel output; data_partition splits its operand along rows (axis 0)
     accumulates  an output that adds into memory (atomically) instead of overwriting it: several CTAs may target one
                  element (the interpreter's ``global-race`` check allows it), and data_partition may feed it a
@@ -61,9 +60,6 @@ OPS: dict[str, OpKind] = _kinds(
     OpKind("loop", (0, None), (0, None), structural=True),
     OpKind("yield", (0, None), _NONE, structural=True),
     # memory
-    # a TMA copy of the tile at ``coords`` of ``arg`` into SMEM; ``stack`` (optional, (arg2, coords2)): the tile's
-    # second half of rows comes from ``arg2`` at ``coords2`` (two copies into one tile: swiglu's gate and up weight
-    # tiles as one wgmma B operand, ``Options.stack_weights``)
     OpKind("load", _NONE, _ONE, axes="source", latency=1),
     OpKind("load_vec", _NONE, _ONE, axes="source"),
     # a masked pointer load of a 2-D tile straight into registers (the residual epilogue's R): rows row + r
@@ -127,9 +123,6 @@ OPS: dict[str, OpKind] = _kinds(
     OpKind("cast", _UNARY, _ONE, axes="elementwise"),
     OpKind("exp2", _UNARY, _ONE, axes="elementwise"),
     OpKind("silu", _UNARY, _ONE, axes="elementwise"),  # x * sigmoid(x), fp32 (the swiglu epilogue)
-    # a register tile's first and second half of columns as two tiles (the stacked swiglu accumulator's gate and up
-    # parts; register-only in wgmma's layout: a thread holding column c also holds c + n/2)
-    OpKind("halves", _UNARY, (2, 2), axes="rows"),
     # F.gelu in fp32, attr approximate "tanh" or "none" (erf) (the GEMM activation epilogue)
     OpKind("gelu", _UNARY, _ONE, axes="elementwise"),
     # RoPE's rotate-half on each group of ``width`` columns (a head): column c of a group takes -x[c + width/2] for

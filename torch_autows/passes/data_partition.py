@@ -71,10 +71,6 @@ def _operand_axes(o: Op, axis: int, types: dict[str, TileType]) -> dict[str, int
     if rule == "reduce":
         r = o.attr("axis")
         return {o.operands[0]: axis if axis < r else axis + 1}
-    if rule == "rows":
-        if axis != 0:
-            raise PassError(f"data_partition: {o.kind} keeps rows only; its result cannot be split along axis {axis}")
-        return {o.operands[0]: 0}
     if rule == "source":
         return {}
     raise PassError(f"data_partition: no split rule for op kind {o.kind!r} (give it ``axes`` in ir/kinds.py)")

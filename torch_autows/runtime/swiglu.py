@@ -45,11 +45,6 @@ CONFIGS: dict[str, Options] = {
     # the widest tile that leaves registers for the epilogue (128x256 would need all 256 for the accumulators).
     # A, gate and up tiles are 48 KB a stage: 4 stages and two 16 KB staging tiles fill 227 KB.
     "swiglu_p_128x128": Options(block_m=128, block_n=128, block_k=64, stages=4, data_partition=2, persistent=True),
-    # ... with the gate and up tiles stacked into one [256, 64] SMEM tile and one m64n256 wgmma a step into one
-    # 64x256 accumulator per consumer (Options.stack_weights), instead of two m64n128 wgmmas that each read the A tile
-    # from SMEM: the 128x256 GEMM tile's shape. nn.Linear's weight layout only (``stacks``).
-    "swiglu_p_128x128_sw": Options(block_m=128, block_n=128, block_k=64, stages=4, data_partition=2, persistent=True,
-                                   stack_weights=True),
 }
 #: Decode tiles (a few rows): one 64-row consumer warpgroup, as deep a ring as SMEM holds, the K loop split
 #: across ``s`` CTAs (passes/split_k; one reduction of both accumulators) so that enough SMs stream the weights.
@@ -201,9 +196,6 @@ def gemm_swiglu(a, bg, bu, out_dtype, config: str | None = None, out: torch.Tens
             return None
         config = _measured_config(d, ta, tb, out, CONFIGS)
     name = choose_config(M, N, K) if config in (None, "auto") else config
-    if CONFIGS[name].stack_weights and not tb:
-        raise Unsupported(f"config {name} stacks the gate and up weights' tiles: it serves weights given as w.t() of "
-                          f"row-major [N, K] tensors (nn.Linear's layout); name another config, or config='auto'")
     if CONFIGS[name].swap_ab and not swap_fits(ta, tb, out):
         raise Unsupported(f"config {name} is swap-AB: it serves a row-major a, gate and up weights given as w.t() "
                           f"of row-major [N, K] tensors (nn.Linear's layout) and a contiguous out; name another "

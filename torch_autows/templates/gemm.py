@@ -209,11 +209,6 @@ def build(req: GemmRequest, opts: Options) -> Program:
     col_b_t = "pid_b*N+pid_n*%d" % BN if batched else "pid_n*%d" % BN
     swiglu = req.epilogue == "swiglu"
     weights = ("b", "bu") if swiglu else ("b",)  # the up weight of swiglu is laid out as the gate weight b
-    stacked = swiglu and opts.stack_weights
-    if opts.stack_weights and not (swiglu and req.trans_b and 2 * BN <= 256):
-        raise ValueError(f"gemm template: stack_weights stacks swiglu's gate and up tiles of nn.Linear weights ([N, K] "
-                         f"memory, trans_b) into one wgmma B of 2 x block_n <= 256 columns; got epilogue "
-                         f"{req.epilogue!r}, trans_b={req.trans_b}, block_n={BN}: use stack_weights=False")
     args = [Arg("a", "tensor", dt, ("K", "M") if req.trans_a else ("M", "K")),
             *(Arg(w, "tensor", dt, ("N", "K") if req.trans_b else ("K", "N")) for w in weights),
             Arg("c", "tensor", odt, ("M", "N"), out=True)]
@@ -244,11 +239,7 @@ def build(req: GemmRequest, opts: Options) -> Program:
     else:
         a_ops = [op("load", [Value("a", T(dt, (BM, BK), "smem"))], arg="a", coords=(row_a, "k*%d" % BK))]
     b_ops = []
-    if stacked:  # one [2BN, BK] tile: the gate rows, then the up rows (two TMA copies), one mma into [BM, 2BN]
-        b_ops += [op("load", [Value("w_t", T(dt, (2 * BN, BK), "smem"))], arg="b", coords=(col_b_t, "k*%d" % BK),
-                     stack=("bu", (col_b_t, "k*%d" % BK))),
-                  op("trans", [Value("w", T(dt, (BK, 2 * BN), "smem"))], ["w_t"])]
-    for w in weights if not stacked else ():
+    for w in weights:
         if req.trans_b:
             b_ops += [op("load", [Value(f"{w}_t", T(dt, (BN, BK), "smem"))], arg=w, coords=(col_b_t, "k*%d" % BK)),
                       op("trans", [Value(w, T(dt, (BK, BN), "smem"))], [f"{w}_t"])]
@@ -256,17 +247,12 @@ def build(req: GemmRequest, opts: Options) -> Program:
             b_ops.append(op("load", [Value(w, T(dt, (BK, BN), "smem"))], arg=w, coords=(row_b, "pid_n*%d" % BN)))
     acc_t = T("f32", (BM, BN))
     accs = ("acc", "acc_u") if swiglu else ("acc",)  # one accumulator per weight, each from zeros
-    if stacked:  # one accumulator of both: gate columns, then up columns
-        accs, weights = ("accw",), ("w",)
-    loop_t = T("f32", (BM, 2 * BN)) if stacked else acc_t
-    body += [op("zeros", [Value(f"{x}0", loop_t)]) for x in accs]
+    body += [op("zeros", [Value(f"{x}0", acc_t)]) for x in accs]
     loop_body = [*a_ops, *b_ops,
-                 *(op("mma", [Value(f"{x}_next", loop_t)], ["a", w, x]) for x, w in zip(accs, weights)),
+                 *(op("mma", [Value(f"{x}_next", acc_t)], ["a", w, x]) for x, w in zip(accs, weights)),
                  op("yield", [], [f"{x}_next" for x in accs])]
-    body.append(op("loop", [Value(f"{x}_out", loop_t) for x in accs], [f"{x}0" for x in accs], loop_body, var="k",
+    body.append(op("loop", [Value(f"{x}_out", acc_t) for x in accs], [f"{x}0" for x in accs], loop_body, var="k",
                    lb=0, ub="cdiv(K,%d)" % BK, iter_args=accs))
-    if stacked:
-        body.append(op("halves", [Value("acc_out", acc_t), Value("acc_u_out", acc_t)], ["accw_out"]))
     last = "acc_out"
     if swiglu:  # silu(gate) * up, in fp32
         body += [op("silu", [Value("gate", acc_t)], ["acc_out"]),
@@ -320,6 +306,6 @@ def build(req: GemmRequest, opts: Options) -> Program:
     if batched:
         name += "_batched"
     if swiglu:
-        name += "_swiglu" + ("_stacked" if stacked else "")
+        name += "_swiglu"
     grid = Grid(tuple(tiles), opts.persistent, opts.group_m, opts.serpentine)
     return Program(name, tuple(args), grid, opts, tuple(body), template="gemm")
