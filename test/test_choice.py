@@ -62,7 +62,8 @@ def test_measured_rule_keeps_the_vendor_unless_ours_wins_every_round(measure, mo
     d = choice.decide(KEY, ours, vendor, prior=True, device=CUDA)
     assert not d.use_ours and d.source == "measured"
     assert d.spread == pytest.approx((1 / 0.90 - 1.0) / (1 / 0.95))
-    assert calls == ["ours", "vendor"] * choice.ROUNDS  # interleaved rounds
+    # interleaved rounds, the vendor first in every other one
+    assert calls == ["ours", "vendor", "vendor", "ours", "ours", "vendor"] and choice.ROUNDS == 3
     choice.reset()
     ours, vendor, _, _ = _timed(monkeypatch, [0.80, 0.81, 0.80], [1.0, 1.0, 1.01])
     key2 = (*KEY[:-1], 8192)
@@ -246,7 +247,7 @@ def test_candidate_configs_are_timed_in_every_round_and_the_fastest_kept(measure
     median is ours, compared with the vendor by the every-round rule, and its name is recorded and read back."""
     _, vendor, calls, side = _timed(monkeypatch, [], [0.9, 0.9, 0.9], dec_a=[1.0, 1.1, 1.0], decs_b=[0.7, 0.71, 0.69])
     d = choice.decide(KEY, {"dec_a": side("dec_a"), "decs_b": side("decs_b")}, vendor, prior=False, device=CUDA)
-    assert calls == ["dec_a", "decs_b", "vendor"] * choice.ROUNDS
+    assert calls == ["dec_a", "decs_b", "vendor", "vendor", "decs_b", "dec_a", "dec_a", "decs_b", "vendor"]
     assert d.use_ours and d.config == "decs_b" and d.ours_ms == 0.70 and "autows decs_b" in d.describe()
     choice.reset()  # a new process reads the config from the disk
     assert choice.decide(KEY, {}, vendor, prior=False, device=CUDA).config == "decs_b"
@@ -282,3 +283,13 @@ def test_decode_candidates():
     assert gc.decode_candidates(8, 4096, 4096, swap=False) == [gc.choose_config(8, 4096, 4096)]
     assert gc.decode_candidates(128, 4096, 4096, swap=True) == [gc.choose_config(128, 4096, 4096)]
     assert all(c in gc.CONFIGS for m in (1, 32, 64) for c in gc.decode_candidates(m, 6144, 4096, swap=True))
+
+
+def test_the_sides_run_in_turn_before_the_timed_rounds(measure, monkeypatch):
+    """The GPU is brought to its working clocks first: every side runs in turn for SETTLE_MS before the rounds (a first
+    round at idle clocks charged the side timed first ~10%, H200)."""
+    ours, vendor, calls, _ = _timed(monkeypatch, [0.8] * 3, [1.0] * 3)
+    settled = []
+    monkeypatch.setattr(choice, "_settle", lambda runs, ms: settled.append(([r.side for r in runs], ms)))
+    choice.decide(KEY, ours, vendor, prior=False, device=CUDA)
+    assert settled == [(["ours", "vendor"], choice.SETTLE_MS)] and choice.SETTLE_MS >= 100
