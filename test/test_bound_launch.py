@@ -110,6 +110,16 @@ def test_attention_bound_allocates_the_outputs_of_the_full_path(fake_gpu):
     assert l1.shape == l2.shape == (2, 4, 100) and l1.stride() == l2.stride() and l2.dtype == torch.float32
 
 
+def test_attention_bound_output_takes_vs_head_dim(fake_gpu):
+    """q/k of head dim 192, v of 128 (MLA prefill): a repeated call allocates the output the full path does."""
+    q, k = (torch.randn(2, 4, 100, 192).bfloat16() for _ in range(2))
+    v = torch.randn(2, 4, 100, 128).bfloat16()
+    o1, _ = rta.attention(q, k, v, True, 0.125)  # full path
+    o2, _ = rta.attention(q, k, v, True, 0.125)  # bound
+    assert fake_gpu[0] == "slow" and len(fake_gpu) == 2
+    assert o1.shape == o2.shape == (2, 4, 100, 128) and o1.stride() == o2.stride()
+
+
 def test_attention_with_copies_is_not_bound(fake_gpu):
     q = torch.randn(1, 2, 64, 64).bfloat16()
     k_d_strided = torch.randn(1, 2, 64, 64).bfloat16().transpose(2, 3).contiguous().transpose(2, 3)

@@ -67,7 +67,7 @@ def cases():
             opts = rt_attention.options_for(config, scale)
             for o_tma in (False, True) if rt_attention.o_tma_ok(opts.block_m, d, opts) else (False,):
                 req = AttentionRequest(d, dt, causal, o_tma=o_tma)
-                key = str(req).replace(", o_tma=False", "")  # the keys from before the field
+                key = str(req).replace(", o_tma=False", "").replace(", d_v=0", "")  # the keys from before the fields
                 out.append((f"attention/{config}/{key}/scale{'+' if scale > 0 else '-'}", build_attention, req, opts))
     out += _attention_bwd_cases()
     return out

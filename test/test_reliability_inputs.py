@@ -14,6 +14,7 @@ OPS = torch.ops.autows
 a, b = torch.randn(6, 5), torch.randn(5, 3)
 A, B = torch.randn(2, 6, 5), torch.randn(2, 5, 3)
 q, kv, kv2 = torch.randn(2, 4, 8, 16), torch.randn(2, 4, 10, 16), torch.randn(2, 2, 10, 16)
+v24 = torch.randn(2, 2, 10, 24)  # a v head dim of its own
 a7, b7 = torch.randn(7, 13), torch.randn(13, 5)
 
 
@@ -51,8 +52,8 @@ BAD = [  # (id, calls, exception, message pattern)
     ("bmm int", _bmm(A.long(), B.long()), TypeError, "dtype torch.int64"),
     ("attention 3-D q", _att(q[0], kv, kv), ValueError, "q must be 4-D"),
     ("attention 5-D k", _att(q, kv[None], kv), ValueError, "k must be 4-D"),
-    ("attention head dim", _att(q, kv[..., :8], kv[..., :8]), ValueError, "head dims differ"),
-    ("attention Dv", _att(q, kv, kv[..., :8]), ValueError, "head dims differ"),
+    ("attention head dim", _att(q, kv[..., :8], kv[..., :8]), ValueError, "head dims of q .* and k .* differ"),
+    ("attention k head dim", _att(q, kv[..., :8], kv), ValueError, "head dims of q .* and k .* differ"),
     ("attention k/v lengths", _att(q, kv, kv[:, :, :9]), ValueError, "do not match"),
     ("attention batch", _att(q, kv[:1], kv[:1]), ValueError, "do not match"),
     ("attention GQA without flag", _att(q, kv2, kv2), ValueError, "enable_gqa=True"),
@@ -110,6 +111,10 @@ GOOD = [  # (id, calls, torch reference)
     ("attention H=0", _att(q[:, :0], kv[:, :0], kv[:, :0], gqa=True), lambda: q[:, :0].clone()),
     ("attention BSHD q", _att(q.transpose(1, 2).contiguous().transpose(1, 2), kv, kv),
      lambda: SDPA(q, kv, kv)),
+    # a v head dim of its own (DeepSeek's MLA prefill: 192 / 128): the output takes v's
+    ("attention Dv", _att(q, kv, kv[..., :8]), lambda: SDPA(q, kv, kv[..., :8])),
+    ("attention Dv GQA causal", _att(q, kv2, v24, True, gqa=True),
+     lambda: SDPA(q, kv2, v24, is_causal=True, enable_gqa=True)),
 ]
 
 
@@ -144,7 +149,9 @@ def _opcheck_cases():
               (OPS.attention, (r(2, 4, 5, 16), r(2, 4, 0, 16), r(2, 4, 0, 16), False, None, False), "attention Skv=0"),
               (OPS.attention, (r(2, 4, 5, 0), r(2, 4, 6, 0), r(2, 4, 6, 0), False, None, False), "attention D=0"),
               (OPS.attention, (r(1, 3, 7, 12), r(1, 3, 5, 12), r(1, 3, 5, 12), True, -0.3, False),
-               "attention odd causal Sq>Skv scale<0")]
+               "attention odd causal Sq>Skv scale<0"),
+              (OPS.attention, (r(2, 4, 9, 24), r(2, 2, 11, 24), r(2, 2, 11, 16), True, None, True),
+               "attention Dv gqa causal")]
     return [pytest.param(op, args, id=name) for op, args, name in cases]
 
 

@@ -67,25 +67,37 @@ def _gemm(args) -> int:
 
 
 def _attention(args) -> int:
-    from .runtime.attention import CONFIGS, HEAD_DIMS, choose_config, o_tma_ok, serves
+    from .runtime.attention import CONFIGS, HEAD_DIMS, V_HEAD_DIMS, choose_config, o_tma_ok, serves
     from .runtime.launch import compile_kernel
     from .templates.attention import AttentionRequest
 
-    config = args.config or choose_config(args.d, args.causal, args.skv or args.s)
+    dv = args.dv or args.d
+    if dv != args.d and (args.d, dv) not in V_HEAD_DIMS:
+        print(f"head dims {args.d}/{dv}: a v head dim of its own is served as "
+              f"{', '.join(f'{a}/{b}' for a, b in V_HEAD_DIMS)}; torch_autows.ops.attention falls back to torch "
+              f"SDPA for others", file=sys.stderr)
+        return 2
+    config = args.config or choose_config(args.d, args.causal, args.skv or args.s, dv)
     if config not in CONFIGS:
         print(f"unknown config {config!r}; choose one of {sorted(CONFIGS)}", file=sys.stderr)
         return 2
     try:
-        req = AttentionRequest(args.d, args.dtype, args.causal, o_tma=o_tma_ok(args.s, args.d, CONFIGS[config]))
+        req = AttentionRequest(args.d, args.dtype, args.causal, o_tma=o_tma_ok(args.s, dv, CONFIGS[config]),
+                               d_v=dv if dv != args.d else 0)
     except ValueError as e:
         print(f"{e}; torch_autows.ops.attention falls back to torch SDPA for it", file=sys.stderr)
         return 2
-    if not serves(config, args.d):
-        print(f"config {config!r} serves head dims {HEAD_DIMS[config]}, not {args.d}", file=sys.stderr)
+    if not serves(config, args.d, dv):
+        if dv == args.d:
+            print(f"config {config!r} serves head dims {HEAD_DIMS[config]}, not {args.d}", file=sys.stderr)
+        else:
+            print(f"config {config!r} does not serve head dims {args.d}/{dv} (served by {V_HEAD_DIMS[(args.d, dv)]})",
+                  file=sys.stderr)
         return 2
     hkv, skv = args.hkv or args.h, args.skv or args.s
-    print(f"# problem: B={args.b} Hq={args.h} Hkv={hkv} Sq={args.s} Skv={skv} D={args.d} "
-          f"causal={args.causal} ({args.dtype}); the kernel takes B, heads and lengths at run time")
+    print(f"# problem: B={args.b} Hq={args.h} Hkv={hkv} Sq={args.s} Skv={skv} D={args.d}"
+          + (f" Dv={dv}" if dv != args.d else "")
+          + f" causal={args.causal} ({args.dtype}); the kernel takes B, heads and lengths at run time")
     print(f"# request: {req}\n# config: {config}")
     return _show(compile_kernel("attention", req, CONFIGS[config]), args, (args.b, args.h, hkv, args.s, skv), None)
 
@@ -270,6 +282,9 @@ def _parser() -> _Parser:
     a = kinds.add_parser("attention", help="flash-attention forward, SDPA semantics, with lse",
                          description="Flash-attention forward (SDPA semantics), also returning the logsumexp.")
     _attention_problem(a, "64, 96, 128, 192 or 256")
+    a.add_argument("--dv", type=_positive, default=None,
+                   help="head dim of v and the output where it differs from --d: "
+                        + ", ".join(f"{d}/{dv}" for d, dv in rt_attention.V_HEAD_DIMS) + " (default: --d)")
     names = [f"{c} (d={'/'.join(map(str, rt_attention.HEAD_DIMS[c]))})" for c in rt_attention.CONFIGS]
     a.add_argument("--config", default=None, help=f"runtime config name, one of {', '.join(names)} "
                                                    f"(default: the runtime heuristic's pick)")

@@ -49,18 +49,19 @@ def _reduce_kv(g: torch.Tensor, group: int) -> torch.Tensor:
     return g.view(B, H // group, group, S, D).sum(dim=2)
 
 
-def flash_backward_ok(q: torch.Tensor, k: torch.Tensor, is_causal: bool, grad_lse) -> bool:
-    """Whether torch's flash-attention backward computes exactly our gradients for this call."""
+def flash_backward_ok(q: torch.Tensor, k: torch.Tensor, is_causal: bool, grad_lse, v=None) -> bool:
+    """Whether torch's flash-attention backward computes exactly our gradients for this call (``v``, where given,
+    must have q's head dim: flash has one)."""
     D = q.shape[-1]
     return (q.is_cuda and torch.version.hip is None and q.dtype in _FLASH_DTYPES and grad_lse is None
-            and isinstance(D, int) and D % 8 == 0 and D <= 256
+            and isinstance(D, int) and D % 8 == 0 and D <= 256 and (v is None or v.shape[-1] == D)
             and (not is_causal or q.shape[2] == k.shape[2]))
 
 
-def cudnn_backward_ok(q: torch.Tensor, k: torch.Tensor, is_causal: bool, grad_lse) -> bool:
+def cudnn_backward_ok(q: torch.Tensor, k: torch.Tensor, is_causal: bool, grad_lse, v=None) -> bool:
     """Whether cuDNN's SDPA backward computes our gradients for this call (grouped k/v heads included). cuDNN refuses
     one query against one key ("s_q = s_kv = 1 is not supported", cuDNN 9.19 on the H200): flash serves that."""
-    if not flash_backward_ok(q, k, is_causal, grad_lse) or q.shape[-1] > 128:
+    if not flash_backward_ok(q, k, is_causal, grad_lse, v) or q.shape[-1] > 128:
         return False
     if q.shape[2] == 1 and k.shape[2] == 1:
         return False
@@ -157,12 +158,12 @@ def attention_backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, s
 
 def vendor_backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: float):
     """(dq, dk, dv) by torch: cuDNN's backward where it serves the call, else flash's, else the math in fp32."""
-    if grad_out is not None and cudnn_backward_ok(q, k, is_causal, grad_lse):
+    if grad_out is not None and cudnn_backward_ok(q, k, is_causal, grad_lse, v):
         dq, dk, dv = _cudnn_backward(grad_out, q, k, v, out, lse, is_causal, scale)
         return dq, dk, dv
     group = _group(q, k)
     ke, ve = _expand_kv(k, group), _expand_kv(v, group)
-    if grad_out is not None and flash_backward_ok(q, k, is_causal, grad_lse):
+    if grad_out is not None and flash_backward_ok(q, k, is_causal, grad_lse, v):
         dq, dk, dv = _flash_backward(grad_out, q, ke.contiguous(), ve.contiguous(), out, lse, is_causal, scale)
     else:
         dq, dk, dv = _math_backward(grad_out, grad_lse, q, ke, ve, out, lse, is_causal, scale)

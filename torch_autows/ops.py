@@ -123,9 +123,10 @@ def check_attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, dtyp
     B, Hq, Sq, D = q.shape
     if k.shape[0] != B or v.shape[0] != B or k.shape[1] != v.shape[1] or k.shape[2] != v.shape[2]:
         raise ValueError(f"attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not match "
-                         "(need q [B, Hq, Sq, D] and k, v [B, Hkv, Skv, D])")
-    if k.shape[3] != D or v.shape[3] != D:
-        raise ValueError(f"attention: head dims differ (q {D}, k {k.shape[3]}, v {v.shape[3]}); they must be equal")
+                         "(need q [B, Hq, Sq, D], k [B, Hkv, Skv, D] and v [B, Hkv, Skv, Dv])")
+    if k.shape[3] != D:
+        raise ValueError(f"attention: head dims of q ({D}) and k ({k.shape[3]}) differ; they must be equal (v's may "
+                         f"differ: the output takes v's)")
     Hkv = k.shape[1]
     if Hkv != Hq and not enable_gqa:
         raise ValueError(f"attention: q has {Hq} heads and k/v {Hkv}; pass enable_gqa=True for grouped-query attention")
@@ -332,7 +333,8 @@ def torch_gemm_rope(a, b, cos, sin, bias=None):
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
               scale: float | None = None, enable_gqa: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """SDPA forward, torch semantics: q [B, Hq, Sq, D], k/v [B, Hkv, Skv, D] -> (out, lse fp32 [B, Hq, Sq]).
+    """SDPA forward, torch semantics: q [B, Hq, Sq, D], k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv] -> (out [B, Hq, Sq, Dv],
+    lse fp32 [B, Hq, Sq]). Dv may differ from D (e.g. DeepSeek's MLA prefill: D = 192, Dv = 128).
 
     ``lse`` is the natural-log log-sum-exp of each row of the scaled scores (what a backward needs).
     Differentiable: where an input requires grad, the call goes through ``torch.ops.autows.attention``.

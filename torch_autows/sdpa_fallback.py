@@ -73,6 +73,7 @@ def softmax_from_lse(s: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
 def fused_attention(kind: str, q, k, v, is_causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse fp32 [B, Hq, Sq]) from one of torch's fused kernels ("cudnn", "flash", "efficient")."""
     B, Hq, Sq, D = q.shape
+    Dv = v.shape[-1]
     aten = torch.ops.aten
     if kind == "cudnn":
         res = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, is_causal, False, scale=scale)
@@ -89,8 +90,8 @@ def fused_attention(kind: str, q, k, v, is_causal: bool, scale: float) -> tuple[
     else:
         raise ValueError(f"unknown fused attention kernel {kind!r}; use 'cudnn', 'flash' or 'efficient'")
     out, lse = res[0], res[1]
-    if out.shape[-1] != D:
-        out = out[..., :D]
+    if out.shape[-1] != Dv:  # flash's padding columns
+        out = out[..., :Dv]
     if lse.dim() == 4:  # cuDNN: [B, H, S, 1]
         lse = lse[..., 0]
     return out, lse[:, :, :Sq].float()  # efficient pads rows to a multiple of 32
@@ -138,7 +139,7 @@ def _last_dim_contiguous(*ts, ignore_singleton: bool) -> bool:
 def _can_flash(q, k, v, is_causal, cap) -> bool:
     D, Sq, Skv = q.shape[-1], q.shape[2], k.shape[2]
     return (torch.backends.cuda.flash_sdp_enabled() and (8, 0) <= cap <= (12, 1) and q.dtype in _HALF
-            and D <= 256 and min(Sq, Skv) > 0 and (not is_causal or Sq == Skv)
+            and D <= 256 and v.shape[-1] == D and min(Sq, Skv) > 0 and (not is_causal or Sq == Skv)
             and _last_dim_contiguous(q, k, v, ignore_singleton=True))
 
 

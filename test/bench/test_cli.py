@@ -37,7 +37,10 @@ def test_gemm_dry_run_lists_the_gemm_set(capsys):
 
 def test_attention_dry_run_grid(capsys):
     rc, out, _ = _run(capsys, "attention", "--dry-run")
-    assert rc == 0 and "56 case(s)" in out  # 28 of head dims 64/128, 18 of 96/192/256, 10 Llama-3.1 GQA 64/8
+    # 28 of head dims 64/128, 18 of 96/192/256, 10 Llama-3.1 GQA 64/8, 6 MLA prefill (q/k 192, v 128)
+    assert rc == 0 and "62 case(s)" in out
+    assert "s4096-d192v128-causal " in out and "B=4 Hq=16 Hkv=16 S=4096 D=192 Dv=128 causal=True" in out
+    assert "  efficient " in out
     assert "s4096-d96-causal " in out and "B=4 Hq=16 Hkv=16 S=4096 D=96 causal=True" in out
     assert "s512-d64 " in out and "B=32 Hq=32 Hkv=32 S=512 D=64 causal=False" in out
     assert "s16384-d128-causal" in out and "B=1 Hq=16 Hkv=16 S=16384 D=128 causal=True" in out

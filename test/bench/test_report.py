@@ -180,7 +180,8 @@ def test_attention_panels_by_head_dim_causal_gqa():
     got = panels("attention", names)
     assert [t for t, _, _ in got] == ["d64", "d64 causal", "d128", "d128 causal", "d128 GQA32/8",
                                       "d128 causal GQA32/8", "d96", "d96 causal", "d192", "d192 causal", "d256",
-                                      "d256 causal", "d128 GQA64/8", "d128 causal GQA64/8"]
+                                      "d256 causal", "d128 GQA64/8", "d128 causal GQA64/8", "d192v128",
+                                      "d192v128 causal"]
     assert got[0][2] == ["512", "1k", "2k", "4k", "8k", "16k"] and sum(len(cs) for _, cs, _ in got) == len(names)
     many = panels("decode", [f"c{i}" for i in range(30)])
     assert len(many) == 3 and all(len(cs) == 10 for _, cs, _ in many)
@@ -206,7 +207,7 @@ def test_plot_is_relative_to_best_peer_and_readable_size(tmp_path):
     import struct
 
     w, h = struct.unpack(">II", path.read_bytes()[16:24])  # PNG IHDR
-    assert 800 < w < 2000 and h < 1900  # 14 panels: 5 rows of 3
+    assert 800 < w < 2000 and h < 2200  # 16 panels: 6 rows of 3
 
 
 def test_try_plot_without_matplotlib_is_one_note(tmp_path, gemm_rows, monkeypatch):

@@ -129,3 +129,59 @@ def test_head_dim_80_falls_back_with_reason(caplog):
     with caplog.at_level("WARNING", logger="torch_autows"):
         torch_autows.ops.attention(q, q, q)
     assert "head_dim 80" in caplog.text and fallback.counters["attention.fallback"] == 1
+
+
+def _mla_cases(n=40, seed=3):
+    """q/k of head dim 192 and v of 128 (DeepSeek's MLA prefill), every config runtime.attention lists for the pair."""
+    rng = random.Random(seed)
+    seqs = [1, 17, 127, 128, 300, 384, 1000, 4097]
+    configs = rt.V_HEAD_DIMS[(192, 128)]
+    return [dict(b=rng.choice([1, 2]), hkv=rng.choice([1, 2, 4]), g=rng.choice([1, 2]), sq=rng.choice(seqs),
+                 skv=rng.choice(seqs), causal=rng.random() < 0.5, dtype=rng.choice([torch.bfloat16, torch.float16]),
+                 bshd=rng.random() < 0.3, kv_bshd=rng.random() < 0.3, scale=rng.choice([None, 0.3, -0.3]),
+                 config=configs[i % len(configs)]) for i in range(n)]
+
+
+@pytest.mark.parametrize("c", _mla_cases(), ids=lambda c: _id({**c, "d": "192v128"}))
+def test_attention_v_head_dim_of_its_own(c):
+    torch.manual_seed(hash(str(c)) % 2**31)
+    hq = c["hkv"] * c["g"]
+
+    def mk(h, s, d, bshd):
+        if bshd:
+            return torch.randn(c["b"], s, h, d, device="cuda", dtype=c["dtype"]).transpose(1, 2)
+        return torch.randn(c["b"], h, s, d, device="cuda", dtype=c["dtype"])
+
+    q, k = mk(hq, c["sq"], 192, c["bshd"]), mk(c["hkv"], c["skv"], 192, c["kv_bshd"])
+    v = mk(c["hkv"], c["skv"], 128, c["kv_bshd"])
+    scale = c["scale"] if c["scale"] is not None else 192 ** -0.5
+    out = torch.full((c["b"], hq, c["sq"], 128), float("nan"), device="cuda", dtype=c["dtype"])
+    lse = torch.full((c["b"], hq, c["sq"]), float("nan"), device="cuda")
+    rt.attention(q, k, v, c["causal"], scale, config=c["config"], out=out, lse=lse)
+    ref, ref_lse = torch_attention(q.float(), k.float(), v.float(), c["causal"], scale)
+    torch.cuda.synchronize()
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert ((out.float() - ref).norm() / ref.norm().clamp_min(1e-6)).item() < 1e-2
+    torch.testing.assert_close(lse, ref_lse, atol=2e-2, rtol=1e-3)
+
+
+def test_attention_v_head_dim_through_the_op_and_autograd():
+    """ops.attention serves 192 / 128 with the generated kernel (counted), and its gradients (the vendor's backward:
+    here the math, as flash and cuDNN take one head dim) match fp32 autograd."""
+    from torch_autows import ops
+
+    fallback.reset()
+    q, k = (torch.randn(2, 8, 1000, 192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    v = torch.randn(2, 8, 1000, 128, device="cuda", dtype=torch.bfloat16)
+    out, lse = ops.attention(q, k, v, is_causal=True)
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    assert out.shape == (2, 8, 1000, 128) and fallback.counters["attention.autows"] >= 1
+    assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
+    qs, ks, vs = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    o, _ = ops.attention(qs, ks, vs, is_causal=True)
+    g = torch.randn_like(o)
+    o.backward(g)
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    torch.nn.functional.scaled_dot_product_attention(qf, kf, vf, is_causal=True).backward(g.float())
+    for got, want in ((qs.grad, qf.grad), (ks.grad, kf.grad), (vs.grad, vf.grad)):
+        assert ((got.float() - want).norm() / want.norm()).item() < 2e-2

@@ -297,3 +297,38 @@ def test_generated_backward_keeps_a_vendor_site_in_the_graph(grad, pretend, capt
     with config.patch(choice="vendor"):
         (gm,) = capture(sdpa_causal, q, k, v)
         assert "the vendor's kernel is chosen" in find_attention_sites(gm.graph)[0].vendor
+
+
+def test_a_v_head_dim_of_its_own(pretend, capture):
+    """DeepSeek's MLA prefill: q and k of head dim 192, v of 128 (the output takes v's): rewritten and equal to eager,
+    as any v head dim SDPA takes (the op serves the pairs the runtime serves and falls back to SDPA for the others,
+    whose reason the runtime's check gives)."""
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(2, 2, 16, 192, generator=g) for _ in range(2))
+    for dv in (128, 64):
+        v = torch.randn(2, 2, 16, dv, generator=g)
+        torch._dynamo.reset()  # a second shape would recompile with symbolic sizes
+        (gm,) = capture(sdpa_causal, q, k, v)
+        sites = rewrite_attention(gm.graph)
+        gm.recompile()
+        assert [s.reason for s in sites] == [None]
+        assert [n.target for n in gm.graph.nodes].count(OP) == 1
+        torch.testing.assert_close(_run(gm, q=q, k=k, v=v), sdpa_causal(q, k, v), atol=1e-5, rtol=1e-5)
+
+
+def test_the_runtime_serves_the_v_head_dims_it_has_configs_for():
+    from torch_autows.runtime import attention as rta
+
+    q = _fake_cuda(2, 2, 16, 192)
+    assert rta.support_reason(q, q, _fake_cuda(2, 2, 16, 128), True, check_device=False) is None
+    why = rta.support_reason(q, q, _fake_cuda(2, 2, 16, 64), True, check_device=False)
+    assert "serves a v head dim of its own only as 192/128" in why
+    assert rta.choose_config(192, True, 4096, 128) in rta.V_HEAD_DIMS[(192, 128)]
+    assert all(rta.serves(c, 192, 128) for c in rta.V_HEAD_DIMS[(192, 128)])
+
+
+def _fake_cuda(*shape):
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    return FakeTensor(FakeTensorMode(), torch.empty(*shape, dtype=torch.bfloat16, device="meta"),
+                      torch.device("cuda", 0))

@@ -1,19 +1,21 @@
 """A head dim that is not a power of two in power-of-two column pieces (``Options.split_d``, equal ones or, with
 ``split_d_binary``, the widest first; templates.attention.d_pieces) instead of one padded tile: the template's IR, the
-same passes, the interpreter under every policy against torch, and the runtime's view and store rules for it."""
+same passes, the interpreter under every policy against torch, and the runtime's view and store rules for it. Also
+q/k and v/o of two head dims (192 / 128, MLA prefill): q and k in pieces, v in its own."""
 from __future__ import annotations
 
 from dataclasses import replace
 
 import expecttest
 import pytest
+from programs import compile_ws_cubin
 
 from torch_autows.codegen import gluon
 from torch_autows.codegen.gluon import block_shapes
 from torch_autows.interp import POLICIES, make_instance, run_partitioned, run_sequential
 from torch_autows.ir import format_program, parse_program, walk
 from torch_autows.passes import pipeline
-from torch_autows.runtime.attention import CONFIGS, o_tma_ok, serves
+from torch_autows.runtime.attention import CONFIGS, V_HEAD_DIMS, o_tma_ok, serves
 from torch_autows.templates.attention import AttentionRequest, build, d_pieces, pieces
 from torch_autows.verify import VerifyError, check
 
@@ -199,3 +201,41 @@ def test_verify_catches_a_wait_on_a_piece_in_flight():
     bad = text.replace(good, "        %s_k0_c0_r:f32[64,64] = mma_wait(%s_k0_c0) {pending=3}\n" + good)
     with pytest.raises(VerifyError, match="waits on %s_k0_c0 while %s_c0 accumulates onto it in flight"):
         check(parse_program(bad))
+
+
+# DeepSeek-style MLA prefill: q and k of head dim 192 (pieces 128 + 64), v and o of 128 (one piece); every config the
+# runtime lists for the pair (runtime.attention.V_HEAD_DIMS)
+_MLA = [(c, *x) for c in sorted({c for cs in V_HEAD_DIMS.values() for c in cs})
+        for x in [("bf16", False, True), ("fp16", True, False), ("bf16", True, True)]]
+
+
+@pytest.mark.parametrize("config,dtype,causal,o_tma", _MLA)
+def test_mla_head_dims_match_torch_under_every_policy(config, dtype, causal, o_tma):
+    before = build(AttentionRequest(192, dtype, causal, o_tma=o_tma, d_v=128), CONFIGS[config])
+    assert before.name.startswith("attn_fwd_%s_d192v128_" % dtype)
+    widths = {(o.attr("arg"), o.results[0].type.shape[-1]) for o in walk(before.body) if o.kind == "load"}
+    assert widths == {("q", 128), ("q_w64", 64), ("k", 128), ("k_w64", 64), ("v", 128)}  # v in one piece
+    after = pipeline.run(before, verify=True)
+    for seed in range(3):
+        inst = make_instance(after, seed)
+        assert "D=192 Dv=128" in inst.desc and inst.reference["o"].shape[-1] % 128 == 0
+        seq = run_sequential(before, inst.inputs())
+        assert inst.matches(seq), (inst.desc, inst.error(seq))
+        for policy in POLICIES:
+            out = run_partitioned(after, inst.inputs(), policy=policy, seed=seed, nprog=2)
+            assert inst.matches(out), (policy, inst.desc, inst.error(out))
+
+
+@pytest.mark.parametrize("config,causal", [(c, causal) for c in sorted({c for cs in V_HEAD_DIMS.values() for c in cs})
+                                           for causal in (False, True)])
+def test_mla_head_dims_compile_without_spills(config, causal):
+    kernel, s = compile_ws_cubin(pipeline.run(build(AttentionRequest(192, "bf16", causal, o_tma=True, d_v=128),
+                                                    CONFIGS[config])))
+    assert "wgmma.mma_async.sync.aligned.m64n128k16" in kernel.asm["ptx"]  # P V: one 128-column piece
+
+
+def test_mla_head_dims_refused_where_a_tile_would_cross_heads():
+    with pytest.raises(ValueError, match="need tiles that end at each head's last column"):
+        build(AttentionRequest(192, "bf16", False, d_v=128), CONFIGS["ws_p_128x64_rm_g16"])  # 192 padded to 256
+    with pytest.raises(ValueError, match="v head dim 80 not served"):
+        AttentionRequest(192, d_v=80)

@@ -42,24 +42,31 @@ class AttnCase:
     head_dim: int
     causal: bool
     dtype: str = "bf16"
+    head_dim_v: int = 0  # v's (and the output's) head dim where it differs from q's and k's (MLA prefill: 128)
 
     @property
     def gqa(self) -> bool:
         return self.kv_heads != self.heads
 
     @property
+    def dv(self) -> int:
+        return self.head_dim_v or self.head_dim
+
+    @property
     def name(self) -> str:
         gqa = f"gqa{self.heads}x{self.kv_heads}-" if self.gqa else ""
-        return f"{gqa}s{self.seqlen}-d{self.head_dim}" + ("-causal" if self.causal else "")
+        dv = f"v{self.dv}" if self.dv != self.head_dim else ""
+        return f"{gqa}s{self.seqlen}-d{self.head_dim}{dv}" + ("-causal" if self.causal else "")
 
     @property
     def flops(self) -> float:
-        f = 4.0 * self.batch * self.heads * self.seqlen * self.seqlen * self.head_dim
+        f = 2.0 * self.batch * self.heads * self.seqlen * self.seqlen * (self.head_dim + self.dv)  # Q K^T and P V
         return f / 2 if self.causal else f
 
     def describe(self) -> str:
+        dv = f" Dv={self.dv}" if self.dv != self.head_dim else ""
         return (f"{self.dtype} B={self.batch} Hq={self.heads} Hkv={self.kv_heads} S={self.seqlen} "
-                f"D={self.head_dim} causal={self.causal}")
+                f"D={self.head_dim}{dv} causal={self.causal}")
 
 
 @dataclass(frozen=True)
@@ -203,6 +210,10 @@ def attention_cases() -> list[AttnCase]:
     for causal in (False, True):
         for s in (2048, 4096, 8192, 16384, 32768):
             cases.append(AttnCase(1, 64, 8, s, 128, causal))
+    # DeepSeek-style MLA prefill: q/k head dim 192 (128 nope + 64 rope), v 128; 16 heads as the other wide dims
+    for causal in (False, True):
+        for s in (1024, 4096, 16384):
+            cases.append(AttnCase(TOKENS // s, 16, 16, s, 192, causal, head_dim_v=128))
     return cases
 
 

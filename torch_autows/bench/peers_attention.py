@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .results import error_text
-from .runner import Bound, Peer, Ref, Suite
+from .runner import Bound, Peer, Ref, Skip, Suite
 
 REF_CHUNK_BYTES = 1 << 30  # fp32 score block per step of the reference
 DEVICE = "cuda"  # tests run the CPU-capable peers with "cpu"
@@ -21,7 +21,7 @@ def make_inputs(case) -> dict:
     B, S, D = case.batch, case.seqlen, case.head_dim
     q = torch.randn(B, case.heads, S, D, device=DEVICE, dtype=dt)
     k = torch.randn(B, case.kv_heads, S, D, device=DEVICE, dtype=dt)
-    v = torch.randn(B, case.kv_heads, S, D, device=DEVICE, dtype=dt)
+    v = torch.randn(B, case.kv_heads, S, getattr(case, "dv", D), device=DEVICE, dtype=dt)
     return {"q": q, "k": k, "v": v, "scale": D ** -0.5}
 
 
@@ -33,12 +33,12 @@ def attention_fp32(q, k, v, causal: bool, scale: float, chunk_bytes: int = REF_C
     import torch
 
     B, Hq, S, D = q.shape
-    Hkv, Skv = k.shape[1], k.shape[2]
+    Hkv, Skv, Dv = k.shape[1], k.shape[2], v.shape[-1]
     rep = Hq // Hkv
     qf = q.reshape(B * Hq, S, D)
     kf = k.reshape(B * Hkv, Skv, D)
-    vf = v.reshape(B * Hkv, Skv, D)
-    out = torch.empty(B * Hq, S, D, device=q.device, dtype=torch.float32)
+    vf = v.reshape(B * Hkv, Skv, Dv)
+    out = torch.empty(B * Hq, S, Dv, device=q.device, dtype=torch.float32)
     lse = torch.empty(B * Hq, S, device=q.device, dtype=torch.float32)
     rows = max(1, min(S, chunk_bytes // (4 * Skv)))
     heads = max(1, chunk_bytes // (4 * Skv * rows))
@@ -62,7 +62,7 @@ def attention_fp32(q, k, v, causal: bool, scale: float, chunk_bytes: int = REF_C
                 del s, p
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev
-    return out.reshape(B, Hq, S, D), lse.reshape(B, Hq, S)
+    return out.reshape(B, Hq, S, Dv), lse.reshape(B, Hq, S)
 
 
 def reference(case, inp) -> Ref:
@@ -70,11 +70,15 @@ def reference(case, inp) -> Ref:
     return Ref(out, lse)
 
 
-def _sdpa_peer(backend_name: str):
+def _sdpa_peer(backend_name: str, only_dv: bool = False):
+    """SDPA under one backend; ``only_dv``: timed only for a v head dim of its own (where FA2 cannot run)."""
     def bind(case, inp) -> Bound:
         import torch
         import torch.nn.functional as F
         from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        if only_dv and case.dv == case.head_dim:
+            raise Skip("timed only where v has a head dim of its own")
 
         q, k, v, scale = inp["q"], inp["k"], inp["v"], inp["scale"]
         ctx = lambda: sdpa_kernel([getattr(SDPBackend, backend_name)])
@@ -118,6 +122,8 @@ def _bind_triton(case, inp) -> Bound:
 
     from . import peers_triton
 
+    if case.dv != case.head_dim:
+        raise Skip("the Triton peer has one head dim")
     q, k, v, scale = inp["q"], inp["k"], inp["v"], inp["scale"]
     out = torch.empty_like(q)
     state = {}
@@ -137,7 +143,7 @@ def _bind_autows(case, inp, mode: str = "autows") -> Bound:
     from .peers_decode import _choice
 
     q, k, v, scale = inp["q"], inp["k"], inp["v"], inp["scale"]
-    note = f"config {choose_config(case.head_dim, case.causal, case.seqlen)}" if mode == "autows" else None
+    note = f"config {choose_config(case.head_dim, case.causal, case.seqlen, case.dv)}" if mode == "autows" else None
     return Bound(lambda: ops.attention(q, k, v, is_causal=case.causal, scale=scale, enable_gqa=case.gqa),
                  counters=("attention",) if mode == "autows" else (), context=_choice(mode), note=note)
 
@@ -149,6 +155,9 @@ def _bind_chosen(case, inp) -> Bound:
 def all_peers() -> tuple[list[Peer], list[str]]:
     peers = [Peer("cudnn", _sdpa_peer("CUDNN_ATTENTION"), "SDPA under sdpa_kernel([SDPBackend.CUDNN_ATTENTION])"),
              Peer("fa2", _sdpa_peer("FLASH_ATTENTION"), "SDPA under sdpa_kernel([SDPBackend.FLASH_ATTENTION])"),
+             Peer("efficient", _sdpa_peer("EFFICIENT_ATTENTION", only_dv=True),
+                  "SDPA under sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]), only where v has a head dim of its own "
+                  "(FA2 has one head dim)"),
              Peer("flex", _bind_flex, "torch.compile(flex_attention), causal via create_block_mask"),
              Peer("triton-autows", _bind_triton,
                   "Triton 3.6 flash loop, tl.range(warp_specialize=True), 128x128, 4 warps"),

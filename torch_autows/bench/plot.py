@@ -28,7 +28,7 @@ COLORS = {
 _SPARE = ("#7f7f7f", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d")
 PANEL_CASES = 12  # cases per panel for works without a natural grouping
 MAX_COLS = 3
-_ATTN = re.compile(r"^(?:(?P<gqa>gqa\d+x\d+)-)?s(?P<s>\d+)-d(?P<d>\d+)(?P<causal>-causal)?$")
+_ATTN = re.compile(r"^(?:(?P<gqa>gqa\d+x\d+)-)?s(?P<s>\d+)-d(?P<d>\d+)(?:v(?P<dv>\d+))?(?P<causal>-causal)?$")
 
 
 def color(impl: str) -> str:
@@ -43,7 +43,8 @@ def panels(work: str, cases: list[str]) -> list[tuple[str, list[str], list[str]]
         groups: dict[tuple, list[str]] = {}
         for c in cases:
             m = _ATTN.match(c)
-            groups.setdefault((m["gqa"] or "", int(m["d"]), bool(m["causal"])), []).append(c)
+            groups.setdefault((m["gqa"] or "", m["d"] + (f"v{m['dv']}" if m["dv"] else ""), bool(m["causal"])),
+                              []).append(c)
         out = []
         for (gqa, d, causal), cs in groups.items():
             title = f"d{d}" + (" causal" if causal else "") + (f" {gqa.upper().replace('X', '/')}" if gqa else "")

@@ -73,8 +73,8 @@ def _check_shapes(site: AttentionSite, k) -> str | None:
         return f"dtypes q {q.dtype}, k {k.dtype}, v {v.dtype}: autows attention needs one of fp16/bf16/fp32"
     if not (support.same_size(q.shape[0], k.shape[0]) and support.same_size(k.shape[0], v.shape[0])):
         return "batch sizes of q, k, v differ (broadcasting is not served)"
-    if not (support.same_size(q.shape[3], k.shape[3]) and support.same_size(k.shape[3], v.shape[3])):
-        return f"head dims differ (q {q.shape[3]}, k {k.shape[3]}, v {v.shape[3]})"
+    if not support.same_size(q.shape[3], k.shape[3]):  # v's may differ (the output takes it), as in SDPA
+        return f"head dims of q ({q.shape[3]}) and k ({k.shape[3]}) differ"
     if not (support.same_size(k.shape[1], v.shape[1]) and support.same_size(k.shape[2], v.shape[2])):
         return "k and v shapes differ"
     hq, hkv = q.shape[1], k.shape[1]

@@ -194,18 +194,22 @@ def _attention_shape(rng: random.Random, o) -> tuple[int, int, int, int, int]:
 def _attention(program: Program, seed: int, shape) -> Instance:
     o = program.options
     rng = random.Random(seed)
-    # the columns the q tiles cover: one tile (maybe padded past D), or the pieces of a split head dim (split_d)
-    tile = sum(x.results[0].type.shape[-1] for x in walk(program.body)
-               if x.kind == "load" and program.base_arg(x.attr("arg")) == "q" and x.chain in (None, 0))
-    # a head dim narrower than the tiles (templates.attention.tile_d) is the output store's column bound
+    # the columns the q and v tiles cover: one tile (maybe padded past D), or the pieces of a split head dim (split_d)
+    tile, tile_v = (sum(x.results[0].type.shape[-1] for x in walk(program.body)
+                        if x.kind == "load" and program.base_arg(x.attr("arg")) == t and x.chain in (None, 0))
+                    for t in ("q", "v"))
+    # a head dim narrower than the tiles (templates.attention.tile_d) is the output store's column bound (a v head
+    # dim other than q's comes only in tiles ending at the head's last column, templates.attention)
     D = next((x.attr("cols_valid") for x in walk(program.body) if x.kind == "store_ptr" and x.attr("cols_valid")), tile)
+    Dv = D if tile_v == tile else tile_v
     causal = any(x.attr("causal") for x in walk(program.body) if x.kind == "mask")
     B, Hq, Hkv, Sq, Skv = shape if shape is not None else _attention_shape(rng, o)
     if shape is None and program.arg("o").kind == "tensor":  # O by TMA store: whole query tiles only (o_tma)
         Sq = -(-Sq // o.block_m) * o.block_m
     dt = TORCH_DTYPE[program.arg("q").dtype]
     gen = torch.Generator().manual_seed(seed)
-    q4, k4, v4 = (torch.randn((B, h, s, D), generator=gen).to(dt) for h, s in ((Hq, Sq), (Hkv, Skv), (Hkv, Skv)))
+    q4, k4, v4 = (torch.randn((B, h, s, d), generator=gen).to(dt) for h, s, d in ((Hq, Sq, D), (Hkv, Skv, D),
+                                                                                   (Hkv, Skv, Dv)))
     # SDPA's default scale, or the edge cases a caller may pass: 0 (uniform rows) and negative
     scale = random.Random(f"scale{seed}").choice((D ** -0.5, D ** -0.5, 0.0, -0.3))
     if o.raw_max:  # that form holds for positive scales only (the runtime builds the other one for the rest)
@@ -222,6 +226,8 @@ def _attention(program: Program, seed: int, shape) -> Instance:
     q_bshd, kv_bshd = rng.random() < 0.5, rng.random() < 0.5
     if tile != D:
         q_bshd, kv_bshd = q_bshd and Hq == 1, kv_bshd and Hkv == 1
+    if Dv != D:  # k and v share their (rb, rh, ch): [B, S, H, D] rows of two head dims only with one head
+        kv_bshd = kv_bshd and Hkv == 1
 
     def rows(t4, bshd):
         b, h, s, d = t4.shape
@@ -237,7 +243,8 @@ def _attention(program: Program, seed: int, shape) -> Instance:
     scalars = {"Sq": Sq, "Skv": Skv, "Hq": Hq, "Hkv": Hkv, "G": Hq // Hkv, "qk_scale": scale * 1.4426950408889634,
                "BH": B * Hq, **dict(zip(("q_rb", "q_rh", "q_ch"), qr)), **dict(zip(("kv_rb", "kv_rh", "kv_ch"), kr)),
                **dict(zip(("o_rb", "o_rh", "o_ch"), orr))}
-    desc = f"batch={B} Hq={Hq} Hkv={Hkv} Sq={Sq} Skv={Skv} D={D}" + (" causal" if causal else "") + \
+    desc = f"batch={B} Hq={Hq} Hkv={Hkv} Sq={Sq} Skv={Skv} D={D}" + (f" Dv={Dv}" if Dv != D else "") + \
+        (" causal" if causal else "") + \
         (" q:BSHD" if q_bshd else "") + (" kv:BSHD" if kv_bshd else "") + (" o:BSHD" if o_bshd else "") + \
         (f" scale={scale}" if scale != D ** -0.5 else "")
     ref = {"o": o_ref, "lse": lse.reshape(-1)}

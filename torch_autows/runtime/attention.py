@@ -5,7 +5,9 @@ it can; works on fake tensors). ``attention`` raises ``Unsupported`` with that r
 templates.attention -> passes.pipeline -> codegen.gluon and returns (out, lse); ``out`` is in q's
 layout when q is a transposed [B, S, H, D] tensor (``empty_out``), or the ``out=`` given. Head dims 64, 96, 128,
 192 and 256 are served; 96 and 192 run in wider tiles, so their q/k/v in [B, S, H, D] rows with several heads
-are read from [B, H, S, D] copies (``_in_place``'s ``own_cols``).
+are read from [B, H, S, D] copies (``_in_place``'s ``own_cols``). v may have a head dim of its own where
+``V_HEAD_DIMS`` lists the pair (192 / 128, MLA prefill): the output takes v's, and k and v, which the kernel addresses
+with one (rb, rh, ch), are read as [B, H, S, D] rows (copies where they are not) unless there is one kv head.
 """
 from __future__ import annotations
 
@@ -119,12 +121,23 @@ HEAD_DIMS: dict[str, tuple[int, ...]] = {
 }
 
 
-def serves(config: str, d: int) -> bool:
-    """Whether ``config`` runs head dim ``d`` (fits SMEM and registers without spilling; see HEAD_DIMS)."""
+#: Head dims (q and k, v and o) served where they differ, with the configs that serve each pair (compiled offline
+#: without spills, interpreted under every policy: test/passes/test_split_d.py), the first picked: DeepSeek-style MLA
+#: prefill, d_qk 192 (128 + 64 in binary pieces) and d_v 128 (one piece) in the d=192 pick's schedule. On the H200
+#: 0.93-0.97x cuDNN without the mask and 0.98-1.00x with it at s1024-s16384, ahead of the 128-key variants by 3-15%
+#: (sweeps/2026-12-02-h200-attention-mla.json); the measured choice keeps cuDNN where it is faster.
+V_HEAD_DIMS: dict[tuple[int, int], tuple[str, ...]] = {(192, 128): ("ws_p_128x64_rm_g16_sdb_dm_s3_lc",)}
+
+
+def serves(config: str, d: int, d_v: int | None = None) -> bool:
+    """Whether ``config`` runs head dim ``d`` (and v head dim ``d_v``: None, the same) without spilling (HEAD_DIMS,
+    V_HEAD_DIMS)."""
+    if d_v is not None and d_v != d:
+        return config in V_HEAD_DIMS.get((d, d_v), ())
     return d in HEAD_DIMS.get(config, ())
 
 
-def choose_config(d: int, causal: bool, seqlen_kv: int) -> str:
+def choose_config(d: int, causal: bool, seqlen_kv: int, d_v: int | None = None) -> str:
     """The config for a call, from the H200 grid sweeps (bench/results/sweeps/, median of 3 interleaved rounds
     against cuDNN in one process):
 
@@ -142,6 +155,8 @@ def choose_config(d: int, causal: bool, seqlen_kv: int) -> str:
     * causal d=128 up to 4096 keys: the two consumers ping-pong their mmas, +1.5-4% (-pp-2.json; longer causal
       sequences not measured with it yet).
     """
+    if d_v is not None and d_v != d:
+        return V_HEAD_DIMS[(d, d_v)][0]
     if d == 64 and seqlen_kv >= 8192:
         return "ws_p3_192x128_q2_rm_g8"
     if d == 128 and causal and seqlen_kv <= 4096:
@@ -161,10 +176,14 @@ def support_reason(q, k, v, is_causal=False, scale=None, *, check_device: bool =
         return why
     if q.dtype not in (torch.bfloat16, torch.float16):
         return f"dtype {q.dtype}; generated attention takes bfloat16 or float16"
-    D = q.shape[-1]
+    D, Dv = q.shape[-1], v.shape[-1]
     if D not in TEMPLATE_HEAD_DIMS:
         served = ", ".join(map(str, TEMPLATE_HEAD_DIMS))
         return f"head_dim {D} not served by autows attention ({served} are); falling back to torch SDPA"
+    if Dv != D and (D, Dv) not in V_HEAD_DIMS:
+        pairs = ", ".join(f"{a}/{b}" for a, b in V_HEAD_DIMS)
+        return (f"head dims {D} (q, k) and {Dv} (v): autows attention serves a v head dim of its own only as "
+                f"{pairs}; falling back to torch SDPA")
     if q.shape[-2] < 1 or k.shape[-2] < 1:
         return "an empty sequence"
     if q.numel() == 0 or k.numel() == 0:
@@ -237,7 +256,8 @@ def _kv_views(k: torch.Tensor, v: torch.Tensor, own_cols: bool = False):
     kv = _rows_view(k, own_cols)
     bshd = bool(kv[3])
     vv = _in_place(v, bshd, own_cols)
-    if vv is None or vv[1:4] != kv[1:4]:
+    # the kernel addresses v with k's (rb, rh, ch); with one head ch is never used (v's head dim may differ from k's)
+    if vv is None or vv[1:3] != kv[1:3] or (vv[3] != kv[3] and v.shape[1] > 1):
         vv = _in_place(v.transpose(1, 2).contiguous().transpose(1, 2) if bshd else v.contiguous(), bshd, own_cols)
     return kv, vv
 
@@ -294,8 +314,9 @@ def _decide(q, k, v, is_causal: bool, scale: float, vendor) -> choice.Decision:
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
     layout = tuple(bool(x and x[3]) for x in (_in_place(q), _in_place(k), _in_place(v)))  # [B, S, H, D] rows?
-    key = ("attention", str(q.dtype), D, is_causal, scale > 0, Hq, Hkv, layout, choice.bucket(B), choice.bucket(Sq),
-           choice.bucket(Skv))
+    Dv = v.shape[-1]
+    key = ("attention", str(q.dtype), D if Dv == D else (D, Dv), is_causal, scale > 0, Hq, Hkv, layout,
+           choice.bucket(B), choice.bucket(Sq), choice.bucket(Skv))
     ours = functools.partial(attention, q, k, v, is_causal, scale, "auto")
     theirs = functools.partial(vendor, q, k, v, is_causal, scale) if vendor is not None else None
     return choice.decide(key, ours, theirs, choice.attention_prior(D, is_causal, Skv), q.device)
@@ -327,21 +348,24 @@ def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
         return None
     config = None if config == "auto" else config
     B, Hq, Sq, D = q.shape
-    Hkv, Skv = k.shape[1], k.shape[2]
-    config = config or choose_config(D, is_causal, Skv)
-    if not serves(config, D):
-        raise ValueError(f"attention config {config!r} serves head dims {HEAD_DIMS.get(config, ())}, not {D}")
+    Hkv, Skv, Dv = k.shape[1], k.shape[2], v.shape[-1]
+    config = config or choose_config(D, is_causal, Skv, Dv)
+    if not serves(config, D, Dv):
+        dims = f"{D}/{Dv}" if Dv != D else str(D)
+        raise ValueError(f"attention config {config!r} does not serve head dims {dims} (HEAD_DIMS, V_HEAD_DIMS)")
     opts = options_for(config, scale)
-    # tiles wider than D (a padded head dim): q, k and v read so that the columns past D are zeros
+    # tiles wider than D (a padded head dim): q, k and v read so that the columns past D are zeros; with a v head dim
+    # of its own, k and v (which share their row addressing) in [B, H, S, D] rows unless there is one head
     own_cols = tile_cols(D, opts) != D
-    qv, (kv, vv) = _rows_view(q, own_cols), _kv_views(k, v, own_cols)
+    qv, (kv, vv) = _rows_view(q, own_cols), _kv_views(k, v, own_cols or (Dv != D and Hkv > 1))
     given = out
     ov = _out_view(out) if out is not None else None
     if ov is None:  # none given, or in neither layout (then written through a copy, below)
-        out = empty_out(q)
+        out = empty_out(q, Dv)
         ov = _out_view(out)
     lse = lse if lse is not None else torch.empty((B, Hq, Sq), device=q.device, dtype=torch.float32)
-    req = AttentionRequest(D, DTYPES[q.dtype], bool(is_causal), o_tma=o_tma_ok(Sq, D, opts, out))
+    req = AttentionRequest(D, DTYPES[q.dtype], bool(is_causal), o_tma=o_tma_ok(Sq, Dv, opts, out),
+                           d_v=Dv if Dv != D else 0)
     try:  # no directory to write the kernel source to (or another OSError): torch serves the call, with why
         program, launcher = _plan(req, opts)
     except OSError as e:
@@ -361,7 +385,7 @@ def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
         raise Unsupported(f"could not compile the kernel: {e}") from e
     if qv[0] is q and kv[0] is k and vv[0] is v and (given is None or given is out):  # no copies were made
         bshd = bool(qv[3])  # empty_out's layout
-        out_alloc = ((B, Sq, Hq, D) if bshd else (B, Hq, Sq, D), bshd)
+        out_alloc = ((B, Sq, Hq, Dv) if bshd else (B, Hq, Sq, Dv), bshd)  # v's head dim
         _BOUND.remember(key, launcher, grid, args, idx, out_alloc, (B, Hq, Sq))
     if given is not None and given is not out:
         given.copy_(out)

@@ -22,6 +22,10 @@ has its own accumulator, P V mma and store, so no wgmma works on padding and eve
 With ``Options.split_d_binary`` the pieces are the widest powers of two first (192 = 128 + 64: fewer, wider
 wgmmas); a width other than the first piece's reads and writes its tensor through an alias arg (``q_w64`` for q:
 ``Arg.alias``, a TMA descriptor of its own block shape on the same tensor).
+``AttentionRequest.d_v`` gives v and o a head dim of their own (DeepSeek-style MLA prefill: q/k 192, v 128): Q K^T runs
+in q's pieces, the accumulators, P V and the stores in v's; both must be tiles that end at their head's last column
+(powers of two or ``split_d`` pieces), so no padding column meets another head's, and the caller gives k and v one
+row addressing (kv_rb, kv_rh, kv_ch: [B, H, S, D] rows, or one kv head).
 A KV tile that runs past Skv reads other rows of the tensor (or TMA zeros): the ``mask`` op sets
 those scores to -inf, so their probabilities are exactly 0. Query rows past Sq are computed but never
 stored (``store_ptr``/``store_vec`` mask rows). Causal masking is top-left aligned (col <= row), as
@@ -50,12 +54,19 @@ class AttentionRequest:
     dtype: str = "bf16"
     causal: bool = False
     o_tma: bool = False  # O by TMA store (module docstring): Sq % block_m == 0, tiles ending at the head's last column
+    d_v: int = 0  # the head dim of v and o where it differs from q's and k's ``d`` (0: the same)
 
     def __post_init__(self):
         if self.dtype not in ("bf16", "fp16"):
             raise ValueError(f"attention template: dtype {self.dtype!r} not served; use bf16 or fp16")
-        if self.d not in HEAD_DIMS:
-            raise ValueError(f"attention template: head dim {self.d} not served; use one of {HEAD_DIMS}")
+        for name, d in (("head dim", self.d), ("v head dim", self.dv)):
+            if d not in HEAD_DIMS:
+                raise ValueError(f"attention template: {name} {d} not served; use one of {HEAD_DIMS}")
+
+    @property
+    def dv(self) -> int:
+        """The head dim of v and o."""
+        return self.d_v or self.d
 
 
 def tile_d(d: int) -> int:
@@ -102,16 +113,22 @@ def tile_cols(d: int, opts: Options) -> int:
 
 def build(req: AttentionRequest, opts: Options) -> Program:
     BM, BN, dt = opts.block_m, opts.block_n, req.dtype
-    cols = pieces(req.d, opts)
-    D = tile_cols(req.d, opts)
-    if req.o_tma and D != req.d:
+    cols = pieces(req.d, opts)  # of q and k (Q K^T)
+    cols_v = pieces(req.dv, opts)  # of v, the accumulators and o (P V)
+    D = tile_cols(req.dv, opts)
+    if req.o_tma and D != req.dv:
         raise ValueError(f"attention template: o_tma needs tiles that end at the head's last column (a power-of-two "
-                         f"head dim, or split_d); d={req.d} in {D}-column tiles would store {D - req.d} columns of "
+                         f"head dim, or split_d); d={req.dv} in {D}-column tiles would store {D - req.dv} columns of "
                          f"the next head: use o_tma=False")
+    if req.dv != req.d and (tile_cols(req.d, opts) != req.d or D != req.dv):
+        raise ValueError(f"attention template: head dims {req.d} (q, k) and {req.dv} (v, o) need tiles that end at "
+                         f"each head's last column (powers of two, or split_d): no padding column may meet another "
+                         f"head's")
     T = TileType
+    dv = "D" if req.dv == req.d else "Dv"
     args = (Arg("q", "tensor", dt, ("BHSq", "D")), Arg("k", "tensor", dt, ("BHSkv", "D")),
-            Arg("v", "tensor", dt, ("BHSkv", "D")),
-            Arg("o", "tensor" if req.o_tma else "ptr", dt, ("BHSq", "D"), out=True),
+            Arg("v", "tensor", dt, ("BHSkv", dv)),
+            Arg("o", "tensor" if req.o_tma else "ptr", dt, ("BHSq", dv), out=True),
             Arg("lse", "ptr", "f32", ("BHSq",), out=True),
             Arg("Sq", "scalar", "i32"), Arg("Skv", "scalar", "i32"), Arg("Hq", "scalar", "i32"),
             Arg("Hkv", "scalar", "i32"), Arg("G", "scalar", "i32"), Arg("qk_scale", "scalar", "f32"),
@@ -166,7 +183,9 @@ def build(req: AttentionRequest, opts: Options) -> Program:
         return coords if c0 == 0 else (coords[0], "%s+%d" % (coords[1], c0))
 
     def acc_t(i: int) -> TileType:
-        return T("f32", (BM, cols[i][1]))
+        return T("f32", (BM, cols_v[i][1]))
+
+    nv = len(cols_v)
 
     # S = sum over pieces of Q_i K_i^T, chained through the accumulator (the last one is S)
     qk = [op("mma", [Value("s" if i == n - 1 else "s_k%d" % i, s_t)],
@@ -175,8 +194,8 @@ def build(req: AttentionRequest, opts: Options) -> Program:
     loop_body = (
         *(op("load", [Value(nm("k", i), T(dt, (BN, w), "smem"))], arg=arg_of("k", cols, i), coords=at(kv_at, c0))
           for i, (c0, w) in enumerate(cols)),
-        *(op("load", [Value(nm("v", i), T(dt, (BN, w), "smem"))], arg=arg_of("v", cols, i), coords=at(kv_at, c0))
-          for i, (c0, w) in enumerate(cols)),
+        *(op("load", [Value(nm("v", i), T(dt, (BN, w), "smem"))], arg=arg_of("v", cols_v, i),
+             coords=at(kv_at, c0)) for i, (c0, w) in enumerate(cols_v)),
         *(op("trans", [Value(nm("kt", i), T(dt, (w, BN), "smem"))], [nm("k", i)]) for i, (_, w) in enumerate(cols)),
         *qk,
         *scores,
@@ -185,30 +204,30 @@ def build(req: AttentionRequest, opts: Options) -> Program:
         op("mul", [Value("la", row_t)], ["l", "alpha"]),
         op("add", [Value("l_new", row_t)], ["la", "ps"]),
         op("expand", [Value("a_col", T("f32", (BM, 1)))], ["alpha"], axis=1),
-        *(op("mul", [Value(nm("acc_s", i), acc_t(i))], [nm("acc", i), "a_col"]) for i in range(n)),
+        *(op("mul", [Value(nm("acc_s", i), acc_t(i))], [nm("acc", i), "a_col"]) for i in range(nv)),
         op("cast", [Value("p16", T(dt, (BM, BN)))], ["p"]),
-        *(op("mma", [Value(nm("acc_new", i), acc_t(i))], ["p16", nm("v", i), nm("acc_s", i)]) for i in range(n)),
-        op("yield", [], ["m_new", "l_new", *(nm("acc_new", i) for i in range(n))]),
+        *(op("mma", [Value(nm("acc_new", i), acc_t(i))], ["p16", nm("v", i), nm("acc_s", i)]) for i in range(nv)),
+        op("yield", [], ["m_new", "l_new", *(nm("acc_new", i) for i in range(nv))]),
     )
     o_col = "(pid_bh%Hq)*o_ch"
     stores = []
-    for i, (c0, w) in enumerate(cols):
+    for i, (c0, w) in enumerate(cols_v):
         stores += [op("mul", [Value(nm("out_f", i), acc_t(i))], [nm("acc_f", i), "rl_col"]),
                    op("cast", [Value(nm("out", i), T(dt, (BM, w)))], [nm("out_f", i)])]
         col = o_col if c0 == 0 else "%s+%d" % (o_col, c0)
         stores.append(
-            op("store", [], [nm("out", i)], arg=arg_of("o", cols, i), coords=(o_row, col)) if req.o_tma else
-            op("store_ptr", [], [nm("out", i)], arg="o", row=o_row, col=col, ld="%d+(Hq-1)*o_ch" % req.d,
-               rows_valid="Sq-%s*%d" % (mi, BM), **({"cols_valid": req.d} if D != req.d else {})))
+            op("store", [], [nm("out", i)], arg=arg_of("o", cols_v, i), coords=(o_row, col)) if req.o_tma else
+            op("store_ptr", [], [nm("out", i)], arg="o", row=o_row, col=col, ld="%d+(Hq-1)*o_ch" % req.dv,
+               rows_valid="Sq-%s*%d" % (mi, BM), **({"cols_valid": req.dv} if D != req.dv else {})))
     body = (
         *(op("load", [Value(nm("q", i), T(dt, (BM, w), "smem"))], arg=arg_of("q", cols, i), coords=at(q_at, c0))
           for i, (c0, w) in enumerate(cols)),
         op("full", [Value("m0", row_t)], value="-inf"),  # a string: the IR text stays literal_eval-able
         op("full", [Value("l0", row_t)], value=0.0),
-        *(op("zeros", [Value(nm("acc0", i), acc_t(i))]) for i in range(n)),
-        op("loop", [Value("m_f", row_t), Value("l_f", row_t), *(Value(nm("acc_f", i), acc_t(i)) for i in range(n))],
-           ["m0", "l0", *(nm("acc0", i) for i in range(n))], loop_body, var="j", lb=0, ub=ub,
-           iter_args=("m", "l", *(nm("acc", i) for i in range(n))), min_trip=1),
+        *(op("zeros", [Value(nm("acc0", i), acc_t(i))]) for i in range(nv)),
+        op("loop", [Value("m_f", row_t), Value("l_f", row_t), *(Value(nm("acc_f", i), acc_t(i)) for i in range(nv))],
+           ["m0", "l0", *(nm("acc0", i) for i in range(nv))], loop_body, var="j", lb=0, ub=ub,
+           iter_args=("m", "l", *(nm("acc", i) for i in range(nv))), min_trip=1),
         # epilogue: out = acc * (1 / l) (0 where l == 0: then every P and acc are 0), lse = (m + log2 l) * ln 2; one
         # reciprocal a row and a multiply an element (a division an element was 369 of the epilogue's 728 SASS
         # instructions a tile at d=128, offline sm_90a); O by TMA store (o_tma) or through a pointer, a piece at a time
@@ -220,13 +239,18 @@ def build(req: AttentionRequest, opts: Options) -> Program:
         op("lse", [Value("lse_v", row_t)], ["m_fs" if opts.raw_max else "m_f", "l_f"]),
         op("store_vec", [], ["lse_v"], arg="lse", offset=lse_row, valid="Sq-%s*%d" % (mi, BM)),
     )
-    name = (f"attn_fwd_{dt}_d{req.d}_{BM}x{BN}" + ("_causal" if req.causal else "") + ("_otma" if req.o_tma else "")
-            + ("_x%d" % n if n > 1 else ""))  # in n column pieces
+    name = (f"attn_fwd_{dt}_d{req.d}" + (f"v{req.dv}" if req.dv != req.d else "") + f"_{BM}x{BN}"
+            + ("_causal" if req.causal else "") + ("_otma" if req.o_tma else "")
+            + ("_x%d" % n if n > 1 else ""))  # in n column pieces (of q and k)
     tiles = (("pid_bh", "BH"), ("pid_m", "cdiv(Sq,%d)" % BM))
     # causal: ``group_m`` query tiles of a head run back to back (1: every head's longest tile first)
     grid = (Grid(tiles[::-1], opts.persistent, opts.group_m, opts.serpentine) if req.causal
             else Grid(tiles, opts.persistent, 1, opts.serpentine))
     # the pieces' other widths: the same tensors through descriptors of their own block shapes
+    def cols_of(arg: str) -> tuple[tuple[int, int], ...]:
+        return cols_v if arg in ("v", "o") else cols
+
     aliases = tuple(Arg(name, "tensor", dt, a.dims, a.out, alias=a.name) for a in args if a.kind == "tensor"
-                    for name in dict.fromkeys(arg_of(a.name, cols, i) for i in range(n)) if name != a.name)
+                    for name in dict.fromkeys(arg_of(a.name, cols_of(a.name), i) for i in range(len(cols_of(a.name))))
+                    if name != a.name)
     return Program(name, args + (Arg("BH", "scalar", "i32"),) + aliases, grid, opts, body, template="attention")

@@ -1,0 +1,73 @@
+"""Attention with q/k of head dim 192 and v of 128 (DeepSeek-style MLA prefill): candidate configs of the generated
+forward against SDPA's cuDNN and memory-efficient kernels (FA2 takes one head dim), on the bench grid's MLA cases
+(16 heads, 16384 tokens, s1024/s4096/s16384, causal or not), bf16. One process, median of 3 interleaved rounds of
+triton.testing.do_bench (TFLOP/s, 2 B H S^2 (192 + 128), halved for causal); relative error of out against fp32.
+
+    PYTHONPATH=. python bench/results/sweeps/attention_mla.py <out.json>
+"""
+import json
+import statistics
+import sys
+from dataclasses import replace
+
+import torch
+import torch.nn.functional as F
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from torch_autows.bench.cases import attention_cases
+from torch_autows.bench.peers_attention import attention_fp32
+from torch_autows.runtime import attention as rt
+
+BASE = rt.CONFIGS["ws_p_128x64_rm_g16_sdb_dm_s3_lc"]
+#: name -> Options, added to the runtime's configs for this run (the picks of d=192 and d=128, adapted)
+VARIANTS = {
+    "ws_p_128x64_rm_g16_sdb_dm_s3_lc": BASE,
+    "mla_128x64_lc_s4": replace(BASE, stages=4),
+    "mla_128x128_sdb": replace(rt._ONE_Q, raw_max=True, group_m=16, split_d=True, split_d_binary=True),
+    "mla_128x128_sdb_lc": replace(rt._ONE_Q, raw_max=True, group_m=16, split_d=True, split_d_binary=True,
+                                  lead_chains=True),
+    "mla_128x128_sdb_lc_pr24": replace(rt._ONE_Q, raw_max=True, group_m=16, split_d=True, split_d_binary=True,
+                                       lead_chains=True, producer_regs=24),
+}
+for name, o in VARIANTS.items():
+    rt.CONFIGS.setdefault(name, o)
+rt.V_HEAD_DIMS[(192, 128)] = tuple(dict.fromkeys((*rt.V_HEAD_DIMS[(192, 128)], *VARIANTS)))
+
+
+def measure(case):
+    g = torch.Generator(device="cuda").manual_seed(case.seqlen)
+    B, H, S = case.batch, case.heads, case.seqlen
+    q, k = (torch.randn(B, H, S, 192, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    v = torch.randn(B, H, S, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    scale = 192 ** -0.5
+    ref = attention_fp32(q, k, v, case.causal, scale)[0]
+    fns = {}
+    for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
+        def sdpa(backend=backend):
+            with sdpa_kernel([backend]):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=case.causal, scale=scale)
+        fns[name] = sdpa
+    for name in VARIANTS:
+        fns[name] = lambda name=name: rt.attention(q, k, v, case.causal, scale, config=name)[0]
+    row = {"case": case.name}
+    for name, f in list(fns.items()):
+        try:
+            out = f()
+            torch.cuda.synchronize()
+            row[f"{name}_err"] = ((out.float() - ref).norm() / ref.norm()).item()
+        except Exception as e:  # a backend that does not take the shape
+            row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:160]}"
+            del fns[name]
+    times = {n: [] for n in fns}
+    for _ in range(3):
+        for n, f in fns.items():
+            times[n].append(triton.testing.do_bench(f, warmup=10, rep=100))
+    for n, t in times.items():
+        row[n] = round(case.flops / (statistics.median(t) * 1e-3) / 1e12, 1)
+    print(json.dumps(row), flush=True)
+    return row
+
+
+res = [measure(c) for c in attention_cases() if c.dv != c.head_dim]
+json.dump(res, open(sys.argv[1], "w"), indent=1)
