@@ -69,6 +69,12 @@ def cases():
                 req = AttentionRequest(d, dt, causal, o_tma=o_tma)
                 key = str(req).replace(", o_tma=False", "").replace(", d_v=0", "")  # the keys from before the fields
                 out.append((f"attention/{config}/{key}/scale{'+' if scale > 0 else '-'}", build_attention, req, opts))
+    for (d, dv), configs in rt_attention.V_HEAD_DIMS.items():  # a v head dim of its own (MLA prefill)
+        for config, dt, causal, scale in itertools.product(configs, ("bf16", "fp16"), (False, True), (0.125, -0.125)):
+            opts = rt_attention.options_for(config, scale)
+            for o_tma in (False, True):
+                req = AttentionRequest(d, dt, causal, o_tma=o_tma, d_v=dv)
+                out.append((f"attention/{config}/{req}/scale{'+' if scale > 0 else '-'}", build_attention, req, opts))
     out += _attention_bwd_cases()
     return out
 

@@ -285,7 +285,9 @@ def _parser() -> _Parser:
     a.add_argument("--dv", type=_positive, default=None,
                    help="head dim of v and the output where it differs from --d: "
                         + ", ".join(f"{d}/{dv}" for d, dv in rt_attention.V_HEAD_DIMS) + " (default: --d)")
-    names = [f"{c} (d={'/'.join(map(str, rt_attention.HEAD_DIMS[c]))})" for c in rt_attention.CONFIGS]
+    pairs = {c: f"{d}/{dv}" for (d, dv), cs in rt_attention.V_HEAD_DIMS.items() for c in cs}
+    names = [f"{c} (d={'/'.join(map(str, rt_attention.HEAD_DIMS[c])) or pairs.get(c, '')})"
+             for c in rt_attention.CONFIGS]
     a.add_argument("--config", default=None, help=f"runtime config name, one of {', '.join(names)} "
                                                    f"(default: the runtime heuristic's pick)")
     w = kinds.add_parser("attention-bwd", help="the generated attention backward: its main kernel or its dQ kernel",

@@ -29,7 +29,8 @@ def test_pieces_are_equal_powers_of_two():
     opts = CONFIGS["ws_p_128x64_rm_g16"]
     assert pieces(192, opts) == ((0, 256),)  # padded
     assert pieces(192, replace(opts, split_d=True)) == d_pieces(192)
-    assert SPLIT and all(serves(c, 96) or serves(c, 192) for c in SPLIT) and [c for c in SPLIT if serves(c, 192)]
+    assert SPLIT and all(serves(c, 96) or serves(c, 192) or serves(c, 192, 128) for c in SPLIT)
+    assert [c for c in SPLIT if serves(c, 192)]
 
 
 class TestSplitTemplate(expecttest.TestCase):
@@ -174,9 +175,10 @@ def test_no_wait_reads_a_piece_another_mma_accumulates_onto(config, lead):
     registers that wgmma writes, which makes ptxas serialize every wgmma of the kernel (C7514; it cost the lead_chains
     variant 20-28% on the H200). step_overlap (steps without deferred mmas) and software_pipeline (lead_chains) both
     follow it; the interpreter still matches the reference under every policy."""
-    d = next(d for d in (192, 96) if serves(config, d))
+    d, dv = next((d, dv) for d, dv in ((192, 192), (96, 96), (192, 128)) if serves(config, d, dv))
     opts = replace(CONFIGS[config], lead_chains=lead or CONFIGS[config].lead_chains)
-    after = pipeline.run(build(AttentionRequest(d, "bf16", True, o_tma=True), opts), verify=True)
+    after = pipeline.run(build(AttentionRequest(d, "bf16", True, o_tma=True, d_v=dv if dv != d else 0), opts),
+                         verify=True)
     seen = set()
     for part in after.partitions:
         for loop in (o for o in walk(part.body) if o.kind == "loop"):

@@ -100,6 +100,11 @@ CONFIGS: dict[str, Options] = {
     # mixed (-3.1..+2.6%, -lead-chains-2.json): not picked there.
     "ws_p_128x64_rm_g16_sdb_dm_s3_lc": replace(_WIDE, split_d=True, split_d_binary=True, defer_mma=True, stages=3,
                                                lead_chains=True),
+    # ... with two Q copies (the next tile's Q loads while this one computes), for q/k 192 and v 128 (MLA prefill:
+    # V's 128 columns leave the SMEM for it, 222 KB): +0.2-8.1% over the one-copy form at s1024-s16384, causal or not
+    # (sweeps/2026-12-02-h200-attention-mla-2.json). Picked for 192/128.
+    "ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2": replace(_WIDE, split_d=True, split_d_binary=True, defer_mma=True, stages=3,
+                                                  lead_chains=True, tile_buffers=2),
     "ws_p_128x128_q2_rm_g16_sdb": replace(_Q2, raw_max=True, group_m=16, split_d=True, split_d_binary=True),
     # d=96 in the d=128 pick's schedule, in three 32-column pieces: K 3 + V 4 ring slots fit (the padded tiles: 2 + 3).
     # +2-11% over the padded d=128 tiles, 1.04-1.11x cuDNN (H200, s1024-s16384, causal or not); the binary pieces
@@ -118,15 +123,18 @@ HEAD_DIMS: dict[str, tuple[int, ...]] = {
     "ws_p_128x64_rm_g16_sd": (96, 192), "ws_p_128x64_rm_g16_sd_dm_s3": (192,), "ws_p_128x128_q2_rm_g16_sd": (96,),
     "ws_p_128x64_rm_g16_sdb_dm_s3": (192,), "ws_p_128x128_q2_rm_g16_sdb": (96,),
     "ws_p_128x64_rm_g16_sdb_dm_s3_lc": (192,),
+    "ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2": (),  # 192 / 128 only (V_HEAD_DIMS)
 }
 
 
 #: Head dims (q and k, v and o) served where they differ, with the configs that serve each pair (compiled offline
 #: without spills, interpreted under every policy: test/passes/test_split_d.py), the first picked: DeepSeek-style MLA
-#: prefill, d_qk 192 (128 + 64 in binary pieces) and d_v 128 (one piece) in the d=192 pick's schedule. On the H200
-#: 0.93-0.97x cuDNN without the mask and 0.98-1.00x with it at s1024-s16384, ahead of the 128-key variants by 3-15%
-#: (sweeps/2026-12-02-h200-attention-mla.json); the measured choice keeps cuDNN where it is faster.
-V_HEAD_DIMS: dict[tuple[int, int], tuple[str, ...]] = {(192, 128): ("ws_p_128x64_rm_g16_sdb_dm_s3_lc",)}
+#: prefill, d_qk 192 (128 + 64 in binary pieces) and d_v 128 (one piece) in the d=192 pick's schedule, there with two
+#: Q copies: on the H200 0.93-1.01x cuDNN without the mask, 1.04-1.08x with it, at s1024-s16384 (the one-copy form
+#: 0.93-0.97x / 0.98-1.00x, the 128-key variants 3-15% behind it: sweeps/2026-12-02-h200-attention-mla*.json); the
+#: measured choice keeps cuDNN where it is faster.
+V_HEAD_DIMS: dict[tuple[int, int], tuple[str, ...]] = {
+    (192, 128): ("ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2", "ws_p_128x64_rm_g16_sdb_dm_s3_lc")}
 
 
 def serves(config: str, d: int, d_v: int | None = None) -> bool:

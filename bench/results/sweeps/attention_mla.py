@@ -3,9 +3,11 @@ forward against SDPA's cuDNN and memory-efficient kernels (FA2 takes one head di
 (16 heads, 16384 tokens, s1024/s4096/s16384, causal or not), bf16. One process, median of 3 interleaved rounds of
 triton.testing.do_bench (TFLOP/s, 2 B H S^2 (192 + 128), halved for causal); relative error of out against fp32.
 
-    PYTHONPATH=. python bench/results/sweeps/attention_mla.py <out.json>
+    PYTHONPATH=. [MLA_SET=2] python bench/results/sweeps/attention_mla.py <out.json> [case glob ...]
 """
+import fnmatch
 import json
+import os
 import statistics
 import sys
 from dataclasses import replace
@@ -20,16 +22,29 @@ from torch_autows.bench.peers_attention import attention_fp32
 from torch_autows.runtime import attention as rt
 
 BASE = rt.CONFIGS["ws_p_128x64_rm_g16_sdb_dm_s3_lc"]
-#: name -> Options, added to the runtime's configs for this run (the picks of d=192 and d=128, adapted)
-VARIANTS = {
-    "ws_p_128x64_rm_g16_sdb_dm_s3_lc": BASE,
-    "mla_128x64_lc_s4": replace(BASE, stages=4),
-    "mla_128x128_sdb": replace(rt._ONE_Q, raw_max=True, group_m=16, split_d=True, split_d_binary=True),
-    "mla_128x128_sdb_lc": replace(rt._ONE_Q, raw_max=True, group_m=16, split_d=True, split_d_binary=True,
-                                  lead_chains=True),
-    "mla_128x128_sdb_lc_pr24": replace(rt._ONE_Q, raw_max=True, group_m=16, split_d=True, split_d_binary=True,
-                                       lead_chains=True, producer_regs=24),
+#: name -> Options, added to the runtime's configs for this run. Set "1" (the JSON without a suffix): the picks of
+#: d=192 and d=128, adapted; set "2" (``-2``): variants of the d=192 pick (two Q copies, a fourth stage, 24
+#: producer registers, without lead_chains, without the serpentine walk).
+SETS = {
+    "1": {
+        "ws_p_128x64_rm_g16_sdb_dm_s3_lc": BASE,
+        "mla_128x64_lc_s4": replace(BASE, stages=4),
+        "mla_128x128_sdb": replace(rt._ONE_Q, raw_max=True, group_m=16, split_d=True, split_d_binary=True),
+        "mla_128x128_sdb_lc": replace(rt._ONE_Q, raw_max=True, group_m=16, split_d=True, split_d_binary=True,
+                                      lead_chains=True),
+        "mla_128x128_sdb_lc_pr24": replace(rt._ONE_Q, raw_max=True, group_m=16, split_d=True, split_d_binary=True,
+                                           lead_chains=True, producer_regs=24),
+    },
+    "2": {
+        "ws_p_128x64_rm_g16_sdb_dm_s3_lc": BASE,
+        "mla_q2": replace(BASE, tile_buffers=2),
+        "mla_q2_s4": replace(BASE, tile_buffers=2, stages=4),
+        "mla_q2_pr24": replace(BASE, tile_buffers=2, producer_regs=24),
+        "mla_nolc": replace(BASE, lead_chains=False),
+        "mla_serp0": replace(BASE, serpentine=False),
+    },
 }
+VARIANTS = SETS[os.environ.get("MLA_SET", "1")]
 for name, o in VARIANTS.items():
     rt.CONFIGS.setdefault(name, o)
 rt.V_HEAD_DIMS[(192, 128)] = tuple(dict.fromkeys((*rt.V_HEAD_DIMS[(192, 128)], *VARIANTS)))
@@ -69,5 +84,6 @@ def measure(case):
     return row
 
 
-res = [measure(c) for c in attention_cases() if c.dv != c.head_dim]
+res = [measure(c) for c in attention_cases()
+       if c.dv != c.head_dim and (len(sys.argv) < 3 or any(fnmatch.fnmatch(c.name, g) for g in sys.argv[2:]))]
 json.dump(res, open(sys.argv[1], "w"), indent=1)
