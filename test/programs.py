@@ -1,4 +1,4 @@
-"""Small Programs shared by the IR, pass and interpreter tests."""
+"""Small Programs shared by the IR, pass and interpreter tests, and the fake CUDA tensors the support checks see."""
 from __future__ import annotations
 
 import torch
@@ -70,3 +70,10 @@ def assert_matches_reference(before, after, seed: int, nprog: int) -> list[dict]
         runs.append(ins)
     return runs
 
+
+def fake_cuda(*shape, dtype=torch.bfloat16, stride=None):
+    """A fake CUDA tensor (no CUDA needed): what Inductor hands the support checks while tracing."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    meta = torch.empty_strided(shape, stride or torch.empty(shape, device="meta").stride(), dtype=dtype, device="meta")
+    return FakeTensor(FakeTensorMode(), meta, torch.device("cuda", 0))

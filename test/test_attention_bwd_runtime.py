@@ -8,7 +8,8 @@ import logging
 
 import pytest
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from programs import fake_cuda
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from torch_autows import attention_grad, config
 from torch_autows.runtime import attention_bwd, device, fallback
@@ -28,15 +29,11 @@ def _fresh():
     fallback.reset()
 
 
-def _cuda(*shape, dtype=torch.bfloat16):
-    return FakeTensor(FakeTensorMode(), torch.empty(*shape, dtype=dtype, device="meta"), torch.device("cuda", 0))
-
-
 def _call(d=64, hq=8, hkv=2, sq=100, skv=70, dtype=torch.bfloat16, **change):
     """(q, k, v, out, lse, grad_out) as fake CUDA tensors, any replaced by ``change``."""
-    t = {"q": _cuda(2, hq, sq, d, dtype=dtype), "k": _cuda(2, hkv, skv, d, dtype=dtype),
-         "v": _cuda(2, hkv, skv, d, dtype=dtype), "out": _cuda(2, hq, sq, d, dtype=dtype),
-         "lse": _cuda(2, hq, sq, dtype=torch.float32), "grad_out": _cuda(2, hq, sq, d, dtype=dtype)}
+    t = {"q": fake_cuda(2, hq, sq, d, dtype=dtype), "k": fake_cuda(2, hkv, skv, d, dtype=dtype),
+         "v": fake_cuda(2, hkv, skv, d, dtype=dtype), "out": fake_cuda(2, hq, sq, d, dtype=dtype),
+         "lse": fake_cuda(2, hq, sq, dtype=torch.float32), "grad_out": fake_cuda(2, hq, sq, d, dtype=dtype)}
     t.update(change)
     return t["q"], t["k"], t["v"], t["out"], t["lse"], t["grad_out"]
 
@@ -62,9 +59,9 @@ def test_reasons(sm90, change, reason):
 
 
 def test_mixed_dtypes_and_shapes_are_refused(sm90):
-    why = attention_bwd.support_reason(*_call(grad_out=_cuda(2, 8, 100, 64, dtype=torch.float16)), False, 0.1)
+    why = attention_bwd.support_reason(*_call(grad_out=fake_cuda(2, 8, 100, 64, dtype=torch.float16)), False, 0.1)
     assert "differ in dtype" in why
-    assert "lse" in attention_bwd.support_reason(*_call(lse=_cuda(2, 8, 99, dtype=torch.float32)), False, 0.1)
+    assert "lse" in attention_bwd.support_reason(*_call(lse=fake_cuda(2, 8, 99, dtype=torch.float32)), False, 0.1)
 
 
 @pytest.fixture

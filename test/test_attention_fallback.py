@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from programs import fake_cuda
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -24,12 +24,8 @@ def sm90(monkeypatch):
     return monkeypatch
 
 
-def _cuda(*shape, dtype=torch.bfloat16):
-    return FakeTensor(FakeTensorMode(), torch.empty(*shape, dtype=dtype, device="meta"), torch.device("cuda", 0))
-
-
 def _qkv(d, sq=64, skv=64, hq=8, hkv=8, dtype=torch.bfloat16):
-    return _cuda(2, hq, sq, d, dtype=dtype), _cuda(2, hkv, skv, d, dtype=dtype), _cuda(2, hkv, skv, d, dtype=dtype)
+    return tuple(fake_cuda(2, h, s, d, dtype=dtype) for h, s in ((hq, sq), (hkv, skv), (hkv, skv)))
 
 
 class _Record(TorchDispatchMode):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from programs import fake_cuda
 
 import torch_autows
 from torch_autows.runtime import fallback
@@ -70,40 +71,32 @@ def test_support_reasons_on_meta_like_inputs():
     assert "cpu" in support_reason(a, a)
 
 
-def _fake_cuda(*shape):
-    """A fake CUDA tensor (no CUDA needed): what Inductor hands support checks while tracing."""
-    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-
-    meta = torch.empty(*shape, dtype=torch.bfloat16, device="meta")
-    return FakeTensor(FakeTensorMode(), meta, torch.device("cuda", 0))
-
-
 def test_bmm_support_reason_reports_tiling_and_strides():
-    b = _fake_cuda(4, 64, 128)
-    assert "M must be a multiple of 128" in support_reason(_fake_cuda(4, 100, 64), b, check_device=False)
-    a = _fake_cuda(4, 128, 64)
+    b = fake_cuda(4, 64, 128)
+    assert "M must be a multiple of 128" in support_reason(fake_cuda(4, 100, 64), b, check_device=False)
+    a = fake_cuda(4, 128, 64)
     assert support_reason(a, b, check_device=False) is None
-    interleaved = _fake_cuda(128, 4, 64).transpose(0, 1)  # [B, M, K] with batches not contiguous
+    interleaved = fake_cuda(128, 4, 64).transpose(0, 1)  # [B, M, K] with batches not contiguous
     assert "batches contiguous" in support_reason(interleaved, b, check_device=False)
 
 
 def test_gemm_support_reasons_on_fake_cuda_tensors():
-    a = _fake_cuda(64, 13)
-    assert "TMA needs" in support_reason(a, _fake_cuda(13, 64), check_device=False)
-    assert "multiple of 16 bytes" in support_reason(_fake_cuda(64, 64), _fake_cuda(64, 12), check_device=False)
-    assert support_reason(_fake_cuda(64, 64), _fake_cuda(64, 64).t(), check_device=False) is None  # B^T view
+    a = fake_cuda(64, 13)
+    assert "TMA needs" in support_reason(a, fake_cuda(13, 64), check_device=False)
+    assert "multiple of 16 bytes" in support_reason(fake_cuda(64, 64), fake_cuda(64, 12), check_device=False)
+    assert support_reason(fake_cuda(64, 64), fake_cuda(64, 64).t(), check_device=False) is None  # B^T view
 
 
 def test_attention_support_reasons_on_fake_cuda_tensors():
     from torch_autows.runtime.attention import support_reason as attn_reason
 
     for d in (80, 32, 512):  # not served: torch SDPA
-        q = _fake_cuda(1, 2, 64, d)
+        q = fake_cuda(1, 2, 64, d)
         assert f"head_dim {d} not served" in attn_reason(q, q, q, check_device=False)
     for d in (64, 96, 192, 256):  # 96 and 192 in tiles of 128 and 256 columns
-        q = _fake_cuda(1, 2, 64, d)
+        q = fake_cuda(1, 2, 64, d)
         assert attn_reason(q, q, q, check_device=False) is None, d
-    q = _fake_cuda(1, 2, 64, 128)
+    q = fake_cuda(1, 2, 64, 128)
     assert attn_reason(q, q, q, check_device=False) is None
     assert "float32" in attn_reason(q.float(), q.float(), q.float(), check_device=False)
     assert "cpu" in attn_reason(torch.randn(1, 2, 4, 64), torch.randn(1, 2, 4, 64), torch.randn(1, 2, 4, 64))

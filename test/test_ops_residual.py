@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from programs import fake_cuda
 
 import torch_autows
 import torch_autows.custom_ops  # noqa: F401  (registers autows::gemm_residual)
@@ -67,18 +68,11 @@ def test_custom_op_fake_and_autograd():
             torch.ops.autows.gemm_residual(fa, fb, torch.empty(3, 5))
 
 
-def _fake_cuda(*shape, dtype=torch.bfloat16, stride=None):
-    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-
-    meta = torch.empty_strided(shape, stride or torch.empty(shape, device="meta").stride(), dtype=dtype, device="meta")
-    return FakeTensor(FakeTensorMode(), meta, torch.device("cuda", 0))
-
-
 def test_support_reasons(monkeypatch):
-    a, w = _fake_cuda(8, 256), _fake_cuda(512, 256)  # nn.Linear weight [N, K]: b = w.t()
-    assert rt.support_reason(a, w.t(), None, None, _fake_cuda(8, 512), check_device=False) is None
-    assert rt.support_reason(a, w.t(), None, torch.float32, _fake_cuda(8, 512), check_device=False) is None
-    for bad in (_fake_cuda(512, 8).t(), _fake_cuda(8, 512, stride=(1024, 1)), _fake_cuda(8, 512, dtype=torch.float16)):
+    a, w = fake_cuda(8, 256), fake_cuda(512, 256)  # nn.Linear weight [N, K]: b = w.t()
+    assert rt.support_reason(a, w.t(), None, None, fake_cuda(8, 512), check_device=False) is None
+    assert rt.support_reason(a, w.t(), None, torch.float32, fake_cuda(8, 512), check_device=False) is None
+    for bad in (fake_cuda(512, 8).t(), fake_cuda(8, 512, stride=(1024, 1)), fake_cuda(8, 512, dtype=torch.float16)):
         why = rt.support_reason(a, w.t(), None, None, bad, check_device=False)
         assert "contiguous [M, N] = [8, 512] tensor of the operands' dtype" in why, why
     from torch_autows.runtime import device as dev

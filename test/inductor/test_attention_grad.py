@@ -107,15 +107,14 @@ def test_cudnn_backward_call_matches_the_op_schema():
 def test_cudnn_backward_not_for_one_query_and_one_key(monkeypatch):
     """cuDNN's backward refuses Sq = Skv = 1 ("s_q = s_kv = 1 is not supported", cuDNN 9.19 on the H200): that call
     goes to flash. Fake CUDA tensors on a patched sm_90 with cuDNN 9.19."""
-    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    from programs import fake_cuda
 
     monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
     monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91900)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
 
     def cuda(s):
-        return FakeTensor(FakeTensorMode(), torch.empty(2, 4, s, 64, dtype=torch.bfloat16, device="meta"),
-                          torch.device("cuda", 0))
+        return fake_cuda(2, 4, s, 64)
 
     assert cudnn_backward_ok(cuda(2), cuda(2), True, None) and cudnn_backward_ok(cuda(1), cuda(3), False, None)
     assert not cudnn_backward_ok(cuda(1), cuda(1), True, None)

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from programs import fake_cuda
 
 from torch_autows import ops
 from torch_autows.inductor import support
@@ -319,16 +320,9 @@ def test_a_v_head_dim_of_its_own(pretend, capture):
 def test_the_runtime_serves_the_v_head_dims_it_has_configs_for():
     from torch_autows.runtime import attention as rta
 
-    q = _fake_cuda(2, 2, 16, 192)
-    assert rta.support_reason(q, q, _fake_cuda(2, 2, 16, 128), True, check_device=False) is None
-    why = rta.support_reason(q, q, _fake_cuda(2, 2, 16, 64), True, check_device=False)
+    q = fake_cuda(2, 2, 16, 192)
+    assert rta.support_reason(q, q, fake_cuda(2, 2, 16, 128), True, check_device=False) is None
+    why = rta.support_reason(q, q, fake_cuda(2, 2, 16, 64), True, check_device=False)
     assert "serves a v head dim of its own only as 192/128" in why
     assert rta.choose_config(192, True, 4096, 128) in rta.V_HEAD_DIMS[(192, 128)]
     assert all(rta.serves(c, 192, 128) for c in rta.V_HEAD_DIMS[(192, 128)])
-
-
-def _fake_cuda(*shape):
-    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-
-    return FakeTensor(FakeTensorMode(), torch.empty(*shape, dtype=torch.bfloat16, device="meta"),
-                      torch.device("cuda", 0))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from programs import assert_matches_reference
+from programs import assert_matches_reference, fake_cuda
 
 from torch_autows.interp import interpret_report, make_instance
 from torch_autows.ir import format_program, walk
@@ -117,23 +117,16 @@ def test_choose_config():
     assert set(rt.CONFIGS) >= {rt.choose_config(m, n, 4096) for m in (1, 64, 512) for n in (1024, 14336)}
 
 
-def _fake_cuda(*shape):
-    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-
-    return FakeTensor(FakeTensorMode(), torch.empty(*shape, dtype=torch.bfloat16, device="meta"),
-                      torch.device("cuda", 0))
-
-
 def test_support_reasons():
-    a, w = _fake_cuda(8, 256), _fake_cuda(512, 256)  # nn.Linear weights [N, K]
+    a, w = fake_cuda(8, 256), fake_cuda(512, 256)  # nn.Linear weights [N, K]
     assert rt.support_reason(a, w.t(), w.t(), check_device=False) is None  # both transposed views
-    w_kn = _fake_cuda(256, 512)  # row-major [K, N]
+    w_kn = fake_cuda(256, 512)  # row-major [K, N]
     assert rt.support_reason(a, w_kn, w_kn, check_device=False) is None
     assert "equal shapes, strides and dtypes" in rt.support_reason(a, w.t(), w_kn, check_device=False)
-    assert "equal shapes, strides and dtypes" in rt.support_reason(a, w.t(), _fake_cuda(256, 256),
+    assert "equal shapes, strides and dtypes" in rt.support_reason(a, w.t(), fake_cuda(256, 256),
                                                                    check_device=False)
-    assert "takes a [M, K]" in rt.support_reason(_fake_cuda(2, 8, 256), w.t(), w.t(), check_device=False)
-    assert "multiple of 16 bytes" in rt.support_reason(a, _fake_cuda(256, 12), _fake_cuda(256, 12),
+    assert "takes a [M, K]" in rt.support_reason(fake_cuda(2, 8, 256), w.t(), w.t(), check_device=False)
+    assert "multiple of 16 bytes" in rt.support_reason(a, fake_cuda(256, 12), fake_cuda(256, 12),
                                                        check_device=False)
     cpu = torch.empty(8, 8, dtype=torch.bfloat16)
     assert "cpu" in rt.support_reason(cpu, cpu, cpu)
