@@ -67,15 +67,14 @@ def _gemm(args) -> int:
 
 
 def _attention(args) -> int:
-    from .runtime.attention import CONFIGS, HEAD_DIMS, V_HEAD_DIMS, choose_config, o_tma_ok, serves
+    from .runtime.attention import CONFIGS, HEAD_DIMS, V_HEAD_DIMS, choose_config, o_tma_ok, serves, v_head_dims_text
     from .runtime.launch import compile_kernel
     from .templates.attention import AttentionRequest
 
     dv = args.dv or args.d
     if dv != args.d and (args.d, dv) not in V_HEAD_DIMS:
-        print(f"head dims {args.d}/{dv}: a v head dim of its own is served as "
-              f"{', '.join(f'{a}/{b}' for a, b in V_HEAD_DIMS)}; torch_autows.ops.attention falls back to torch "
-              f"SDPA for others", file=sys.stderr)
+        print(f"head dims {args.d}/{dv}: a v head dim of its own is served as {v_head_dims_text()}; "
+              f"torch_autows.ops.attention falls back to torch SDPA for others", file=sys.stderr)
         return 2
     config = args.config or choose_config(args.d, args.causal, args.skv or args.s, dv)
     if config not in CONFIGS:
@@ -284,7 +283,7 @@ def _parser() -> _Parser:
     _attention_problem(a, "64, 96, 128, 192 or 256")
     a.add_argument("--dv", type=_positive, default=None,
                    help="head dim of v and the output where it differs from --d: "
-                        + ", ".join(f"{d}/{dv}" for d, dv in rt_attention.V_HEAD_DIMS) + " (default: --d)")
+                        + rt_attention.v_head_dims_text() + " (default: --d)")
     pairs = {c: f"{d}/{dv}" for (d, dv), cs in rt_attention.V_HEAD_DIMS.items() for c in cs}
     names = [f"{c} (d={'/'.join(map(str, rt_attention.HEAD_DIMS[c])) or pairs.get(c, '')})"
              for c in rt_attention.CONFIGS]

@@ -21,7 +21,7 @@ def make_inputs(case) -> dict:
     B, S, D = case.batch, case.seqlen, case.head_dim
     q = torch.randn(B, case.heads, S, D, device=DEVICE, dtype=dt)
     k = torch.randn(B, case.kv_heads, S, D, device=DEVICE, dtype=dt)
-    v = torch.randn(B, case.kv_heads, S, getattr(case, "dv", D), device=DEVICE, dtype=dt)
+    v = torch.randn(B, case.kv_heads, S, case.dv, device=DEVICE, dtype=dt)
     return {"q": q, "k": k, "v": v, "scale": D ** -0.5}
 
 

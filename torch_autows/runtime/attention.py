@@ -137,6 +137,11 @@ V_HEAD_DIMS: dict[tuple[int, int], tuple[str, ...]] = {
     (192, 128): ("ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2", "ws_p_128x64_rm_g16_sdb_dm_s3_lc")}
 
 
+def v_head_dims_text() -> str:
+    """The served (q/k, v) head-dim pairs of ``V_HEAD_DIMS``, for messages: "192/128"."""
+    return ", ".join(f"{d}/{dv}" for d, dv in V_HEAD_DIMS)
+
+
 def serves(config: str, d: int, d_v: int | None = None) -> bool:
     """Whether ``config`` runs head dim ``d`` (and v head dim ``d_v``: None, the same) without spilling (HEAD_DIMS,
     V_HEAD_DIMS)."""
@@ -189,9 +194,8 @@ def support_reason(q, k, v, is_causal=False, scale=None, *, check_device: bool =
         served = ", ".join(map(str, TEMPLATE_HEAD_DIMS))
         return f"head_dim {D} not served by autows attention ({served} are); falling back to torch SDPA"
     if Dv != D and (D, Dv) not in V_HEAD_DIMS:
-        pairs = ", ".join(f"{a}/{b}" for a, b in V_HEAD_DIMS)
         return (f"head dims {D} (q, k) and {Dv} (v): autows attention serves a v head dim of its own only as "
-                f"{pairs}; falling back to torch SDPA")
+                f"{v_head_dims_text()}; falling back to torch SDPA")
     if q.shape[-2] < 1 or k.shape[-2] < 1:
         return "an empty sequence"
     if q.numel() == 0 or k.numel() == 0:
