@@ -20,6 +20,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch_autows.bench.cases import attention_cases
 from torch_autows.bench.peers_attention import attention_fp32
 from torch_autows.runtime import attention as rt
+from torch_autows.runtime.attention_configs import _ONE_Q as ONE_Q
 
 BASE = rt.CONFIGS["ws_p_128x64_rm_g16_sdb_dm_s3_lc"]
 #: name -> Options, added to the runtime's configs for this run. Set "1" (the JSON without a suffix): the picks of
@@ -29,10 +30,10 @@ SETS = {
     "1": {
         "ws_p_128x64_rm_g16_sdb_dm_s3_lc": BASE,
         "mla_128x64_lc_s4": replace(BASE, stages=4),
-        "mla_128x128_sdb": replace(rt._ONE_Q, raw_max=True, group_m=16, split_d=True, split_d_binary=True),
-        "mla_128x128_sdb_lc": replace(rt._ONE_Q, raw_max=True, group_m=16, split_d=True, split_d_binary=True,
+        "mla_128x128_sdb": replace(ONE_Q, raw_max=True, group_m=16, split_d=True, split_d_binary=True),
+        "mla_128x128_sdb_lc": replace(ONE_Q, raw_max=True, group_m=16, split_d=True, split_d_binary=True,
                                       lead_chains=True),
-        "mla_128x128_sdb_lc_pr24": replace(rt._ONE_Q, raw_max=True, group_m=16, split_d=True, split_d_binary=True,
+        "mla_128x128_sdb_lc_pr24": replace(ONE_Q, raw_max=True, group_m=16, split_d=True, split_d_binary=True,
                                            lead_chains=True, producer_regs=24),
     },
     "2": {

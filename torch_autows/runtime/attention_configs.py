@@ -1,0 +1,173 @@
+"""Attention forward configs and their choice: the generated kernel's configs (``CONFIGS``), the head dims each serves
+(``HEAD_DIMS``; q/k and v of two head dims: ``V_HEAD_DIMS``), the rule that picks one per call (``choose_config``) and
+its options for a scale (``options_for``). Pure: no tensors, no GPU; re-exported by runtime.attention, where callers
+look for them (as runtime.gemm_configs is by runtime.gemm).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..ir import Options
+from ..templates.attention import tile_d
+
+#: Every config the runtime can run (choose_config picks; config= names one; tests compile each offline).
+#: Two consumer warpgroups own 64 query rows each; a producer warp streams K and V through SMEM rings
+#: (V's one slot deeper: it is read a step late); P V of step j-1 runs under step j's softmax
+#: (defer_mma); only diagonal and tail blocks are masked (skip_mask).
+_ONE_Q = Options(block_m=128, block_n=128, stages=4, data_partition=2, persistent=True, defer_mma=True,
+                 serpentine=True, group_m=1)
+# Two Q copies: the producer loads the next tile's Q, then its K/V, while this tile still computes
+# (with one, it waits for this tile's end before the next tile's loads). Plans K 2 + V 3 at d=128.
+_Q2 = replace(_ONE_Q, tile_buffers=2)
+# d=64 only: 192 query rows, three consumer warpgroups sharing each K/V tile (FA3's d=64 shape), at 160
+# registers each (producer 24). With P V deferred and 128 keys per step it spills, so either 128 keys
+# without deferring, or 64 keys with it.
+_P3 = Options(block_m=192, block_n=128, stages=4, data_partition=3, persistent=True, tile_buffers=2,
+              serpentine=True, group_m=1, producer_regs=24)
+_WIDE = Options(block_m=128, block_n=64, stages=2, data_partition=2, persistent=True, serpentine=True, group_m=16,
+                raw_max=True)
+CONFIGS: dict[str, Options] = {
+    "ws_p_128x128": _ONE_Q,
+    "ws_p_128x128_q2": _Q2,
+    # The running max on unscaled scores (one FFMA per score in the softmax; positive scales only).
+    "ws_p_128x128_q2_rm": replace(_Q2, raw_max=True),
+    # raw_max, and a head's causal query tiles back to back in groups of 16 (group_m): the CTAs of a wave
+    # share K/V in L2. Non-causal grids ignore group_m. Picked, except d=64 from 8192 keys.
+    "ws_p_128x128_q2_rm_g16": replace(_Q2, raw_max=True, group_m=16),
+    # ... with each tile's last P V issued back to back with the next tile's first QK^T, its normalise and stores
+    # under that QK^T (passes/cross_tile). Consumers at 240 registers (producer 24): at 232 the step spills at d=128.
+    # Not picked: 2-10% behind ws_p_128x128_q2_rm_g16 on the short shapes it targets (H200,
+    # bench/results/sweeps/2026-12-01-h200-attention-cross-tile.json).
+    "ws_p_128x128_q2_rm_g16_xt": replace(_Q2, raw_max=True, group_m=16, cross_tile=True, producer_regs=24),
+    # The two consumers take turns issuing wgmma (ping-pong): one's softmax runs under the other's mma.
+    "ws_p_128x128_q2_pp": replace(_Q2, pingpong=True),
+    # ... on the pick: picked for causal d=128 up to 4096 keys, +1.5-4% there (s512 319 vs 308 TFLOP/s, s1024 449 vs
+    # 431, s4096 573 vs 564; H200, sweeps/2026-12-01-h200-attention-pp-2.json); without the mask +-1%, and at d=64
+    # 1-11% behind (the softmax there is too short to hide the other consumer's mma under).
+    "ws_p_128x128_q2_rm_g16_pp": replace(_Q2, raw_max=True, group_m=16, pingpong=True),
+    "ws_p3_192x128_q2": _P3,
+    # Picked for d=64 from 8192 keys.
+    "ws_p3_192x128_q2_rm_g8": replace(_P3, raw_max=True, group_m=8),
+    "ws_p3_192x64_q2": replace(_P3, block_n=64, defer_mma=True),
+    # Head dims 192 and 256 (tiles of 256 columns, templates.attention.tile_d), FA3's d=256 shape: each consumer's
+    # accumulator is 64x256 f32 (128 registers a thread), so 64 keys per step and nothing deferred (P V deferred
+    # spills at d=192); Q 64 KB + 2 K/V stages of 32 KB each (192 KB). Picked for d=256 until the deferred form below.
+    "ws_p_128x64_rm_g16": _WIDE,
+    # ... with P V deferred (a step late, under the next step's softmax) and a third V slot (K 2 + V 3: 229472 bytes of
+    # SMEM; consumers at 240 registers, 0 spills offline). Deferred on two slots it ran 19-21% behind the above: V is
+    # read a step late, so its ring had one load ahead (sweeps/2026-12-02-h200-attention-d256-2.json); with the third
+    # slot +1.7-6.1% ahead of it at s1024-s16384, causal or not, 0.94-1.01x cuDNN (-d256-3). Picked for d=256.
+    "ws_p_128x64_rm_g16_dm_s3": replace(_WIDE, defer_mma=True, producer_regs=24, stages=3),
+    "ws_p_128x64_rm_g16_pp": replace(_WIDE, pingpong=True),
+    # Head dims 96 and 192 in equal power-of-two column pieces (split_d: 192 = 3 x 64, 96 = 3 x 32) instead of tiles
+    # padded to 128 / 256 columns, so no wgmma works on padding (a quarter of the padded tile at 192 and 96): at d=192
+    # each consumer's accumulators are 96 registers a thread instead of 128, Q 48 KB. The padded tiles could not
+    # defer P V (they spill); in pieces, with P V deferred and three K / four V ring slots (216 KB), d=192 runs
+    # 507-595 TFLOP/s against 432-490 without deferring and the padded 403-480 (H200, s1024-s16384): picked for d=192.
+    # Deferring with two stages loses 2-11% (V is read a step late: its ring runs dry), two Q copies 3-10%, ping-pong
+    # 30% (sweeps/2026-12-01-h200-attention-split-d-2.json). The 432-490 without deferring were measured with every
+    # wgmma serialized by ptxas (a wait on a chained Q K^T piece, passes/README.md; fixed since): to re-measure.
+    "ws_p_128x64_rm_g16_sd": replace(_WIDE, split_d=True),
+    "ws_p_128x64_rm_g16_sd_dm_s3": replace(_WIDE, split_d=True, defer_mma=True, stages=3),
+    # ... in the widest pieces first (split_d_binary: 192 = 128 + 64, 96 = 64 + 32): two P V wgmmas a step instead of
+    # three, N = 128 and 64 (96: 64 and 32), the second width through descriptors of its own (narrow wgmmas cost:
+    # d=96 in 32-column pieces ran at 78% of the padded kernel's tensor-core rate). Picked for d=96 and d=192: +4-7%
+    # over the equal pieces at d=96 (470-534 TFLOP/s against 451-502, 1.05-1.18x cuDNN), +2-7% at d=192 but for
+    # s4096 causal (-0.5%; 0.93-0.97x cuDNN) (H200, s1024-s16384, sweeps/2026-12-01-h200-attention-split-d-4.json).
+    "ws_p_128x64_rm_g16_sdb_dm_s3": replace(_WIDE, split_d=True, split_d_binary=True, defer_mma=True, stages=3),
+    # ... with both Q K^T pieces issued before step j-1's deferred P V (lead_chains), so S is waited with the P V
+    # pieces in flight and the softmax runs under them: picked for d=192, +1.2-2.4% over the above on all five shapes
+    # measured (s1024-s16384, causal or not; sweeps/2026-12-01-h200-attention-lead-chains.json). Its first
+    # measurement (20-28% behind) had every wgmma serialized by ptxas (passes/README.md). At d=96 (q2 tiles) it is
+    # mixed (-3.1..+2.6%, -lead-chains-2.json): not picked there.
+    "ws_p_128x64_rm_g16_sdb_dm_s3_lc": replace(_WIDE, split_d=True, split_d_binary=True, defer_mma=True, stages=3,
+                                               lead_chains=True),
+    # ... with two Q copies (the next tile's Q loads while this one computes), for q/k 192 and v 128 (MLA prefill:
+    # V's 128 columns leave the SMEM for it, 222 KB): +0.2-8.1% over the one-copy form at s1024-s16384, causal or not
+    # (sweeps/2026-12-02-h200-attention-mla-2.json). Picked for 192/128.
+    "ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2": replace(_WIDE, split_d=True, split_d_binary=True, defer_mma=True, stages=3,
+                                                  lead_chains=True, tile_buffers=2),
+    "ws_p_128x128_q2_rm_g16_sdb": replace(_Q2, raw_max=True, group_m=16, split_d=True, split_d_binary=True),
+    # d=96 in the d=128 pick's schedule, in three 32-column pieces: K 3 + V 4 ring slots fit (the padded tiles: 2 + 3).
+    # +2-11% over the padded d=128 tiles, 1.04-1.11x cuDNN (H200, s1024-s16384, causal or not); the binary pieces
+    # above are 4-7% ahead of it.
+    "ws_p_128x128_q2_rm_g16_sd": replace(_Q2, raw_max=True, group_m=16, split_d=True),
+}
+
+#: Head dims each config serves (every config is listed). 96 runs in the 128-column tiles of 128, 192 in the
+#: 256-column tiles of 256 (templates.attention.tile_d), so a config serves both or neither.
+HEAD_DIMS: dict[str, tuple[int, ...]] = {
+    "ws_p_128x128": (64, 96, 128), "ws_p_128x128_q2": (64, 96, 128), "ws_p_128x128_q2_rm": (64, 96, 128),
+    "ws_p_128x128_q2_rm_g16": (64, 96, 128), "ws_p_128x128_q2_pp": (64, 96, 128), "ws_p_128x128_q2_rm_g16_pp": (128,),
+    "ws_p_128x128_q2_rm_g16_xt": (64, 128),
+    "ws_p3_192x128_q2": (64,), "ws_p3_192x128_q2_rm_g8": (64,), "ws_p3_192x64_q2": (64,),
+    "ws_p_128x64_rm_g16": (192, 256), "ws_p_128x64_rm_g16_pp": (192, 256), "ws_p_128x64_rm_g16_dm_s3": (256,),
+    "ws_p_128x64_rm_g16_sd": (96, 192), "ws_p_128x64_rm_g16_sd_dm_s3": (192,), "ws_p_128x128_q2_rm_g16_sd": (96,),
+    "ws_p_128x64_rm_g16_sdb_dm_s3": (192,), "ws_p_128x128_q2_rm_g16_sdb": (96,),
+    "ws_p_128x64_rm_g16_sdb_dm_s3_lc": (192,),
+    "ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2": (),  # 192 / 128 only (V_HEAD_DIMS)
+}
+
+
+#: Head dims (q and k, v and o) served where they differ, with the configs that serve each pair (compiled offline
+#: without spills, interpreted under every policy: test/passes/test_split_d.py), the first picked: DeepSeek-style MLA
+#: prefill, d_qk 192 (128 + 64 in binary pieces) and d_v 128 (one piece) in the d=192 pick's schedule, there with two
+#: Q copies: on the H200 0.93-1.01x cuDNN without the mask, 1.04-1.08x with it, at s1024-s16384 (the one-copy form
+#: 0.93-0.97x / 0.98-1.00x, the 128-key variants 3-15% behind it: sweeps/2026-12-02-h200-attention-mla*.json); the
+#: measured choice keeps cuDNN where it is faster.
+V_HEAD_DIMS: dict[tuple[int, int], tuple[str, ...]] = {
+    (192, 128): ("ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2", "ws_p_128x64_rm_g16_sdb_dm_s3_lc")}
+
+
+def v_head_dims_text() -> str:
+    """The served (q/k, v) head-dim pairs of ``V_HEAD_DIMS``, for messages: "192/128"."""
+    return ", ".join(f"{d}/{dv}" for d, dv in V_HEAD_DIMS)
+
+
+def serves(config: str, d: int, d_v: int | None = None) -> bool:
+    """Whether ``config`` runs head dim ``d`` (and v head dim ``d_v``: None, the same) without spilling (HEAD_DIMS,
+    V_HEAD_DIMS)."""
+    if d_v is not None and d_v != d:
+        return config in V_HEAD_DIMS.get((d, d_v), ())
+    return d in HEAD_DIMS.get(config, ())
+
+
+def choose_config(d: int, causal: bool, seqlen_kv: int, d_v: int | None = None) -> str:
+    """The config for a call, from the H200 grid sweeps (bench/results/sweeps/, median of 3 interleaved rounds
+    against cuDNN in one process):
+
+    * raw_max everywhere: 0.919 against 0.873 cuDNN geomean for the same kernel without it (FFMA softmax);
+    * causal query tiles grouped 16 per head: +10-20% on causal s1024-s4096 (0.956 geomean with both);
+    * d=64 with 8192 keys or more: three consumer warpgroups of 64 rows (192 per tile), +4-10% there. Shorter
+      sequences have too few 192-row tiles per SM, and up to 12% lose;
+    * d=96 and d=192 in column pieces instead of tiles padded to 128 / 256 columns: equal pieces (split_d) +2-11%
+      over the padded kernel at d=96, +18-33% at d=192 with P V deferred; the widest pieces first (split_d_binary:
+      64 + 32, 128 + 64) 4-7% ahead of the equal ones at d=96 (1.05-1.18x cuDNN) and -0.5..+7% at d=192 (0.93-0.97x
+      cuDNN: the prior leaves d=192 with SDPA), at d=192 with both Q K^T pieces issued before the deferred P V
+      (lead_chains) +1.2-2.4% more (sweeps/2026-12-01-h200-attention-split-d*.json, -lead-chains.json);
+    * d=256 in 128x64 tiles with P V deferred and a third V slot: +1.7-6.1% over the same tiles undeferred
+      (sweeps/2026-12-02-h200-attention-d256-3.json);
+    * causal d=128 up to 4096 keys: the two consumers ping-pong their mmas, +1.5-4% (-pp-2.json; longer causal
+      sequences not measured with it yet).
+    """
+    if d_v is not None and d_v != d:
+        return V_HEAD_DIMS[(d, d_v)][0]
+    if d == 64 and seqlen_kv >= 8192:
+        return "ws_p3_192x128_q2_rm_g8"
+    if d == 128 and causal and seqlen_kv <= 4096:
+        return "ws_p_128x128_q2_rm_g16_pp"
+    if d == 96:
+        return "ws_p_128x128_q2_rm_g16_sdb"
+    if d == 192:
+        return "ws_p_128x64_rm_g16_sdb_dm_s3_lc"
+    if tile_d(d) > 128:
+        return "ws_p_128x64_rm_g16_dm_s3"
+    return "ws_p_128x128_q2_rm_g16"
+
+
+
+def options_for(config: str, scale: float) -> Options:
+    """The config's options for a call: ``raw_max`` (max on unscaled scores) holds for positive scales
+    only, so any other scale gets the scaled form."""
+    opts = CONFIGS[config]
+    return replace(opts, raw_max=False) if opts.raw_max and not scale > 0 else opts
