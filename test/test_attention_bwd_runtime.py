@@ -89,16 +89,15 @@ def test_dq_mode_choice_and_configs():
     assert attention_bwd.choose_dq_mode() == "separate" and attention_bwd.choose_dq_mode("atomic") == "atomic"
     assert attention_bwd.choose_dq_mode("reduce") == "reduce"
     assert attention_bwd.choose_dq_mode("separate", 64) == "separate"
-    # the measured default per head dim, mask and keys: reduce ahead of separate at causal d=64 from 1024 keys
-    # (sweeps/...-attention-bwd-configs-7), without the mask from 2048 (-configs-9), at d=128 from 2048 (-configs-6);
-    # other head dims: separate
-    assert [attention_bwd.choose_dq_mode(None, d, 1024, True) for d in (64, 128)] == ["reduce", "separate"]
-    assert [attention_bwd.choose_dq_mode(None, d, 1024) for d in (64, 128)] == ["separate", "separate"]
-    assert [attention_bwd.choose_dq_mode(None, d, 1023, True) for d in (64, 128)] == ["separate", "separate"]
+    # the measured default per head dim, mask and keys: reduce ahead of separate at d=64 from 1024 keys
+    # (sweeps/...-attention-bwd-configs-7; without the mask with two CTAs an SM, -bwd-c2), at d=128 from 2048
+    # (-configs-6); other head dims: separate
     for causal in (False, True):
+        assert [attention_bwd.choose_dq_mode(None, d, 1024, causal) for d in (64, 128)] == ["reduce", "separate"]
+        assert [attention_bwd.choose_dq_mode(None, d, 1023, causal) for d in (64, 128)] == ["separate", "separate"]
         assert [attention_bwd.choose_dq_mode(None, d, 2048, causal) for d in (64, 128)] == ["reduce", "reduce"]
         assert attention_bwd.choose_dq_mode(None, 64, None, causal) == "reduce"  # keys unknown: as for many
-    assert attention_bwd.choose_dq_mode(None, 64, 2047) == "separate"
+    assert attention_bwd.choose_dq_mode(None, 64, 1023) == "separate"
     assert attention_bwd.choose_dq_mode(None, 128, 2047) == "separate" and attention_bwd.choose_dq_mode(None, 96) == (
         "separate")
     with pytest.raises(ValueError, match="dq_mode='fast'; use one of"):
@@ -106,8 +105,17 @@ def test_dq_mode_choice_and_configs():
     for d in (64, 128):
         for causal in (False, True):
             for mode in attention_bwd.DQ_MODES:
-                assert attention_bwd.serves(attention_bwd.choose_config(d, causal, mode), d, mode)
+                for keys in (None, 1, 512, 1024, 4096):
+                    assert attention_bwd.serves(attention_bwd.choose_config(d, causal, mode, keys), d, mode)
             assert attention_bwd.dq_serves(attention_bwd.choose_dq_config(d, causal), d)
+    # d=64 with few keys: two CTAs an SM in the reduce form (up to 1024 keys); not (yet) in the separate form
+    c2 = "bwd_64x64_dp1_c2"
+    assert attention_bwd.CONFIGS[c2].ctas_per_sm == 2
+    assert [attention_bwd.choose_config(64, causal, "reduce", 1024) for causal in (False, True)] == [c2, c2]
+    assert all(attention_bwd.choose_config(64, causal, "separate", 512) != c2 for causal in (False, True))
+    assert attention_bwd.choose_config(64, True, "reduce", 2048) != c2 and attention_bwd.choose_config(64, True) != c2
+    assert all(attention_bwd.choose_config(128, causal, mode, 512) != c2 for causal in (False, True)
+               for mode in attention_bwd.DQ_MODES)
     assert not attention_bwd.serves("bwd_32x128_dp2", 128, "atomic")  # dQ's wgmma would have 32 rows
     # d=128 reduce: the split dQ only (the whole dQ^T partial sums spill); the separate form keeps plain options
     assert [c for c in attention_bwd.CONFIGS if attention_bwd.serves(c, 128, "reduce")] == [

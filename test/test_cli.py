@@ -240,26 +240,27 @@ def test_explain_a_decode_gemm_shows_the_runtime_pick(capsys):
 
 
 def test_explain_attention_backward_main_and_dq_kernels(capsys):
-    """The backward's kernels in the runtime's form and configs: the main kernel (d=64 from 1024 keys with the mask,
-    2048 without: the reduce form, dQ added in it; below: the separate form), interpreted against torch's gradients;
+    """The backward's kernels in the runtime's form and configs: the main kernel (d=64 from 1024 keys: the reduce
+    form, dQ added in it, up to 1024 keys by two CTAs an SM; below: the separate form), interpreted against torch's
+    gradients;
     the separate form's dQ kernel at d=128 with 1024 keys (whole tiles: dQ by TMA; from 2048 keys the reduce form)."""
     from torch_autows.runtime import attention_bwd as rt
 
     assert main(["explain", "attention-bwd", "--d", "64", "--s", "200", "--h", "2", "--causal", "--stage",
                  "software_pipeline", "--interpret", "--seeds", "1"]) == 0
     out = capsys.readouterr().out
-    assert f"# form: separate, the main kernel (dK, dV); config: {rt.choose_config(64, True, 'separate')}" in out
+    assert f"# form: separate, the main kernel (dK, dV); config: {rt.choose_config(64, True, 'separate', 200)}" in out
     assert _headers(out) == ["# ---- IR after software_pipeline ----", "# ---- CPU interpreter ----"]
     assert "result: OK" in out
     assert main(["explain", "attention-bwd", "--d", "64", "--s", "200", "--h", "2", "--causal", "--dq-mode", "reduce",
                  "--stage", "software_pipeline", "--interpret", "--seeds", "1"]) == 0
     out = capsys.readouterr().out
-    assert f"# form: reduce, the main kernel (dK, dV, dQ); config: {rt.choose_config(64, True, 'reduce')}" in out
+    assert f"# form: reduce, the main kernel (dK, dV, dQ); config: {rt.choose_config(64, True, 'reduce', 200)}" in out
     assert "result: OK" in out
     assert main(["explain", "attention-bwd", "--d", "64", "--s", "1024", "--causal", "--stage", "loop_schedule"]) == 0
     assert "# form: reduce, the main kernel (dK, dV, dQ)" in capsys.readouterr().out
-    assert main(["explain", "attention-bwd", "--d", "64", "--s", "1024", "--stage", "loop_schedule"]) == 0
-    assert "# form: separate, the main kernel (dK, dV)" in capsys.readouterr().out  # no mask: reduce from 2048
+    assert main(["explain", "attention-bwd", "--d", "64", "--s", "1000", "--stage", "loop_schedule"]) == 0
+    assert "# form: separate, the main kernel (dK, dV)" in capsys.readouterr().out  # reduce from 1024
     assert main(["explain", "attention-bwd", "--d", "128", "--s", "4096", "--kernel", "dq"]) == 2
     assert "the reduce form has no dQ kernel" in capsys.readouterr().err
     assert main(["explain", "attention-bwd", "--d", "128", "--s", "1024", "--kernel", "dq", "--gluon"]) == 0

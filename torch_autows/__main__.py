@@ -114,7 +114,7 @@ def _attention_bwd(args) -> int:
         return 2
     try:  # the runtime's choices for the call, as runtime.attention_bwd.backward makes them
         mode = rt.choose_dq_mode(args.dq_mode, args.d, args.skv or args.s, args.causal)
-        config = rt._checked(args.config, args.d, args.causal, mode)
+        config = rt._checked(args.config, args.d, args.causal, mode, args.skv or args.s)
     except (ValueError, Unsupported) as e:
         print(str(e), file=sys.stderr)
         return 2

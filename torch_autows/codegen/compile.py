@@ -160,12 +160,25 @@ def num_warps(program: Program) -> int:
     return program.partitions[0].warps
 
 
+def compile_options(program: Program) -> dict:
+    """Triton's compile options for a partitioned Program: its default partition's warps, and with
+    ``Options.ctas_per_sm`` n > 1 the launch's register cap (``maxnreg``: the register file split evenly over the
+    threads of n CTAs, each partition padded to whole warpgroups as Triton launches them) so that n CTAs reside on one
+    SM; the partitions' setmaxnreg then reallocate within that share (partition_schedule)."""
+    opts = {"num_warps": num_warps(program)}
+    n = program.options.ctas_per_sm
+    if n > 1:
+        threads = 128 * sum(-(-p.warps // 4) for p in program.partitions)
+        opts["maxnreg"] = program.arch.regs_per_thread(n, threads)
+    return opts
+
+
 def launch_plan(program: Program):
-    """(kernel, {tensor arg: (TMA block, shared layout)}, num_warps) for a partitioned Program: what a
+    """(kernel, {tensor arg: (TMA block, shared layout)}, compile options) for a partitioned Program: what a
     runtime needs to launch it, independent of the tensors' addresses."""
     kernel = load_module(generate(program), program.arch).kernel
     descs = {name: (list(block), desc_layout(block, dtype)) for name, (block, dtype) in block_shapes(program).items()}
-    return kernel, descs, num_warps(program)
+    return kernel, descs, compile_options(program)
 
 
 def compile_offline(program: Program):
@@ -176,7 +189,7 @@ def compile_offline(program: Program):
     mod = load_module(generate(program), program.arch)
     src = GluonASTSource(mod.kernel, signature(program), {})
     target = GPUTarget("cuda", program.arch.sm, 32)
-    return triton.compile(src, target=target, options={"num_warps": num_warps(program)})
+    return triton.compile(src, target=target, options=compile_options(program))
 
 
 def compile_as_launched(program: Program):
@@ -191,7 +204,7 @@ def compile_as_launched(program: Program):
              if name != "G" and (ty == "i32" or ty.startswith("*"))}
     src = GluonASTSource(load_module(generate(program), program.arch).kernel, sig, {}, attrs)
     return triton.compile(src, target=GPUTarget("cuda", program.arch.sm, 32),
-                          options={"num_warps": num_warps(program)})
+                          options=compile_options(program))
 
 
 def sass_per_line(program: Program, kernel) -> dict[int, int]:
@@ -267,6 +280,7 @@ def summary(program: Program, kernel) -> dict:
         "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
         "setmaxnreg": len(re.findall(r"setmaxnreg", ptx)),
         "maxnreg": int(m.group(1)) if (m := re.search(r"\.maxnreg (\d+)", ptx)) else None,
+        "ctas_per_sm": program.options.ctas_per_sm,
         "total_warps": kernel.metadata.num_warps,
         "spills": info["spills"],
         "wgmma_serialized": info["serialized"],

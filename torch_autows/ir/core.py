@@ -176,6 +176,20 @@ class Arch:
     def items(self) -> list[tuple[str, Any]]:
         return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
 
+    def smem_per_cta(self, ctas: int = 1) -> int:
+        """Bytes of SMEM each of ``ctas`` CTAs resident on one SM may allocate: the SM's (``smem_limit`` plus the
+        driver's reserve of one CTA) split evenly, less each CTA's own reserve (sm_90: 228 KB an SM, 1 KB a CTA)."""
+        return (self.smem_limit + SMEM_RESERVED_PER_CTA) // ctas - SMEM_RESERVED_PER_CTA
+
+    def regs_per_thread(self, ctas: int, threads: int) -> int:
+        """Registers per thread at launch when ``ctas`` CTAs of ``threads`` threads each share the register file
+        evenly (Options.ctas_per_sm > 1: the compile's ``maxnreg``; setmaxnreg reallocates within a CTA after)."""
+        regs = self.regs_per_sm // ctas // threads // self.reg_granularity * self.reg_granularity
+        return min(regs, self.max_regs_per_thread)
+
+
+#: SMEM the driver reserves for every resident CTA (sm_90).
+SMEM_RESERVED_PER_CTA = 1024
 
 #: Hopper (H100/H200): 227 KB of SMEM per CTA, asynchronous wgmma with M=64 per warpgroup.
 SM90 = Arch("sm90", sm=90, smem_limit=232448, regs_per_sm=65536, max_regs_per_thread=256, min_regs_per_thread=24,
@@ -249,6 +263,10 @@ class Options:
     # after the tile's K steps into SMEM and read by the consumer, instead of pointer loads in the consumer (a
     # burst of loads by every CTA at once after its last mma, with the tensor cores idle)
     epilogue_tma: bool = False
+    # CTAs resident on one SM at once (their tiles interleave: one's pipeline fill and epilogue run under another's
+    # mmas): each gets 1/n of the SM's SMEM (memory_plan) and of its registers (the compile's maxnreg; setmaxnreg
+    # reallocates within the CTA's share: partition_schedule), and a persistent grid has n CTAs per SM
+    ctas_per_sm: int = 1
 
     def items(self) -> list[tuple[str, Any]]:
         return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]

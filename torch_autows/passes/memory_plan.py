@@ -19,7 +19,8 @@ rewrites a copy two steps later, after the next meeting); in a persistent kernel
 (attention's Q) has ``options.tile_buffers`` copies (with 2, the producer loads the next tile's Q, then its K/V,
 while this tile still computes); two buffers share bytes only if their lifetimes cannot overlap, and then at
 the same offset (the later one is a reinterpretation of the earlier);
-``Program.smem_bytes`` (buffers + mbarriers) <= ``arch.smem_limit`` (227 KB on sm_90), lowering
+``Program.smem_bytes`` (buffers + mbarriers) <= ``arch.smem_per_cta(options.ctas_per_sm)`` (227 KB on sm_90 for
+one CTA an SM, 112 KB each for two), lowering
 the ring depth until it fits, then the per-tile copies, then the staging copies (each time the ring
 depth again from the top), else PassError.
 
@@ -161,7 +162,7 @@ def plan(program: Program, depth: int, store_copies: int, tile_copies: int = 1, 
 
 def run(program: Program, options=None) -> Program:
     opts = options or program.options
-    limit = program.arch.smem_limit
+    limit = program.arch.smem_per_cta(opts.ctas_per_sm)
     held = slots_held(program)
     lowest = max(held.values(), default=0) + 1
     for copies in range(max(opts.store_buffers, 1), 0, -1):

@@ -7,7 +7,11 @@ consumers, then the producer; each consumer has 4 warps per ``arch.mma_rows`` ro
 warpgroup per MMA slice: wgmma's M=64 on sm_90); the producer has ``options.producer_warps`` warps with
 ``options.producer_regs`` registers; the register file (``arch.regs_per_sm``) holds all of them with
 consumers at the most registers a multiple of ``arch.reg_granularity`` allows (setmaxnreg granularity, at
-most ``arch.max_regs_per_thread``).
+most ``arch.max_regs_per_thread``). With ``options.ctas_per_sm`` n > 1 the compile caps every thread at an even
+share of the register file over n CTAs' threads (``maxnreg``: ``arch.regs_per_thread``, codegen.compile's
+``compile_options``), and the CTA's registers are that cap times its threads: setmaxnreg moves the producer's unused
+registers to the consumers within them, as with one CTA an SM (a consumer asking for more than the CTA holds would
+wait forever).
 
 Roles: ``producer`` issues every TMA load (they need no registers beyond addresses); ``consumer<c>``
 runs chain c's wgmma, math and epilogue (the TMA store is issued from its own SMEM staging tile,
@@ -86,10 +90,15 @@ def run(program: Program, options=None) -> Program:
     prod_warps = opts.producer_warps
     prod_group_regs = opts.producer_regs * 32 * 4  # a worker is padded to a full warpgroup
     cons_threads = 32 * sum(w for _, w in consumers)
-    regs = (arch.regs_per_sm - prod_group_regs) // cons_threads // arch.reg_granularity * arch.reg_granularity
+    budget = arch.regs_per_sm  # the CTA's registers: with n CTAs an SM, what the launch's cap gives its threads
+    if opts.ctas_per_sm > 1:
+        threads = 128 * (sum(-(-w // 4) for _, w in consumers) + -(-prod_warps // 4))
+        budget = arch.regs_per_thread(opts.ctas_per_sm, threads) * threads
+    regs = (budget - prod_group_regs) // cons_threads // arch.reg_granularity * arch.reg_granularity
     regs = min(regs, arch.max_regs_per_thread)
     if regs < 64:
-        raise PassError(f"partition_schedule: {regs} registers per consumer thread is too few; lower block sizes")
+        raise PassError(f"partition_schedule: {regs} registers per consumer thread is too few; lower block sizes"
+                        + (" or ctas_per_sm" if opts.ctas_per_sm > 1 else ""))
     parts = [Partition(n, w, regs, tiles=(c, len(chains)) if share else None) for c, (n, w) in zip(chains, consumers)]
     parts.append(Partition("producer", prod_warps, opts.producer_regs))
     return replace(program, body=body, partitions=tuple(parts))

@@ -238,7 +238,7 @@ def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
     args = launcher.ordered(values)  # by templates.attention's argument names
     tiles = BH * math.ceil(Sq / program.options.block_m)
     idx = dev.index(out.device)
-    grid = dev.grid(tiles, program.grid.persistent, idx)
+    grid = dev.grid(tiles, program.grid.persistent, idx, program.options.ctas_per_sm)
     try:  # the first launch of a specialisation compiles it (Triton's cache may be unwritable)
         launcher(grid, args, idx)
     except OSError as e:

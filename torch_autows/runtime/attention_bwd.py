@@ -94,6 +94,12 @@ CONFIGS: dict[str, Options] = {
     # 128 keys (wgmma M = 64, 16 registers): 0 spills offline, causal or not, bf16 and fp16, SMEM 133168.
     "bwd_32x128_dp2_dqsplit": Options(block_m=32, block_n=128, stages=2, data_partition=2, persistent=False,
                                       group_m=1, producer_regs=24, dq_split=True),
+    # Two CTAs an SM (Options.ctas_per_sm) of one consumer warpgroup and 64 keys each (50 KB of SMEM, consumer 232
+    # registers after setmaxnreg): one CTA's fill and dK/dV epilogue under the other's steps, for short sequences
+    # (a CTA of s512 runs 8 steps). d=64 only (d=128 spills 120-200 bytes). Picked at d=64 for the reduce form up to
+    # 1024 keys (``SHORT_KEYS``): +4-9% there.
+    "bwd_64x64_dp1_c2": Options(block_m=64, block_n=64, stages=2, data_partition=1, persistent=False, group_m=1,
+                                producer_regs=24, ctas_per_sm=2),
 }
 
 #: Head dims each main-kernel config serves, per form (what compiles at sm_90a; the separate and reduce forms: without
@@ -114,6 +120,7 @@ CONFIG_HEAD_DIMS: dict[str, dict[str, tuple[int, ...]]] = {
     "bwd_64x64_dp1": {"atomic": (64, 128), "reduce": (64,), "separate": (64,)},
     "bwd_32x128_dp2": {"atomic": (), "reduce": (), "separate": (64, 128)},
     "bwd_32x128_dp2_dqsplit": {"atomic": (), "reduce": (128,), "separate": ()},
+    "bwd_64x64_dp1_c2": {"atomic": (), "reduce": (64,), "separate": (64,)},
 }
 
 #: Configs of the dQ kernel (separate form). One CTA per (batch, q-head, block of BM queries) (``_p``: persistent);
@@ -122,11 +129,16 @@ DQ_CONFIGS: dict[str, Options] = {
     "dq_128x128_dp2_p": Options(block_m=128, block_n=128, stages=2, data_partition=2, persistent=True, group_m=1),
     "dq_128x128_dp2": Options(block_m=128, block_n=128, stages=2, data_partition=2, persistent=False, group_m=1),
     "dq_128x64_dp2": Options(block_m=128, block_n=64, stages=2, data_partition=2, persistent=False, group_m=1),
+    # Two CTAs an SM of one consumer warpgroup, 64 queries x 64 keys a step (49 / 99 KB at d=64 / 128), persistent:
+    # for short sequences, as the main kernel's bwd_64x64_dp1_c2. Served, not picked: 1-16% behind
+    # dq_128x128_dp2_p at 512 and 1024 keys (sweeps/2026-12-02-h200-attention-bwd-c2.json).
+    "dq_64x64_dp1_c2": Options(block_m=64, block_n=64, stages=2, data_partition=1, persistent=True, group_m=1,
+                               producer_regs=24, ctas_per_sm=2),
 }
 
 #: Head dims each dQ config serves.
 DQ_CONFIG_HEAD_DIMS: dict[str, tuple[int, ...]] = {"dq_128x128_dp2": (64, 128), "dq_128x64_dp2": (64, 128),
-                                                   "dq_128x128_dp2_p": (64, 128)}
+                                                   "dq_128x128_dp2_p": (64, 128), "dq_64x64_dp1_c2": (64, 128)}
 
 
 def serves(config: str, d: int, dq_mode: str = "separate") -> bool:
@@ -139,7 +151,16 @@ def dq_serves(config: str, d: int) -> bool:
     return d in DQ_CONFIG_HEAD_DIMS.get(config, ())
 
 
-def choose_config(d: int, causal: bool, dq_mode: str = "separate") -> str:
+#: Keys a head up to which d=64's main kernel runs two CTAs an SM (``bwd_64x64_dp1_c2``), per form: on the H200
+#: (sweeps/2026-12-02-h200-attention-bwd-c2.json, whole backward, TFLOP/s) the reduce form with it 274 against the
+#: reduce pick's 251 at 1024 causal keys and 349 against the separate pick's 335 without the mask (the attention-bwd
+#: bench then: 270 against cuDNN's 252, 1.07x; 339 against 363, as before). The separate form with it (beside the dQ
+#: pick) ran 186 against 172 at 512 causal keys in that sweep but 140 against cuDNN's 170 in the bench right after
+#: (sweeps/2026-12-02-h200-attention-bwd-c2-bench.json), unexplained: not taken until measured again.
+SHORT_KEYS: dict[str, int] = {"reduce": 1024}
+
+
+def choose_config(d: int, causal: bool, dq_mode: str = "separate", keys: int | None = None) -> str:
     """The main kernel's config for a call. Atomic: two consumer warpgroups of 64 keys and 64-query steps at both
     head dims (offline, sm_90a: d=64 without spills; d=128 spills, test/codegen/test_attention_bwd_codegen.py
     ``SPILLS``). Separate: the same at both head dims (at d=128 its 120/172 spill bytes cost less than halving the
@@ -150,7 +171,10 @@ def choose_config(d: int, causal: bool, dq_mode: str = "separate") -> str:
     At d=64 without a mask the reduce and separate forms take the persistent walk (+1-5%; the causal mask's uneven
     tiles make it slower there), the reduce form with the folded row vectors (+1.3-1.5%, -configs-5). Every pick is
     the fastest config of its form in those sweeps (s1024/s4096, causal or not; deeper Q/dO rings within 2%:
-    sweeps/2026-12-01-h200-attention-bwd-configs.json, -2 and -5)."""
+    sweeps/2026-12-01-h200-attention-bwd-configs.json, -2 and -5). At d=64 with few ``keys`` a head (``SHORT_KEYS``:
+    the reduce form) two CTAs an SM of one consumer warpgroup and 64 keys each."""
+    if d == 64 and keys is not None and keys <= SHORT_KEYS.get(dq_mode, 0):
+        return "bwd_64x64_dp1_c2"
     if d == 128 and dq_mode == "reduce":
         return "bwd_64x128_dp2_dqsplit_fold"
     if d == 64 and not causal and dq_mode == "reduce":
@@ -175,8 +199,9 @@ def choose_dq_config(d: int, causal: bool) -> str:
 #: kernels and 7). At d=128 its split-dQ fold (``bwd_64x128_dp2_dqsplit_fold``) ran 0.97x the separate form at 1024
 #: keys, 1.03-1.04x at 2048, 1.08x at 4096 and 1.11-1.13x at 8192 (sweeps/2026-12-01-h200-attention-bwd-configs-6).
 #: Keyed by (head dim, causal): without the mask d=64's reduce pick ran 0.966x the separate form at 1024 keys again
-#: with carry_index (-configs-9: 1.066 vs 1.031 ms), so there it starts at 2048.
-REDUCE_FROM_KEYS: dict[tuple[int, bool], int] = {(64, False): 2048, (64, True): 1024, (128, False): 2048,
+#: with carry_index (-configs-9: 1.066 vs 1.031 ms); the reduce form with two CTAs an SM (``SHORT_KEYS``) ran 1.04x
+#: the separate pick there (2026-12-02-h200-attention-bwd-c2.json), so it starts at 1024 again.
+REDUCE_FROM_KEYS: dict[tuple[int, bool], int] = {(64, False): 1024, (64, True): 1024, (128, False): 2048,
                                                  (128, True): 2048}
 
 
@@ -258,7 +283,7 @@ def _launch(template: str, request, opts: Options, values: dict, grid: int, key,
     if hit is not None and hit[0](*(values[n].data_ptr() for n in hit[1])):
         return
     idx = dev.index(device)
-    grid = dev.grid(grid, opts.persistent, idx)
+    grid = dev.grid(grid, opts.persistent, idx, opts.ctas_per_sm)
     try:  # no directory to write the kernel source to (or another OSError): the vendor's backward serves the call
         kernel = compile_kernel(template, request, opts)
         launcher = kernel.launcher
@@ -295,11 +320,11 @@ def tma_request(template: str, request, opts: Options, whole: bool, field: str):
     return tma if whole and _stages_in_slots(template, tma, opts) else request
 
 
-def _checked(config: str | None, d: int, causal: bool, dq_mode: str) -> str:
+def _checked(config: str | None, d: int, causal: bool, dq_mode: str, keys: int | None = None) -> str:
     if not any(serves(c, d, dq_mode) for c in CONFIGS):
         raise Unsupported(f"no config serves head dim {d} in the {dq_mode} form without spills (CONFIG_HEAD_DIMS); "
                           f"dq_mode='separate' does")
-    config = config or choose_config(d, causal, dq_mode)
+    config = config or choose_config(d, causal, dq_mode, keys)
     if not serves(config, d, dq_mode):
         raise ValueError(f"attention backward config {config!r} serves head dims "
                          f"{CONFIG_HEAD_DIMS.get(config, {}).get(dq_mode, ())} in the {dq_mode} form, not {d}; use "
@@ -320,7 +345,7 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: floa
     D = q.shape[-1]
     causal, scale = bool(is_causal), float(scale)
     dq_mode = choose_dq_mode(dq_mode, D, k.shape[2], causal)
-    config = _checked(config, D, causal, dq_mode)
+    config = _checked(config, D, causal, dq_mode, k.shape[2])
     if dq_mode == "separate":
         dq_config = dq_config or choose_dq_config(D, causal)
         if not dq_serves(dq_config, D):

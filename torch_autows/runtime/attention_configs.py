@@ -84,7 +84,9 @@ CONFIGS: dict[str, Options] = {
                                                lead_chains=True),
     # ... with two Q copies (the next tile's Q loads while this one computes), for q/k 192 and v 128 (MLA prefill:
     # V's 128 columns leave the SMEM for it, 222 KB): +0.2-8.1% over the one-copy form at s1024-s16384, causal or not
-    # (sweeps/2026-12-02-h200-attention-mla-2.json). Picked for 192/128.
+    # (sweeps/2026-12-02-h200-attention-mla-2.json). Picked for 192/128. At d=192 (K 2 + V 3 slots, 222 KB) +5.7% with
+    # the causal mask at 1024 keys (447 against 423 TFLOP/s, cuDNN 446), 3-5% behind at 4096 (-ctas.json): picked for
+    # causal d=192 up to 1024 keys.
     "ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2": replace(_WIDE, split_d=True, split_d_binary=True, defer_mma=True, stages=3,
                                                   lead_chains=True, tile_buffers=2),
     "ws_p_128x128_q2_rm_g16_sdb": replace(_Q2, raw_max=True, group_m=16, split_d=True, split_d_binary=True),
@@ -92,6 +94,19 @@ CONFIGS: dict[str, Options] = {
     # +2-11% over the padded d=128 tiles, 1.04-1.11x cuDNN (H200, s1024-s16384, causal or not); the binary pieces
     # above are 4-7% ahead of it.
     "ws_p_128x128_q2_rm_g16_sd": replace(_Q2, raw_max=True, group_m=16, split_d=True),
+    # Two CTAs an SM (ctas_per_sm), each one consumer warpgroup of 64 query rows in 64-key steps with half the SM's
+    # SMEM and registers (consumer 232 after setmaxnreg; d=128: K 2 + V 3 slots, 115 KB): one CTA's pipeline fill,
+    # softmax and epilogue run under the other's mmas. Short causal sequences are mostly fill and epilogue (a tile of
+    # s512 has 1-4 key blocks): picked for causal d=128 up to 512 keys, 331 against the ping-pong pick's 316 TFLOP/s
+    # (cuDNN 332); from 1024 keys and without the mask 5-20% behind (sweeps/2026-12-02-h200-attention-ctas*.json).
+    # cuDNN's short-sequence kernels are such 64-row one-warpgroup tiles.
+    "ws_p_64x64_q2_rm_g16_c2": replace(_Q2, block_m=64, block_n=64, data_partition=1, raw_max=True, group_m=16,
+                                       ctas_per_sm=2, producer_regs=24),
+    # ... three CTAs an SM (74 KB of SMEM, 80 registers a thread at launch, the consumer 136 after setmaxnreg; d=128
+    # does not fit those registers): picked for causal d=64 up to 512 keys, 266 against 231 TFLOP/s (cuDNN 259); two
+    # CTAs of 64x128 or 64x64 tiles 248-249; at 1024 keys 2-4% behind the 128x128 pick.
+    "ws_p_64x64_q2_rm_g16_c3": replace(_Q2, block_m=64, block_n=64, data_partition=1, raw_max=True, group_m=16,
+                                       ctas_per_sm=3, producer_regs=24),
 }
 
 #: Head dims each config serves (every config is listed). 96 runs in the 128-column tiles of 128, 192 in the
@@ -105,7 +120,8 @@ HEAD_DIMS: dict[str, tuple[int, ...]] = {
     "ws_p_128x64_rm_g16_sd": (96, 192), "ws_p_128x64_rm_g16_sd_dm_s3": (192,), "ws_p_128x128_q2_rm_g16_sd": (96,),
     "ws_p_128x64_rm_g16_sdb_dm_s3": (192,), "ws_p_128x128_q2_rm_g16_sdb": (96,),
     "ws_p_128x64_rm_g16_sdb_dm_s3_lc": (192,),
-    "ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2": (),  # 192 / 128 only (V_HEAD_DIMS)
+    "ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2": (192,),  # and 192 / 128 (V_HEAD_DIMS)
+    "ws_p_64x64_q2_rm_g16_c2": (64, 128), "ws_p_64x64_q2_rm_g16_c3": (64,),
 }
 
 
@@ -148,10 +164,15 @@ def choose_config(d: int, causal: bool, seqlen_kv: int, d_v: int | None = None) 
     * d=256 in 128x64 tiles with P V deferred and a third V slot: +1.7-6.1% over the same tiles undeferred
       (sweeps/2026-12-02-h200-attention-d256-3.json);
     * causal d=128 up to 4096 keys: the two consumers ping-pong their mmas, +1.5-4% (-pp-2.json; longer causal
-      sequences not measured with it yet).
+      sequences not measured with it yet);
+    * causal up to 512 keys, d=64 and 128: several CTAs an SM of 64-row tiles (ctas_per_sm: three at d=64, two at
+      d=128), +15% / +5% over the picks above (2026-12-02-h200-attention-ctas*.json);
+    * causal d=192 up to 1024 keys: two Q copies, +5.7% (-ctas-2.json).
     """
     if d_v is not None and d_v != d:
         return V_HEAD_DIMS[(d, d_v)][0]
+    if causal and seqlen_kv <= 512 and d in (64, 128):
+        return "ws_p_64x64_q2_rm_g16_c3" if d == 64 else "ws_p_64x64_q2_rm_g16_c2"
     if d == 64 and seqlen_kv >= 8192:
         return "ws_p3_192x128_q2_rm_g8"
     if d == 128 and causal and seqlen_kv <= 4096:
@@ -159,7 +180,8 @@ def choose_config(d: int, causal: bool, seqlen_kv: int, d_v: int | None = None) 
     if d == 96:
         return "ws_p_128x128_q2_rm_g16_sdb"
     if d == 192:
-        return "ws_p_128x64_rm_g16_sdb_dm_s3_lc"
+        short_causal = causal and seqlen_kv <= 1024
+        return "ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2" if short_causal else "ws_p_128x64_rm_g16_sdb_dm_s3_lc"
     if tile_d(d) > 128:
         return "ws_p_128x64_rm_g16_dm_s3"
     return "ws_p_128x128_q2_rm_g16"

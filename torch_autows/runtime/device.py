@@ -17,10 +17,10 @@ def num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def grid(tiles: int, persistent: bool, device_index: int) -> int:
-    """CTAs to launch for ``tiles`` output tiles: one each, or for a persistent kernel one per SM at most (each walks
-    its tiles)."""
-    return min(tiles, num_sms(device_index)) if persistent else tiles
+def grid(tiles: int, persistent: bool, device_index: int, ctas_per_sm: int = 1) -> int:
+    """CTAs to launch for ``tiles`` output tiles: one each, or for a persistent kernel ``ctas_per_sm`` per SM at most
+    (each walks its tiles; Options.ctas_per_sm)."""
+    return min(tiles, ctas_per_sm * num_sms(device_index)) if persistent else tiles
 
 
 @functools.lru_cache(maxsize=16)

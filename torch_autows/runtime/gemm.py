@@ -161,7 +161,7 @@ def launch_template(req: GemmRequest, options: Options, operands: dict, M: int, 
         extra = ((accumulators * o.split_k * tiles * o.block_m * o.block_n, tiles),)
         values["ws"], values["locks"] = scratch.get(idx, *extra[0])
     args = launcher.ordered(values)  # by the Program's argument names
-    grid = dev.grid(tiles * o.split_k, persistent, idx)
+    grid = dev.grid(tiles * o.split_k, persistent, idx, o.ctas_per_sm)
     try:  # the first launch of a specialisation compiles it (Triton's cache may be unwritable)
         launcher(grid, args, idx)
     except OSError as e:

@@ -56,10 +56,11 @@ class Launcher:
     kernel's argument order; ``launcher.ordered({name: value})`` puts values given by name in that order."""
 
     def __init__(self, kernel, descs: list, num_warps: int, names: tuple[str, ...] = (),
-                 aliases: dict[str, str] | None = None):
+                 aliases: dict[str, str] | None = None, maxnreg: int | None = None):
         self.kernel = kernel          # the @gluon.jit function
         self.descs = descs            # (block, layout) per Tma argument, in argument order
         self.num_warps = num_warps
+        self.maxnreg = maxnreg        # a register cap (Options.ctas_per_sm > 1), else None
         self.names = tuple(names)     # the kernel's arguments (Program.args), in order
         self.aliases = dict(aliases or {})  # arg -> the arg whose value it takes (Arg.alias: another block shape)
         self._direct: dict[tuple, tuple | None] = {}  # (device, specialisation) -> direct state (None: slow)
@@ -155,7 +156,8 @@ class Launcher:
                 call.append(a)
         if first:
             use_inductor_triton_cache(key[0])
-        compiled = self.kernel[(grid,)](*call, num_warps=self.num_warps)
+        extra = {"maxnreg": self.maxnreg} if self.maxnreg else {}
+        compiled = self.kernel[(grid,)](*call, num_warps=self.num_warps, **extra)
         if first:
             if len(self._direct) >= _MAP_CACHE_MAX:
                 self._direct.clear()
@@ -356,6 +358,7 @@ def launcher_for(program) -> Launcher:
     binds values by the Program's argument names)."""
     from ..codegen.compile import launch_plan
 
-    kernel, descs, warps = launch_plan(program)
-    return Launcher(kernel, [descs[a.name] for a in program.args if a.kind == "tensor"], warps,
-                    tuple(a.name for a in program.args), {a.name: a.alias for a in program.args if a.alias})
+    kernel, descs, options = launch_plan(program)
+    return Launcher(kernel, [descs[a.name] for a in program.args if a.kind == "tensor"], options["num_warps"],
+                    tuple(a.name for a in program.args), {a.name: a.alias for a in program.args if a.alias},
+                    options.get("maxnreg"))
