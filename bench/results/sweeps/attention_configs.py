@@ -66,7 +66,19 @@ VARIANTS = {"q2_forward": ("ws_p_128x128_q2", {"serpentine": False}),
             "sd_dm_s3_lc": ("ws_p_128x64_rm_g16_sd_dm_s3", {"lead_chains": True}),
             "sdb_dm_s3_lc": ("ws_p_128x64_rm_g16_sdb_dm_s3", {"lead_chains": True}),
             "q2_sd_lc": ("ws_p_128x128_q2_rm_g16_sd", {"lead_chains": True}),
-            "q2_sdb_lc": ("ws_p_128x128_q2_rm_g16_sdb", {"lead_chains": True})}
+            "q2_sdb_lc": ("ws_p_128x128_q2_rm_g16_sdb", {"lead_chains": True}),
+            # -ctas (names as the runs had them): two or three CTAs an SM of one 64-row consumer each
+            # (Options.ctas_per_sm) for short causal sequences: 128- or 64-key steps, P V not deferred, the causal
+            # walk's grouping, one Q copy; and d=192's pick with two Q copies (ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2)
+            "ws_p2_64x128_q2_rm_g16": ("ws_p_64x64_q2_rm_g16_c2", {"block_n": 128}, (64,)),
+            "ws_p2_64x128_q2_rm_g16_nd": ("ws_p_64x64_q2_rm_g16_c2", {"block_n": 128, "defer_mma": False}, (64,)),
+            "ws_p2_64x64_q2_rm_g16": ("ws_p_64x64_q2_rm_g16_c2", {}),
+            "c2_g8": ("ws_p_64x64_q2_rm_g16_c2", {"block_n": 128, "group_m": 8}, (64,)),
+            "c2_g1": ("ws_p_64x64_q2_rm_g16_c2", {"block_n": 128, "group_m": 1}, (64,)),
+            "c2_q1": ("ws_p_64x64_q2_rm_g16_c2", {"block_n": 128, "tile_buffers": 1}, (64,)),
+            "c3_64x64": ("ws_p_64x64_q2_rm_g16_c3", {}),
+            "c2_64x64_g8": ("ws_p_64x64_q2_rm_g16_c2", {"group_m": 8}),
+            "sdb_lc_q2": ("ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2", {})}
 ROUNDS = 3
 
 
@@ -85,6 +97,8 @@ def main():
         names = [n for n in os.environ["CONFIGS"].split(",") if n in rta.CONFIGS]
     rows = []
     for c in select("attention", sys.argv[1:] or None):
+        if c.head_dim_v:  # q/k and v of two head dims: attention_mla.py times those
+            continue
         b, hq, hkv, s, d, causal = c.batch, c.heads, c.kv_heads, c.seqlen, c.head_dim, c.causal
         q = torch.randn(b, hq, s, d, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
