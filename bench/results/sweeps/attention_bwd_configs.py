@@ -67,6 +67,10 @@ VARIANTS = {
     "bwd_64x128_dp2_dqsplit_fold_nc": ("bwd_64x128_dp2_dqsplit_fold", {"carry_index": False}, {"reduce": (128,)}),
     "bwd_64x128_dp2_cc": ("bwd_64x128_dp2", {"carry_index": True}, {"reduce": (64,), "separate": (64, 128)}),
     "bwd_64x128_dp2_p_cc": ("bwd_64x128_dp2_p", {"carry_index": True}, {"separate": (64,)}),
+    # two CTAs an SM at d=128 (not measured yet): bwd_64x64_dp1_c2 spills 120-200 bytes there, its folded twin and
+    # 32-query steps do not (offline sm_90a, separate form: 100 / 66 KB of SMEM, consumer 232 registers)
+    "bwd_64x64_dp1_c2_fold": ("bwd_64x64_dp1_c2", {"fold_rows": True}, {"separate": (128,)}),
+    "bwd_32x64_dp1_c2": ("bwd_64x64_dp1_c2", {"block_m": 32}, {"separate": (64, 128)}),
 }
 #: dQ-kernel variants: name -> (base, overrides[, head dims]).
 DQ_VARIANTS = {"dq_128x128_dp2_p": ("dq_128x128_dp2", {"persistent": True}),
