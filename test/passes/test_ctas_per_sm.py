@@ -43,7 +43,8 @@ def test_plan_fits_the_cta_share(config, causal):
         p = pipeline.run(build(AttentionRequest(d, "bf16", causal, o_tma=True), opts))
         n = opts.ctas_per_sm
         assert p.smem_bytes <= SM90.smem_per_cta(n)
-        threads = 128 * len(p.partitions)  # one consumer warpgroup and the producer's, as launched
+        threads = SM90.cta_threads(pt.warps for pt in p.partitions)
+        assert threads == 128 * len(p.partitions)  # one consumer warpgroup and the producer's (one warp, padded)
         cap = compile_options(p)["maxnreg"]
         assert cap == SM90.regs_per_thread(n, threads)
         assert sum(128 * pt.regs for pt in p.partitions) <= cap * threads  # setmaxnreg stays within the CTA

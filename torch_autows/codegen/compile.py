@@ -168,8 +168,7 @@ def compile_options(program: Program) -> dict:
     opts = {"num_warps": num_warps(program)}
     n = program.options.ctas_per_sm
     if n > 1:
-        threads = 128 * sum(-(-p.warps // 4) for p in program.partitions)
-        opts["maxnreg"] = program.arch.regs_per_thread(n, threads)
+        opts["maxnreg"] = program.arch.regs_per_thread(n, program.arch.cta_threads(p.warps for p in program.partitions))
     return opts
 
 

@@ -181,6 +181,11 @@ class Arch:
         driver's reserve of one CTA) split evenly, less each CTA's own reserve (sm_90: 228 KB an SM, 1 KB a CTA)."""
         return (self.smem_limit + SMEM_RESERVED_PER_CTA) // ctas - SMEM_RESERVED_PER_CTA
 
+    def cta_threads(self, warps) -> int:
+        """Threads of a CTA whose partitions have ``warps`` warps each, every partition padded to whole warpgroups
+        (setmaxnreg's unit), as Triton launches a warp-specialized kernel."""
+        return 128 * sum(-(-w // 4) for w in warps)
+
     def regs_per_thread(self, ctas: int, threads: int) -> int:
         """Registers per thread at launch when ``ctas`` CTAs of ``threads`` threads each share the register file
         evenly (Options.ctas_per_sm > 1: the compile's ``maxnreg``; setmaxnreg reallocates within a CTA after)."""

@@ -92,7 +92,7 @@ def run(program: Program, options=None) -> Program:
     cons_threads = 32 * sum(w for _, w in consumers)
     budget = arch.regs_per_sm  # the CTA's registers: with n CTAs an SM, what the launch's cap gives its threads
     if opts.ctas_per_sm > 1:
-        threads = 128 * (sum(-(-w // 4) for _, w in consumers) + -(-prod_warps // 4))
+        threads = arch.cta_threads([w for _, w in consumers] + [prod_warps])
         budget = arch.regs_per_thread(opts.ctas_per_sm, threads) * threads
     regs = (budget - prod_group_regs) // cons_threads // arch.reg_granularity * arch.reg_granularity
     regs = min(regs, arch.max_regs_per_thread)
