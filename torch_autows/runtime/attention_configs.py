@@ -24,6 +24,8 @@ _Q2 = replace(_ONE_Q, tile_buffers=2)
 # without deferring, or 64 keys with it.
 _P3 = Options(block_m=192, block_n=128, stages=4, data_partition=3, persistent=True, tile_buffers=2,
               serpentine=True, group_m=1, producer_regs=24)
+# Short causal sequences: one consumer warpgroup of 64 query rows in 64-key steps, several CTAs an SM (ctas_per_sm).
+_SHORT = replace(_Q2, block_m=64, block_n=64, data_partition=1, raw_max=True, group_m=16, producer_regs=24)
 _WIDE = Options(block_m=128, block_n=64, stages=2, data_partition=2, persistent=True, serpentine=True, group_m=16,
                 raw_max=True)
 CONFIGS: dict[str, Options] = {
@@ -100,13 +102,11 @@ CONFIGS: dict[str, Options] = {
     # s512 has 1-4 key blocks): picked for causal d=128 up to 512 keys, 331 against the ping-pong pick's 316 TFLOP/s
     # (cuDNN 332); from 1024 keys and without the mask 5-20% behind (sweeps/2026-12-02-h200-attention-ctas*.json).
     # cuDNN's short-sequence kernels are such 64-row one-warpgroup tiles.
-    "ws_p_64x64_q2_rm_g16_c2": replace(_Q2, block_m=64, block_n=64, data_partition=1, raw_max=True, group_m=16,
-                                       ctas_per_sm=2, producer_regs=24),
+    "ws_p_64x64_q2_rm_g16_c2": replace(_SHORT, ctas_per_sm=2),
     # ... three CTAs an SM (74 KB of SMEM, 80 registers a thread at launch, the consumer 136 after setmaxnreg; d=128
     # does not fit those registers): picked for causal d=64 up to 512 keys, 266 against 231 TFLOP/s (cuDNN 259); two
     # CTAs of 64x128 or 64x64 tiles 248-249; at 1024 keys 2-4% behind the 128x128 pick.
-    "ws_p_64x64_q2_rm_g16_c3": replace(_Q2, block_m=64, block_n=64, data_partition=1, raw_max=True, group_m=16,
-                                       ctas_per_sm=3, producer_regs=24),
+    "ws_p_64x64_q2_rm_g16_c3": replace(_SHORT, ctas_per_sm=3),
 }
 
 #: Head dims each config serves (every config is listed). 96 runs in the 128-column tiles of 128, 192 in the
