@@ -20,7 +20,7 @@ rewrites a copy two steps later, after the next meeting); in a persistent kernel
 while this tile still computes); two buffers share bytes only if their lifetimes cannot overlap, and then at
 the same offset (the later one is a reinterpretation of the earlier);
 ``Program.smem_bytes`` (buffers + mbarriers) <= ``arch.smem_per_cta(options.ctas_per_sm)`` (227 KB on sm_90 for
-one CTA an SM, 112 KB each for two), lowering
+one CTA an SM, 113 KB each for two), lowering
 the ring depth until it fits, then the per-tile copies, then the staging copies (each time the ring
 depth again from the top), else PassError.
 
