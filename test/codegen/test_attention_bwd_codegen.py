@@ -217,9 +217,9 @@ def test_separate_form_issues_its_gemms_back_to_back():
 
 
 def test_only_fold_rows_configs_fold_their_row_vectors():
-    """``folds_rows`` is ``Options.fold_rows``: of the served programs only ``bwd_64x128_dp2_fold`` (the separate form
-    at d=128), ``bwd_64x128_dp2_dqsplit_fold`` (the reduce form there) and ``bwd_64x128_dp2_p_fold`` (the reduce form at
-    d=64) fold; every other program's code is as
+    """``folds_rows`` is ``Options.fold_rows``: of the served programs only ``bwd_64x128_dp2_fold`` and
+    ``bwd_64x64_dp1_c2_fold`` (the separate form at d=128), ``bwd_64x128_dp2_dqsplit_fold`` (the reduce form there) and
+    ``bwd_64x128_dp2_p_fold`` (the reduce form at d=64) fold; every other program's code is as
     before (golden hashes). A folded step reads its lse2/delta columns from the SMEM slot the producer filled,
     starts S^T at -lse2/c and dP^T at -delta (no zero-initialised accumulator), scales S^T by ``qk_fold`` and
     subtracts no vector after the mmas."""
@@ -227,8 +227,8 @@ def test_only_fold_rows_configs_fold_their_row_vectors():
     served = [(c, d, f) for c in CONFIGS for d in (64, 128) for f in forms if serves(c, d, f)]
     folded = {(c, d, f) for c, d, f in served
               if folds_rows(AttentionBwdRequest(d, "bf16", False, forms[f]), CONFIGS[c])}
-    assert folded == {("bwd_64x128_dp2_fold", 128, "separate"), ("bwd_64x128_dp2_dqsplit_fold", 128, "reduce"),
-                      ("bwd_64x128_dp2_p_fold", 64, "reduce")}
+    assert folded == {("bwd_64x128_dp2_fold", 128, "separate"), ("bwd_64x64_dp1_c2_fold", 128, "separate"),
+                      ("bwd_64x128_dp2_dqsplit_fold", 128, "reduce"), ("bwd_64x128_dp2_p_fold", 64, "reduce")}
     src = gluon.generate(pipeline.run(build(AttentionBwdRequest(128, "bf16", True, dq="none"),
                                             CONFIGS["bwd_64x128_dp2_fold"])))
     consumer = src[src.index("def consumer0("):src.index("def consumer1(")]

@@ -97,9 +97,15 @@ CONFIGS: dict[str, Options] = {
     # Two CTAs an SM (Options.ctas_per_sm) of one consumer warpgroup and 64 keys each (50 KB of SMEM, consumer 232
     # registers after setmaxnreg): one CTA's fill and dK/dV epilogue under the other's steps, for short sequences
     # (a CTA of s512 runs 8 steps). d=64 only (d=128 spills 120-200 bytes). Picked at d=64 for the reduce form up to
-    # 1024 keys (``SHORT_KEYS``): +4-9% there.
+    # 1024 keys (``SHORT``): +4-9% there.
     "bwd_64x64_dp1_c2": Options(block_m=64, block_n=64, stages=2, data_partition=1, persistent=False, group_m=1,
                                 producer_regs=24, ctas_per_sm=2),
+    # ... with lse2/delta folded into the accumulators (Options.fold_rows): d=128 without spills (the plain one spills
+    # 120-200 bytes there), separate form, 100 KB of SMEM. Picked at d=128 with the causal mask up to 1024 keys
+    # (``SHORT``): +5.5% / +3% at 512 / 1024 causal keys, 1-2% behind without the mask (sweeps/2026-12-02-h200-
+    # attention-bwd-c2-d128.json).
+    "bwd_64x64_dp1_c2_fold": Options(block_m=64, block_n=64, stages=2, data_partition=1, persistent=False, group_m=1,
+                                     producer_regs=24, ctas_per_sm=2, fold_rows=True),
 }
 
 #: Head dims each main-kernel config serves, per form (what compiles at sm_90a; the separate and reduce forms: without
@@ -121,6 +127,7 @@ CONFIG_HEAD_DIMS: dict[str, dict[str, tuple[int, ...]]] = {
     "bwd_32x128_dp2": {"atomic": (), "reduce": (), "separate": (64, 128)},
     "bwd_32x128_dp2_dqsplit": {"atomic": (), "reduce": (128,), "separate": ()},
     "bwd_64x64_dp1_c2": {"atomic": (), "reduce": (64,), "separate": (64,)},
+    "bwd_64x64_dp1_c2_fold": {"atomic": (), "reduce": (), "separate": (128,)},
 }
 
 #: Configs of the dQ kernel (separate form). One CTA per (batch, q-head, block of BM queries) (``_p``: persistent);
@@ -151,13 +158,19 @@ def dq_serves(config: str, d: int) -> bool:
     return d in DQ_CONFIG_HEAD_DIMS.get(config, ())
 
 
-#: Keys a head up to which d=64's main kernel runs two CTAs an SM (``bwd_64x64_dp1_c2``), per form: on the H200
-#: (sweeps/2026-12-02-h200-attention-bwd-c2.json, whole backward, TFLOP/s) the reduce form with it 274 against the
-#: reduce pick's 251 at 1024 causal keys and 349 against the separate pick's 335 without the mask (the attention-bwd
-#: bench then: 270 against cuDNN's 252, 1.07x; 339 against 363, as before). The separate form with it (beside the dQ
-#: pick) ran 186 against 172 at 512 causal keys in that sweep but 140 against cuDNN's 170 in the bench right after
-#: (sweeps/2026-12-02-h200-attention-bwd-c2-bench.json), unexplained: not taken until measured again.
-SHORT_KEYS: dict[str, int] = {"reduce": 1024}
+#: (form, head dim, causal) -> (config, keys): up to ``keys`` keys a head the main kernel runs two CTAs an SM of one
+#: consumer warpgroup and 64 keys each. On the H200 (whole backward, TFLOP/s):
+#: * d=64, reduce form (sweeps/2026-12-02-h200-attention-bwd-c2.json): 274 against the reduce pick's 251 at 1024
+#:   causal keys and 349 against the separate pick's 335 without the mask (the attention-bwd bench then: 270 against
+#:   cuDNN's 252, 1.07x; 339 against 363, as before). The separate form with it at 512 keys: 186 against 172 causal in
+#:   that sweep, 140 against cuDNN's 170 in the bench right after (-c2-bench.json), 138 against 142 and 175.6 against
+#:   cuDNN's 170.6 in session 21 (-c2-d64.json, -c2-d64-bench.json): within the noise of those cases, not taken.
+#: * d=128, separate form, causal (-c2-d128.json): ``bwd_64x64_dp1_c2_fold`` beside the dQ pick 230 against 218 at
+#:   512 keys and 309 against 300 at 1024 (cuDNN 209 / 298); without the mask 1-2% behind (340 / 399 against 346 /
+#:   404), so not there.
+SHORT: dict[tuple[str, int, bool], tuple[str, int]] = {
+    ("reduce", 64, False): ("bwd_64x64_dp1_c2", 1024), ("reduce", 64, True): ("bwd_64x64_dp1_c2", 1024),
+    ("separate", 128, True): ("bwd_64x64_dp1_c2_fold", 1024)}
 
 
 def choose_config(d: int, causal: bool, dq_mode: str = "separate", keys: int | None = None) -> str:
@@ -171,10 +184,11 @@ def choose_config(d: int, causal: bool, dq_mode: str = "separate", keys: int | N
     At d=64 without a mask the reduce and separate forms take the persistent walk (+1-5%; the causal mask's uneven
     tiles make it slower there), the reduce form with the folded row vectors (+1.3-1.5%, -configs-5). Every pick is
     the fastest config of its form in those sweeps (s1024/s4096, causal or not; deeper Q/dO rings within 2%:
-    sweeps/2026-12-01-h200-attention-bwd-configs.json, -2 and -5). At d=64 with few ``keys`` a head (``SHORT_KEYS``:
-    the reduce form) two CTAs an SM of one consumer warpgroup and 64 keys each."""
-    if d == 64 and keys is not None and keys <= SHORT_KEYS.get(dq_mode, 0):
-        return "bwd_64x64_dp1_c2"
+    sweeps/2026-12-01-h200-attention-bwd-configs.json, -2 and -5). With few ``keys`` a head (``SHORT``: d=64's reduce
+    form, d=128's separate form with the mask) two CTAs an SM of one consumer warpgroup and 64 keys each."""
+    short, most = SHORT.get((dq_mode, d, bool(causal)), (None, 0))
+    if short and keys is not None and keys <= most:
+        return short
     if d == 128 and dq_mode == "reduce":
         return "bwd_64x128_dp2_dqsplit_fold"
     if d == 64 and not causal and dq_mode == "reduce":
@@ -199,7 +213,7 @@ def choose_dq_config(d: int, causal: bool) -> str:
 #: kernels and 7). At d=128 its split-dQ fold (``bwd_64x128_dp2_dqsplit_fold``) ran 0.97x the separate form at 1024
 #: keys, 1.03-1.04x at 2048, 1.08x at 4096 and 1.11-1.13x at 8192 (sweeps/2026-12-01-h200-attention-bwd-configs-6).
 #: Keyed by (head dim, causal): without the mask d=64's reduce pick ran 0.966x the separate form at 1024 keys again
-#: with carry_index (-configs-9: 1.066 vs 1.031 ms); the reduce form with two CTAs an SM (``SHORT_KEYS``) ran 1.04x
+#: with carry_index (-configs-9: 1.066 vs 1.031 ms); the reduce form with two CTAs an SM (``SHORT``) ran 1.04x
 #: the separate pick there (2026-12-02-h200-attention-bwd-c2.json), so it starts at 1024 again.
 REDUCE_FROM_KEYS: dict[tuple[int, bool], int] = {(64, False): 1024, (64, True): 1024, (128, False): 2048,
                                                  (128, True): 2048}

@@ -67,9 +67,9 @@ VARIANTS = {
     "bwd_64x128_dp2_dqsplit_fold_nc": ("bwd_64x128_dp2_dqsplit_fold", {"carry_index": False}, {"reduce": (128,)}),
     "bwd_64x128_dp2_cc": ("bwd_64x128_dp2", {"carry_index": True}, {"reduce": (64,), "separate": (64, 128)}),
     "bwd_64x128_dp2_p_cc": ("bwd_64x128_dp2_p", {"carry_index": True}, {"separate": (64,)}),
-    # two CTAs an SM at d=128 (not measured yet): bwd_64x64_dp1_c2 spills 120-200 bytes there, its folded twin and
-    # 32-query steps do not (offline sm_90a, separate form: 100 / 66 KB of SMEM, consumer 232 registers)
-    "bwd_64x64_dp1_c2_fold": ("bwd_64x64_dp1_c2", {"fold_rows": True}, {"separate": (128,)}),
+    # two CTAs an SM at d=128 (-c2-d128): bwd_64x64_dp1_c2 spills 120-200 bytes there, its folded twin (a runtime
+    # config since, bwd_64x64_dp1_c2_fold) and 32-query steps do not (offline sm_90a, separate form: 100 / 66 KB of
+    # SMEM, consumer 232 registers)
     "bwd_32x64_dp1_c2": ("bwd_64x64_dp1_c2", {"block_m": 32}, {"separate": (64, 128)}),
 }
 #: dQ-kernel variants: name -> (base, overrides[, head dims]).
@@ -100,8 +100,9 @@ def combos(d: int):
         for c in rt.CONFIGS:
             if not rt.serves(c, d, mode):
                 continue
-            # a variant main kernel: beside the dQ kernel the runtime picks (every dQ config beside the others)
-            dqs = [x for x in rt.DQ_CONFIGS if rt.dq_serves(x, d)] if c not in VARIANTS else [rt.choose_dq_config(d, 0)]
+            # every dQ config that serves d beside each main kernel (the regex narrows: a variant's runs before
+            # session 21 had only the dQ pick beside it)
+            dqs = [x for x in rt.DQ_CONFIGS if rt.dq_serves(x, d)]
             for dc in ([None] if mode != "separate" else dqs):
                 if re.search(ONLY, f"{mode}:{c}:{dc}"):
                     yield mode, c, dc
