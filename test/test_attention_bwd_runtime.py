@@ -108,12 +108,13 @@ def test_dq_mode_choice_and_configs():
                 for keys in (None, 1, 512, 1024, 4096):
                     assert attention_bwd.serves(attention_bwd.choose_config(d, causal, mode, keys), d, mode)
             assert attention_bwd.dq_serves(attention_bwd.choose_dq_config(d, causal), d)
-    # d=64 with few keys: two CTAs an SM in the reduce form (up to 1024 keys); not (yet) in the separate form
+    # d=64's reduce form: two CTAs an SM at every length (REDUCE_PICKS); not (yet) the separate form
     c2 = "bwd_64x64_dp1_c2"
-    assert attention_bwd.CONFIGS[c2].ctas_per_sm == 2
-    assert [attention_bwd.choose_config(64, causal, "reduce", 1024) for causal in (False, True)] == [c2, c2]
+    assert attention_bwd.CONFIGS[c2].ctas_per_sm == 2 and attention_bwd.CONFIGS[c2].early_reduce_wait
+    assert {attention_bwd.choose_config(64, causal, "reduce", keys) for causal in (False, True)
+            for keys in (1, 1024, 8192, None)} == {c2}
     assert all(attention_bwd.choose_config(64, causal, "separate", 512) != c2 for causal in (False, True))
-    assert attention_bwd.choose_config(64, True, "reduce", 2048) != c2 and attention_bwd.choose_config(64, True) != c2
+    assert attention_bwd.choose_config(64, True) != c2 and attention_bwd.choose_config(64, True, "atomic") != c2
     assert all(attention_bwd.choose_config(128, causal, mode, 512) != c2 for causal in (False, True)
                for mode in attention_bwd.DQ_MODES)
     # d=128 with the causal mask and few keys: the folded twin (no spills at d=128) in the separate form only

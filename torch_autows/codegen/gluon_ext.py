@@ -17,7 +17,7 @@ from __future__ import annotations
 from triton._C.libtriton import ir
 from triton.experimental.gluon.language._core import builtin
 
-__all__ = ["async_reduce_add_shared_to_global"]
+__all__ = ["async_reduce_add_shared_to_global", "bulk_wait_read_only"]
 
 
 @builtin
@@ -26,3 +26,13 @@ def async_reduce_add_shared_to_global(tensor_desc, coord, src, _semantic=None):
     asynchronous, clipped at the tensor's bounds as a TMA store is; wait for it with ``tma.store_wait``)."""
     coord = _semantic._convert_to_ir_values(coord, require_i64=False)
     _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+@builtin
+def bulk_wait_read_only(_semantic=None):
+    """``cp.async.bulk.wait_group.read 0`` alone: the issuing thread waits until its TMA stores and reduces have read
+    their SMEM. ``tma.store_wait(0)`` is the same instruction plus a partition-wide bar.sync (Triton's barrier
+    analysis puts one after every wait), which tells the other threads; this leaves that to a bar.sync the kernel
+    has anyway between the wait and the next write into the tile (``Options.early_reduce_wait``)."""
+    b = _semantic.builder  # one dummy result: Triton lowers inline asm with results only; not pure, so it stays
+    b.create_inline_asm("cp.async.bulk.wait_group.read 0;\n\tmov.u32 $0, 0;", "=r", [], [b.get_int32_ty()], False, 1)

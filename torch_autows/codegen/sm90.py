@@ -28,7 +28,8 @@ IMPORTS = ("from triton.experimental.gluon.language.nvidia.hopper import ("
 
 #: Imports a generated module adds when it holds an op of the kind (``codegen.gluon.generate``): Gluon builtins of
 #: our own (``codegen/gluon_ext.py``) that triton's Hopper module lacks.
-KIND_IMPORTS = {"tma_reduce_add": "from torch_autows.codegen.gluon_ext import async_reduce_add_shared_to_global\n"}
+KIND_IMPORTS = {"tma_reduce_add": "from torch_autows.codegen.gluon_ext import async_reduce_add_shared_to_global, "
+                                  "bulk_wait_read_only\n"}
 
 EMITTERS: dict = {}
 
@@ -191,11 +192,23 @@ def _smem_store(ctx, o, indent):
     b = ctx.buffers.get(next((n for n, x in ctx.buffers.items() if x.value == r), ""))
     if b is None:
         raise ValueError(f"codegen: smem_store %{r} has no buffer; run passes.buffers/memory_plan first")
+    wait = [f"bulk_wait_read_only()  # the previous TMA reduce out of {s} has been read (early_reduce_wait: the "
+            f"bar.sync before this tile's reader tells every thread)" for s in _early_reduce_stages(ctx)]
     if b.count == 1:
-        return [f"{v(r)} = {b.name}", f"{v(r)}.store({v(o.operands[0])})", "fence_async_shared()"]
+        return [*wait, f"{v(r)} = {b.name}", f"{v(r)}.store({v(o.operands[0])})", "fence_async_shared()"]
     # several copies: slot n % count of the partition's counter of this tile (``<buf>_n``, as the interpreter's)
-    return [f"{v(r)} = {b.name}.index({b.name}_n % {b.count})", f"{v(r)}.store({v(o.operands[0])})",
+    return [*wait, f"{v(r)} = {b.name}.index({b.name}_n % {b.count})", f"{v(r)}.store({v(o.operands[0])})",
             "fence_async_shared()", f"{b.name}_n += 1"]
+
+
+def _early_reduce_stages(ctx) -> list[str]:
+    """The staging tiles of the partition's ``tma_reduce_add`` ops whose wait moves to its ``smem_store`` ops
+    (``Options.early_reduce_wait``): an smem_store's tile is read by a wgmma after a partition-wide bar.sync, which
+    then orders the wait before the staging store. Only where every reduce comes after an smem_store in the same
+    loop body (checked by ``_tma_reduce_add``)."""
+    if not ctx.program.options.early_reduce_wait:
+        return []
+    return [o.attr("buffer") for o in walk(ctx.part.body) if o.kind == "tma_reduce_add"]
 
 
 @_sm90("smem_view")
@@ -269,6 +282,13 @@ def _tma_reduce_add(ctx, o, indent):
                          f"together, so the reduce's wait would be wrong: keep them in separate partitions")
     coords = ", ".join(expr(c) for c in o.attr("coords"))
     dst = f"{b.name}.permute((1, 0))" if o.attr("transposed") else b.name  # a dQ^T tile into dQ's orientation
-    return ["tma.store_wait(0)  # the previous TMA reduce out of this staging tile has finished reading it",
-            f"{dst}.store({v(o.operands[0])})", "fence_async_shared()",
+    wait = ["tma.store_wait(0)  # the previous TMA reduce out of this staging tile has finished reading it"]
+    if ctx.program.options.early_reduce_wait:  # waited at the step's smem_store (_early_reduce_stages)
+        body = next((lp.body for lp in ctx.loop_stack[-1:]), ctx.part.body)
+        before = body[:next((i for i, x in enumerate(body) if x is o), len(body))]
+        if not any(x.kind == "smem_store" for x in before):
+            raise ValueError(f"codegen: early_reduce_wait, but no smem_store precedes the reduce into {b.name} in its "
+                             f"loop body (its bar.sync would order the wait); use early_reduce_wait=False")
+        wait = []
+    return [*wait, f"{dst}.store({v(o.operands[0])})", "fence_async_shared()",
             f"async_reduce_add_shared_to_global({o.attr('arg')}_desc, [{coords}], {b.name})"]

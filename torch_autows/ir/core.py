@@ -272,6 +272,11 @@ class Options:
     # mmas): each gets 1/n of the SM's SMEM (memory_plan) and of its registers (the compile's maxnreg; setmaxnreg
     # reallocates within the CTA's share: partition_schedule), and a persistent grid has n CTAs per SM
     ctas_per_sm: int = 1
+    # codegen: a partition that adds a staged tile into memory (``tma_reduce_add``, one staging copy) waits for its
+    # previous reduce to have read the staging tile before the step's first ``smem_store`` instead of right before
+    # the staging store, so the bar.sync that publishes the stored tile to the step's wgmma publishes the wait too:
+    # one partition-wide barrier a step fewer (the attention backward's reduce form: dS^T's store, then dQ's reduce)
+    early_reduce_wait: bool = False
 
     def items(self) -> list[tuple[str, Any]]:
         return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]

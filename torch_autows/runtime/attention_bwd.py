@@ -82,9 +82,11 @@ CONFIGS: dict[str, Options] = {
     # 0.97x (1024 keys) to 1.13x (8192) the separate form on the H200 (sweeps/2026-12-01-h200-attention-bwd-configs-6).
     # With carry_index (as above): +0.6-3.1% (-configs-9: s1024 407 -> 418 TFLOP/s, s4096 519 -> 535, s8192 549 -> 563;
     # causal +0.7-2.8%).
+    # With the wait for dQ's previous reduce before dS^T's store (early_reduce_wait: a bar.sync a step fewer):
+    # +0.3-3.2% at s1024-s8192, causal or not (sweeps/2026-12-02-h200-attention-bwd-erw.json).
     "bwd_64x128_dp2_dqsplit_fold": Options(block_m=64, block_n=128, stages=2, data_partition=2, persistent=False,
                                            group_m=1, producer_regs=24, dq_split=True, fold_rows=True,
-                                           carry_index=True),
+                                           carry_index=True, early_reduce_wait=True),
     # Separate form only (the atomic form's dQ mma would have 32 rows; wgmma takes multiples of 64): 32-query steps
     # keep S^T/dP^T at 16 registers each beside dK/dV (64 each at d=128), so d=128 compiles without spills.
     "bwd_32x128_dp2": Options(block_m=32, block_n=128, stages=2, data_partition=2, persistent=False, group_m=1,
@@ -95,11 +97,13 @@ CONFIGS: dict[str, Options] = {
     "bwd_32x128_dp2_dqsplit": Options(block_m=32, block_n=128, stages=2, data_partition=2, persistent=False,
                                       group_m=1, producer_regs=24, dq_split=True),
     # Two CTAs an SM (Options.ctas_per_sm) of one consumer warpgroup and 64 keys each (50 KB of SMEM, consumer 232
-    # registers after setmaxnreg): one CTA's fill and dK/dV epilogue under the other's steps, for short sequences
-    # (a CTA of s512 runs 8 steps). d=64 only (d=128 spills 120-200 bytes). Picked at d=64 for the reduce form up to
-    # 1024 keys (``SHORT``): +4-9% there.
+    # registers after setmaxnreg): one CTA's fill, dK/dV epilogue and per-step barriers under the other's steps.
+    # d=64 only (d=128 spills 120-200 bytes). Picked for d=64's reduce form: +4-9% at 1024 keys
+    # (sweeps/2026-12-02-h200-attention-bwd-c2.json), +1.7-2.4% over the one-CTA picks at 4096 and 8192, causal or
+    # not (-erw.json), where ncu had the one-CTA kernel's consumers stalled on bar.sync for 31% of their issue gaps;
+    # with early_reduce_wait (as above) -0.3..+3.2% of without.
     "bwd_64x64_dp1_c2": Options(block_m=64, block_n=64, stages=2, data_partition=1, persistent=False, group_m=1,
-                                producer_regs=24, ctas_per_sm=2),
+                                producer_regs=24, ctas_per_sm=2, early_reduce_wait=True),
     # ... with lse2/delta folded into the accumulators (Options.fold_rows): d=128 without spills (the plain one spills
     # 120-200 bytes there), separate form, 100 KB of SMEM. Picked at d=128 with the causal mask up to 1024 keys
     # (``SHORT``): +5.5% / +3% at 512 / 1024 causal keys, 1-2% behind without the mask (sweeps/2026-12-02-h200-
@@ -159,18 +163,19 @@ def dq_serves(config: str, d: int) -> bool:
 
 
 #: (form, head dim, causal) -> (config, keys): up to ``keys`` keys a head the main kernel runs two CTAs an SM of one
-#: consumer warpgroup and 64 keys each. On the H200 (whole backward, TFLOP/s):
-#: * d=64, reduce form (sweeps/2026-12-02-h200-attention-bwd-c2.json): 274 against the reduce pick's 251 at 1024
-#:   causal keys and 349 against the separate pick's 335 without the mask (the attention-bwd bench then: 270 against
-#:   cuDNN's 252, 1.07x; 339 against 363, as before). The separate form with it at 512 keys: 186 against 172 causal in
-#:   that sweep, 140 against cuDNN's 170 in the bench right after (-c2-bench.json), 138 against 142 and 175.6 against
-#:   cuDNN's 170.6 in session 21 (-c2-d64.json, -c2-d64-bench.json): within the noise of those cases, not taken.
-#: * d=128, separate form, causal (-c2-d128.json): ``bwd_64x64_dp1_c2_fold`` beside the dQ pick 230 against 218 at
-#:   512 keys and 309 against 300 at 1024 (cuDNN 209 / 298); without the mask 1-2% behind (340 / 399 against 346 /
-#:   404), so not there.
-SHORT: dict[tuple[str, int, bool], tuple[str, int]] = {
-    ("reduce", 64, False): ("bwd_64x64_dp1_c2", 1024), ("reduce", 64, True): ("bwd_64x64_dp1_c2", 1024),
-    ("separate", 128, True): ("bwd_64x64_dp1_c2_fold", 1024)}
+#: consumer warpgroup and 64 keys each in a form whose pick is otherwise one CTA. On the H200 (whole backward,
+#: TFLOP/s): d=128, separate form, causal (sweeps/2026-12-02-h200-attention-bwd-c2-d128.json):
+#: ``bwd_64x64_dp1_c2_fold`` beside the dQ pick 230 against 218 at 512 keys and 309 against 300 at 1024 (cuDNN 209 /
+#: 298); without the mask 1-2% behind (340 / 399 against 346 / 404), so not there. (d=64's reduce form takes two
+#: CTAs at every length: ``REDUCE_PICKS``.) d=64's separate form with them at 512 keys: 186 against 172 causal in
+#: -c2.json, 140 against cuDNN's 170 in the bench right after (-c2-bench.json), 138 against 142 and 175.6 against
+#: cuDNN's 170.6 in session 21 (-c2-d64.json, -c2-d64-bench.json): within the noise of those cases, not taken.
+SHORT: dict[tuple[str, int, bool], tuple[str, int]] = {("separate", 128, True): ("bwd_64x64_dp1_c2_fold", 1024)}
+
+#: Head dim -> the reduce form's main kernel (CONFIGS): d=64 two CTAs an SM of one consumer warpgroup (ahead of the
+#: one-CTA picks at 1024-8192 keys, causal or not: -c2.json, -erw.json); d=128 the 64-query split dQ with the folded
+#: row vectors.
+REDUCE_PICKS: dict[int, str] = {64: "bwd_64x64_dp1_c2", 128: "bwd_64x128_dp2_dqsplit_fold"}
 
 
 def choose_config(d: int, causal: bool, dq_mode: str = "separate", keys: int | None = None) -> str:
@@ -178,21 +183,18 @@ def choose_config(d: int, causal: bool, dq_mode: str = "separate", keys: int | N
     head dims (offline, sm_90a: d=64 without spills; d=128 spills, test/codegen/test_attention_bwd_codegen.py
     ``SPILLS``). Separate: the same at both head dims (at d=128 its 120/172 spill bytes cost less than halving the
     query step: 1.11-1.17x ``bwd_32x128_dp2`` on the H200, sweeps/2026-12-01-h200-attention-bwd-configs.json).
-    Reduce: the same as atomic at d=64; at d=128 64-query steps with the split dQ and the folded row vectors (8/40
-    spill bytes; 1.13-1.17x the 0-spill 32-query split on the H200 once ptxas stopped serializing its wgmmas,
-    sweeps/2026-12-01-h200-attention-bwd-configs-6.json).
-    At d=64 without a mask the reduce and separate forms take the persistent walk (+1-5%; the causal mask's uneven
-    tiles make it slower there), the reduce form with the folded row vectors (+1.3-1.5%, -configs-5). Every pick is
-    the fastest config of its form in those sweeps (s1024/s4096, causal or not; deeper Q/dO rings within 2%:
-    sweeps/2026-12-01-h200-attention-bwd-configs.json, -2 and -5). With few ``keys`` a head (``SHORT``: d=64's reduce
-    form, d=128's separate form with the mask) two CTAs an SM of one consumer warpgroup and 64 keys each."""
+    Reduce: ``REDUCE_PICKS`` (d=64: two CTAs an SM of one consumer warpgroup and 64 keys; d=128: 64-query steps
+    with the split dQ and the folded row vectors, 8/40 spill bytes, 1.13-1.17x the 0-spill 32-query split on the
+    H200 once ptxas stopped serializing its wgmmas, sweeps/2026-12-01-h200-attention-bwd-configs-6.json).
+    At d=64 without a mask the separate form takes the persistent walk (+1-5%; the causal mask's uneven tiles make
+    it slower there). Every pick is the fastest config of its form in those sweeps (s1024/s4096, causal or not;
+    deeper Q/dO rings within 2%: sweeps/2026-12-01-h200-attention-bwd-configs.json, -2 and -5). With few ``keys`` a
+    head (``SHORT``: d=128's separate form with the mask) two CTAs an SM of one consumer warpgroup and 64 keys each."""
+    if dq_mode == "reduce" and d in REDUCE_PICKS:
+        return REDUCE_PICKS[d]
     short, most = SHORT.get((dq_mode, d, bool(causal)), (None, 0))
     if short and keys is not None and keys <= most:
         return short
-    if d == 128 and dq_mode == "reduce":
-        return "bwd_64x128_dp2_dqsplit_fold"
-    if d == 64 and not causal and dq_mode == "reduce":
-        return "bwd_64x128_dp2_p_fold"
     if d == 64 and not causal and dq_mode == "separate":
         return "bwd_64x128_dp2_p"
     return "bwd_64x128_dp2"
@@ -213,7 +215,7 @@ def choose_dq_config(d: int, causal: bool) -> str:
 #: kernels and 7). At d=128 its split-dQ fold (``bwd_64x128_dp2_dqsplit_fold``) ran 0.97x the separate form at 1024
 #: keys, 1.03-1.04x at 2048, 1.08x at 4096 and 1.11-1.13x at 8192 (sweeps/2026-12-01-h200-attention-bwd-configs-6).
 #: Keyed by (head dim, causal): without the mask d=64's reduce pick ran 0.966x the separate form at 1024 keys again
-#: with carry_index (-configs-9: 1.066 vs 1.031 ms); the reduce form with two CTAs an SM (``SHORT``) ran 1.04x
+#: with carry_index (-configs-9: 1.066 vs 1.031 ms); the reduce form with two CTAs an SM (``REDUCE_PICKS``) ran 1.04x
 #: the separate pick there (2026-12-02-h200-attention-bwd-c2.json), so it starts at 1024 again.
 REDUCE_FROM_KEYS: dict[tuple[int, bool], int] = {(64, False): 1024, (64, True): 1024, (128, False): 2048,
                                                  (128, True): 2048}

@@ -71,6 +71,14 @@ VARIANTS = {
     # config since, bwd_64x64_dp1_c2_fold) and 32-query steps do not (offline sm_90a, separate form: 100 / 66 KB of
     # SMEM, consumer 232 registers)
     "bwd_32x64_dp1_c2": ("bwd_64x64_dp1_c2", {"block_m": 32}, {"separate": (64, 128)}),
+    # the reduce picks with the wait for dQ's previous reduce moved before dS^T's store (Options.early_reduce_wait):
+    # one partition-wide bar.sync a step fewer per consumer (ncu, s4096 d=64: barrier stalls 31% of the consumers'
+    # issue gaps)
+    "bwd_64x128_dp2_p_fold_erw": ("bwd_64x128_dp2_p_fold", {"early_reduce_wait": True}, {"reduce": (64,)}),
+    "bwd_64x128_dp2_erw": ("bwd_64x128_dp2", {"early_reduce_wait": True}, {"reduce": (64,)}),
+    "bwd_64x128_dp2_dqsplit_fold_erw": ("bwd_64x128_dp2_dqsplit_fold", {"early_reduce_wait": True},
+                                        {"reduce": (128,)}),
+    "bwd_64x64_dp1_c2_erw": ("bwd_64x64_dp1_c2", {"early_reduce_wait": True}, {"reduce": (64,)}),
 }
 #: dQ-kernel variants: name -> (base, overrides[, head dims]).
 DQ_VARIANTS = {"dq_128x128_dp2_p": ("dq_128x128_dp2", {"persistent": True}),
