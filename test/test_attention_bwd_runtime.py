@@ -84,7 +84,7 @@ def test_deterministic_mode_takes_the_separate_form(sm90, deterministic):
         attention_bwd.choose_dq_mode("reduce")
 
 
-def test_dq_mode_choice_and_configs():
+def test_dq_mode_choice_and_configs(monkeypatch):
     assert not torch.are_deterministic_algorithms_enabled()
     assert attention_bwd.choose_dq_mode() == "separate" and attention_bwd.choose_dq_mode("atomic") == "atomic"
     assert attention_bwd.choose_dq_mode("reduce") == "reduce"
@@ -117,14 +117,16 @@ def test_dq_mode_choice_and_configs():
     assert attention_bwd.choose_config(64, True) != c2 and attention_bwd.choose_config(64, True, "atomic") != c2
     assert all(attention_bwd.choose_config(128, causal, mode, 512) != c2 for causal in (False, True)
                for mode in attention_bwd.DQ_MODES)
-    # d=128 with the causal mask and few keys: the folded twin (no spills at d=128) in the separate form only
+    # d=128's two-CTA twin (folded: no spills at d=128): served in the separate form, not picked (SHORT)
     c2f = "bwd_64x64_dp1_c2_fold"
     assert attention_bwd.CONFIGS[c2f].ctas_per_sm == 2 and attention_bwd.CONFIGS[c2f].fold_rows
+    assert attention_bwd.serves(c2f, 128) and not attention_bwd.serves(c2f, 64)
+    assert not attention_bwd.serves(c2f, 128, "reduce")
+    monkeypatch.setattr(attention_bwd, "SHORT", {("separate", 128, True): (c2f, 1024)})
     assert [attention_bwd.choose_config(128, True, "separate", keys) for keys in (1, 512, 1024, 1025, None)] == [
         c2f, c2f, c2f, "bwd_64x128_dp2", "bwd_64x128_dp2"]
     assert attention_bwd.choose_config(128, False, "separate", 512) == "bwd_64x128_dp2"
     assert attention_bwd.choose_config(128, True, "reduce", 512) == "bwd_64x128_dp2_dqsplit_fold"
-    assert not attention_bwd.serves(c2f, 64) and not attention_bwd.serves(c2f, 128, "reduce")
     assert not attention_bwd.serves("bwd_32x128_dp2", 128, "atomic")  # dQ's wgmma would have 32 rows
     # d=128 reduce: the split dQ only (the whole dQ^T partial sums spill); the separate form keeps plain options
     assert [c for c in attention_bwd.CONFIGS if attention_bwd.serves(c, 128, "reduce")] == [

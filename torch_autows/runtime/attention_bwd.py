@@ -105,9 +105,9 @@ CONFIGS: dict[str, Options] = {
     "bwd_64x64_dp1_c2": Options(block_m=64, block_n=64, stages=2, data_partition=1, persistent=False, group_m=1,
                                 producer_regs=24, ctas_per_sm=2, early_reduce_wait=True),
     # ... with lse2/delta folded into the accumulators (Options.fold_rows): d=128 without spills (the plain one spills
-    # 120-200 bytes there), separate form, 100 KB of SMEM. Picked at d=128 with the causal mask up to 1024 keys
-    # (``SHORT``): +5.5% / +3% at 512 / 1024 causal keys, 1-2% behind without the mask (sweeps/2026-12-02-h200-
-    # attention-bwd-c2-d128.json).
+    # 120-200 bytes there), separate form, 100 KB of SMEM. Served, not picked: in the sweep +5.5% / +3% at 512 / 1024
+    # causal keys, 1-2% behind without the mask (sweeps/2026-12-02-h200-attention-bwd-c2-d128.json), but 0.69x
+    # cuDNN at 512 causal keys in the bench right after (``SHORT``).
     "bwd_64x64_dp1_c2_fold": Options(block_m=64, block_n=64, stages=2, data_partition=1, persistent=False, group_m=1,
                                      producer_regs=24, ctas_per_sm=2, fold_rows=True),
 }
@@ -163,14 +163,19 @@ def dq_serves(config: str, d: int) -> bool:
 
 
 #: (form, head dim, causal) -> (config, keys): up to ``keys`` keys a head the main kernel runs two CTAs an SM of one
-#: consumer warpgroup and 64 keys each in a form whose pick is otherwise one CTA. On the H200 (whole backward,
-#: TFLOP/s): d=128, separate form, causal (sweeps/2026-12-02-h200-attention-bwd-c2-d128.json):
-#: ``bwd_64x64_dp1_c2_fold`` beside the dQ pick 230 against 218 at 512 keys and 309 against 300 at 1024 (cuDNN 209 /
-#: 298); without the mask 1-2% behind (340 / 399 against 346 / 404), so not there. (d=64's reduce form takes two
-#: CTAs at every length: ``REDUCE_PICKS``.) d=64's separate form with them at 512 keys: 186 against 172 causal in
-#: -c2.json, 140 against cuDNN's 170 in the bench right after (-c2-bench.json), 138 against 142 and 175.6 against
-#: cuDNN's 170.6 in session 21 (-c2-d64.json, -c2-d64-bench.json): within the noise of those cases, not taken.
-SHORT: dict[tuple[str, int, bool], tuple[str, int]] = {("separate", 128, True): ("bwd_64x64_dp1_c2_fold", 1024)}
+#: consumer warpgroup and 64 keys each in a form whose pick is otherwise one CTA (d=64's reduce form takes them at
+#: every length: ``REDUCE_PICKS``). Empty: nothing measured holds in both harnesses. On the H200 (whole backward,
+#: TFLOP/s):
+#: * d=128, separate form, causal: ``bwd_64x64_dp1_c2_fold`` beside the dQ pick 230 against 218 at 512 keys and 309
+#:   against 300 at 1024 in the sweep (cuDNN 209 / 298; sweeps/2026-12-02-h200-attention-bwd-c2-d128.json; 1-2%
+#:   behind without the mask), but 145 against cuDNN's 212 at 512 causal keys in the attention-bwd bench right after
+#:   (bench/results/2026-12-02-h200-attention-bwd-4.json: 0.686x, where the one-CTA pick had 214 in -bwd-3).
+#: * d=64, separate form at 512 keys: 186 against 172 causal in -c2.json, 140 against cuDNN's 170 in the bench right
+#:   after (-c2-bench.json), 138 against 142 and 175.6 against cuDNN's 170.6 in session 21 (-c2-d64.json,
+#:   -c2-d64-bench.json).
+#: The s512 causal points move 10-30% between runs and harnesses with any config (s512-d64-causal with the same
+#: pick: 172.7 in -bwd-3, 155.3 in -bwd-4), most with two CTAs an SM; not taken until the two agree there.
+SHORT: dict[tuple[str, int, bool], tuple[str, int]] = {}
 
 #: Head dim -> the reduce form's main kernel (CONFIGS): d=64 two CTAs an SM of one consumer warpgroup (ahead of the
 #: one-CTA picks at 1024-8192 keys, causal or not: -c2.json, -erw.json); d=128 the 64-query split dQ with the folded
