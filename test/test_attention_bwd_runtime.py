@@ -348,3 +348,44 @@ def test_every_served_config_gets_exactly_its_arguments():
             program = tmpl_dq.build(tmpl_dq.AttentionBwdDqRequest(d, "bf16", True), opts)
             values = tmpl_dq.kernel_values(q, k, v, q, delta, lse2, True, 0.1, views=views)
             assert set(values) == {a.name for a in program.args}, (name, d)
+
+
+def test_plan_launches_with_the_call_tensors():
+    """``backward``'s fast path (``_Plan``, built after a CUDA call that read its tensors in place): a repeated call
+    allocates dK/dV (zero past the launched KV blocks), the dQ workspace (zero) or dQ, and passes the kernels' bound
+    launches this call's addresses by argument name; a bound launch that cannot serve (False) hands the call back
+    (None). Here on CPU tensors, with recording stand-ins for the bound launches (the row kernels' torch versions)."""
+    from torch_autows.templates.attention_bwd import kernel_values
+    from torch_autows.templates.attention_bwd import preprocess as pre
+
+    torch.manual_seed(0)
+    q, go, out = (torch.randn(1, 2, 70, 64, dtype=torch.bfloat16) for _ in range(3))
+    k, v = (torch.randn(1, 2, 200, 64, dtype=torch.bfloat16) for _ in range(2))
+    lse = torch.randn(1, 2, 70)
+    delta, lse2 = pre(out, go, lse)
+    values = kernel_values(q, k, v, go, delta, lse2, True, 0.1, 128, dq="reduce", block_m=64)
+    assert values["NB"] == 1  # causal, 70 queries: one KV block of 128 launched, keys 128..199 get zeros
+    names = ("q", "k", "v", "do", "lse2", "delta", "dq_acc", "dk", "dv")
+    seen = []
+    main = (lambda *a: seen.append(a) or True, names)
+    dq, dk, dv = attention_bwd._Plan(q, k, "reduce", values, 128, 0.1, main, None).run(go, None, q, k, v, out, lse)
+    (got,) = seen
+    assert got[:4] == (q.data_ptr(), k.data_ptr(), v.data_ptr(), go.data_ptr())
+    assert got[7:] == (dk.data_ptr(), dv.data_ptr()) and dk.shape == dv.shape == k.shape
+    assert not dk[:, :, 128:].any() and not dv[:, :, 128:].any()
+    assert dq.shape == q.shape and not dq.any()  # the stand-in added nothing into the zeroed workspace
+    assert attention_bwd._Plan(q, k, "reduce", values, 128, 0.1, (lambda *a: False, names), None).run(
+        go, None, q, k, v, out, lse) is None
+    # the separate form: the dQ kernel's launch gets the new dQ
+    sep = kernel_values(q, k, v, go, delta, lse2, True, 0.1, 128, dq="none")
+    dq_seen = []
+    plan = attention_bwd._Plan(q, k, "separate", sep, 128, 0.1, (lambda *a: True, names[:6] + names[7:]),
+                               (lambda *a: dq_seen.append(a) or True, ("q", "k", "v", "do", "lse2", "delta", "dq")))
+    dq, _, _ = plan.run(go, None, q, k, v, out, lse)
+    assert dq_seen[0][-1] == dq.data_ptr() and dq.shape == q.shape
+    # a kernel argument a plan cannot address: no plan
+    attention_bwd._PLANS.clear()
+    attention_bwd._remember_plan("k", q, k, "reduce", values, 128, 0.1, (None, names + ("other",)))
+    attention_bwd._remember_plan("k2", q, k, "reduce", values, 128, 0.1, (None, names))
+    assert list(attention_bwd._PLANS) == ["k2"]
+    attention_bwd._PLANS.clear()

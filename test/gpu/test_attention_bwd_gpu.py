@@ -109,12 +109,15 @@ def test_row_kernels_match_torch(d):
     do = torch.randn(2, 5, 333, d, device="cuda", dtype=torch.bfloat16)
     lse, dlse = (torch.randn(2, 5, 333, device="cuda") for _ in range(2))
     lse[1, 2, 7] = float("-inf")
-    got, want = rows.preprocess(o, do, lse, dlse), tmpl.preprocess(o, do, lse, dlse)
-    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
-    assert torch.equal(got[1], want[1])
-    acc = torch.randn(2 * 5 * 384, d, device="cuda")
-    q = torch.empty(2, 5, 333, d, device="cuda", dtype=torch.float16)
-    assert torch.equal(rows.postprocess(acc, 0.3, q), tmpl.postprocess(acc, 0.3, q))
+    for _ in range(2):  # the second call with new tensors: through the bound launch (launch.JitLaunches)
+        got, want = rows.preprocess(o, do, lse, dlse), tmpl.preprocess(o, do, lse, dlse)
+        torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+        assert torch.equal(got[1], want[1])
+        acc = torch.randn(2 * 5 * 384, d, device="cuda")
+        q = torch.empty(2, 5, 333, d, device="cuda", dtype=torch.float16)
+        assert torch.equal(rows.postprocess(acc, 0.3, q), tmpl.postprocess(acc, 0.3, q))
+        o, do, lse, dlse = (t.clone() + 0.5 for t in (o, do, lse, dlse))
+    assert len(rows._LAUNCHES._bound) >= 2
 
 
 def test_repeated_calls_take_the_bound_launch():
@@ -142,6 +145,38 @@ def test_repeated_separate_calls_are_bitwise_equal():
     second = rt.backward(go, None, q, k, v, out, lse, True, 0.1, dq_mode="separate")
     torch.cuda.synchronize()
     assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+@pytest.mark.parametrize("dq_mode", [None, "reduce"])
+def test_repeated_calls_take_the_plan(dq_mode, monkeypatch):
+    """A call with an earlier call's metadata takes its plan (``_Plan``): the support check and the choices do not
+    run again (here they would fail), and the gradients of new tensors equal a full-path call's on them (dQ up to the
+    reduce-adds' order). With NaN poison set (the tests' fixture) the plan is not taken."""
+    torch.manual_seed(5)
+
+    def inputs():
+        q, k, v = (torch.randn(2, 4, 300, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        out, lse = rt_fwd.attention(q, k, v, True, 0.125, config="auto")
+        return torch.randn_like(q), q, k, v, out, lse
+
+    rt._PLANS.clear()
+    first = inputs()
+    rt.backward(first[0], None, *first[1:], True, 0.125, dq_mode=dq_mode)
+    assert len(rt._PLANS) == 1
+    call = inputs()
+    with monkeypatch.context() as m:
+        m.setattr(rt, "support_reason", lambda *a, **kw: pytest.fail("a planned call checked support again"))
+        m.setattr(rt, "choose_dq_mode", lambda *a, **kw: pytest.fail("a planned call chose again"))
+        got = rt.backward(call[0], None, *call[1:], True, 0.125, dq_mode=dq_mode)
+    rt._PLANS.clear()
+    want = rt.backward(call[0], None, *call[1:], True, 0.125, dq_mode=dq_mode)
+    torch.cuda.synchronize()
+    assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+    assert torch.equal(got[0], want[0]) if dq_mode is None else _rel(got[0], want[0]) < 1e-3
+    monkeypatch.setattr(rt, "POISON", float("nan"))
+    for plan in rt._PLANS.values():
+        monkeypatch.setattr(plan, "run", lambda *a: pytest.fail("a poisoned call took the plan"))
+    rt.backward(call[0], None, *call[1:], True, 0.125, dq_mode=dq_mode)
 
 
 @pytest.mark.parametrize("d", [64, 128])

@@ -353,13 +353,70 @@ def _checked(config: str | None, d: int, causal: bool, dq_mode: str, keys: int |
     return config
 
 
+class _Plan:
+    """What a repeated call needs besides its tensors (``backward``'s fast path): the form, the sizes of what it
+    allocates, and the main and dQ kernels' bound launches with the names of their tensor arguments. Built after a
+    call that read q, k, v, dO and lse in place; ``run`` returns None (the caller takes the full path) where a bound
+    launch cannot serve the call (an address not 16-byte aligned, a launch hook)."""
+
+    def __init__(self, q, k, form: str, values: dict, block_n: int, scale: float, main, dq):
+        self.shape_q, self.shape_kv = tuple(q.shape), tuple(k.shape)
+        self.form, self.scale = form, scale
+        self.tail = values["NB"] * block_n  # keys of the launched KV blocks (``kernel_values``)
+        self.ws = values["dq_acc"].shape[0] if "dq_acc" in values else 0
+        self.main, self.dq = main, dq
+
+    def run(self, grad_out, grad_lse, q, k, v, out, lse):
+        delta, lse2 = rows.preprocess(out, grad_out, lse, grad_lse)
+        kw = {"dtype": k.dtype, "device": k.device}
+        dk, dv = torch.empty(self.shape_kv, **kw), torch.empty(self.shape_kv, **kw)
+        if self.tail < self.shape_kv[2]:  # KV blocks no CTA is launched for (causal, keys past Sq): zero
+            dk[:, :, self.tail:] = 0
+            dv[:, :, self.tail:] = 0
+        addr = {"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "do": grad_out.data_ptr(),
+                "lse2": lse2.data_ptr(), "delta": delta.data_ptr(), "dk": dk.data_ptr(), "dv": dv.data_ptr()}
+        if self.ws:
+            acc = torch.zeros(self.ws, self.shape_q[3], dtype=torch.float32, device=q.device)
+            addr["dq_acc"] = acc.data_ptr()
+        if not self.main[0](*(addr[n] for n in self.main[1])):
+            return None
+        if self.form != "separate":
+            return rows.postprocess(acc, self.scale, q), dk, dv
+        dq = torch.empty(self.shape_q, dtype=q.dtype, device=q.device)
+        addr["dq"] = dq.data_ptr()
+        if not self.dq[0](*(addr[n] for n in self.dq[1])):
+            return None
+        return dq, dk, dv
+
+
+#: (a call's metadata, its config arguments, deterministic mode) -> _Plan. The choice tables are read once per key.
+_PLANS = BoundCache(256)
+
+#: The tensor arguments a plan can address (``_Plan.run``); a kernel with another one gets no plan.
+_PLANNED = {"q", "k", "v", "do", "lse2", "delta", "dk", "dv", "dq_acc", "dq"}
+
+
+def _remember_plan(key, q, k, form: str, values: dict, block_n: int, scale: float, main, dq=None) -> None:
+    if main is not None and set(main[1]) | set(dq[1] if dq else ()) <= _PLANNED:
+        _PLANS.put(key, _Plan(q, k, form, values, block_n, scale, main, dq))
+
+
 def backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: float, config: str | None = None,
              dq_mode: str | None = None, dq_config: str | None = None):
     """(dq, dk, dv), [B, H, S, D] each (dk/dv with k's heads), of ``(out, lse) = attention(q, k, v, is_causal,
     scale)`` by the generated kernels; ``grad_out`` or ``grad_lse`` may be None (no gradient into it). ``dq_mode``
     "atomic", "reduce" or "separate" forces a form (None: ``choose_dq_mode``); ``config`` / ``dq_config`` name the main
     and the dQ kernel's configs (None: chosen). Raises ``Unsupported`` where ``support_reason`` gives a reason (or for
-    the atomic and reduce forms under deterministic algorithms, or a form no config serves at the head dim)."""
+    the atomic and reduce forms under deterministic algorithms, or a form no config serves at the head dim).
+    A call with the metadata, arguments and deterministic mode of an earlier one that read its tensors in place
+    takes that call's plan (``_Plan``): no checks or choices again, only the allocations and bound launches."""
+    plan_key = (_key(grad_out, grad_lse, q, k, v, out, lse, is_causal, scale), config, dq_mode, dq_config,
+                torch.are_deterministic_algorithms_enabled())
+    plan = _PLANS.get(plan_key)
+    if plan is not None and POISON is None:
+        got = plan.run(grad_out, grad_lse, q, k, v, out, lse)
+        if got is not None:
+            return got
     why = support_reason(q, k, v, out, lse, grad_out, is_causal, scale)
     if why:
         raise Unsupported(why)
@@ -390,7 +447,10 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: floa
     # one CTA per (batch, kv-head) and launched KV block
     _launch("attention_bwd", main, opts, values,
             values["BH"] * values["NB"], call + ("main", config, form), in_place, q.device)
+    main_bound = _BOUND.get(call + ("main", config, form))
     if dq_mode != "separate":
+        if in_place and POISON is None:
+            _remember_plan(plan_key, q, k, dq_mode, values, opts.block_n, scale, main_bound)
         return gradients(values, scale, q, k, post=rows.postprocess)
     dq_opts = DQ_CONFIGS[dq_config]
     dq_values = dq_host.kernel_values(q, k, v, grad_out, delta, lse2, causal, scale, POISON, views=values)
@@ -400,4 +460,7 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: floa
     _launch("attention_bwd_dq", dq_req, dq_opts, dq_values,
             dq_values["BH"] * dq_host.q_tiles(q.shape[2], dq_opts.block_m), call + ("dq", dq_config), in_place,
             q.device)
+    dq_bound = _BOUND.get(call + ("dq", dq_config))
+    if in_place and POISON is None and dq_bound is not None:
+        _remember_plan(plan_key, q, k, dq_mode, values, opts.block_n, scale, main_bound, dq_bound)
     return (dq_host.gradient(dq_values, q), *kv_gradients(values, k))
