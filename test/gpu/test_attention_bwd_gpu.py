@@ -109,7 +109,7 @@ def test_row_kernels_match_torch(d):
     do = torch.randn(2, 5, 333, d, device="cuda", dtype=torch.bfloat16)
     lse, dlse = (torch.randn(2, 5, 333, device="cuda") for _ in range(2))
     lse[1, 2, 7] = float("-inf")
-    for _ in range(2):  # the second call with new tensors: through the bound launch (launch.JitLaunches)
+    for _ in range(2):  # a second call with new tensors of the same shapes
         got, want = rows.preprocess(o, do, lse, dlse), tmpl.preprocess(o, do, lse, dlse)
         torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
         assert torch.equal(got[1], want[1])
@@ -117,7 +117,6 @@ def test_row_kernels_match_torch(d):
         q = torch.empty(2, 5, 333, d, device="cuda", dtype=torch.float16)
         assert torch.equal(rows.postprocess(acc, 0.3, q), tmpl.postprocess(acc, 0.3, q))
         o, do, lse, dlse = (t.clone() + 0.5 for t in (o, do, lse, dlse))
-    assert len(rows._LAUNCHES._bound) >= 2
 
 
 def test_repeated_calls_take_the_bound_launch():
