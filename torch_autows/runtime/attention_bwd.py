@@ -37,7 +37,7 @@ import torch
 
 from ..ir import Options, walk
 from ..templates import attention_bwd_dq as dq_host
-from ..templates.attention_bwd import HEAD_DIMS, AttentionBwdRequest, gradients, kernel_values, kv_gradients
+from ..templates.attention_bwd import HEAD_DIMS, AttentionBwdRequest, gradients, kernel_values, kv_buffers, kv_gradients
 from ..templates.attention_bwd_dq import AttentionBwdDqRequest
 from . import attention_bwd_rows as rows
 from . import device as dev
@@ -362,19 +362,15 @@ class _Plan:
     launch cannot serve the call (an address not 16-byte aligned, a launch hook)."""
 
     def __init__(self, q, k, form: str, values: dict, block_n: int, scale: float, main, dq):
-        self.shape_q, self.shape_kv = tuple(q.shape), tuple(k.shape)
+        self.shape_q = tuple(q.shape)
         self.form, self.scale = form, scale
-        self.tail = values["NB"] * block_n  # keys of the launched KV blocks (``kernel_values``)
+        self.launched = values["NB"] * block_n  # keys of the launched KV blocks (``kernel_values``)
         self.ws = values["dq_acc"].shape[0] if "dq_acc" in values else 0
         self.main, self.dq = main, dq
 
     def run(self, grad_out, grad_lse, q, k, v, out, lse):
         delta, lse2 = rows.preprocess(out, grad_out, lse, grad_lse)
-        kw = {"dtype": k.dtype, "device": k.device}
-        dk, dv = torch.empty(self.shape_kv, **kw), torch.empty(self.shape_kv, **kw)
-        if self.tail < self.shape_kv[2]:  # KV blocks no CTA is launched for (causal, keys past Sq): zero
-            dk[:, :, self.tail:] = 0
-            dv[:, :, self.tail:] = 0
+        dk, dv = kv_buffers(k, self.launched)
         addr = {"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "do": grad_out.data_ptr(),
                 "lse2": lse2.data_ptr(), "delta": delta.data_ptr(), "dk": dk.data_ptr(), "dv": dv.data_ptr()}
         if self.ws:
@@ -399,7 +395,10 @@ _PLANNED = {"q", "k", "v", "do", "lse2", "delta", "dk", "dv", "dq_acc", "dq"}
 
 
 def _remember_plan(key, q, k, form: str, values: dict, block_n: int, scale: float, main, dq=None) -> None:
-    if main is not None and set(main[1]) | set(dq[1] if dq else ()) <= _PLANNED:
+    """Keep the plan of a call whose kernels were bound (``main``, and ``dq`` in the separate form)."""
+    if main is None or (dq is None) != (form != "separate"):
+        return
+    if set(main[1]) | set(dq[1] if dq else ()) <= _PLANNED:
         _PLANS.put(key, _Plan(q, k, form, values, block_n, scale, main, dq))
 
 
@@ -440,7 +439,7 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: floa
                            block_m=opts.block_m, fold=opts.fold_rows)
     in_place = grad_out is not None and all(values[n].data_ptr() == t.data_ptr() for n, t in zip(_VIEWS,
                                                                                                  (q, k, v, grad_out)))
-    call = _key(grad_out, grad_lse, q, k, v, out, lse, causal, scale)
+    call = plan_key[0]
     Sq, Skv = q.shape[2], k.shape[2]
     # dK/dV by TMA where every KV tile is whole; not the atomic form (asked for only, never chosen): at d=128 its
     # registers are full at the stores and the staged stores spill more (540 against 440 bytes offline)
@@ -462,7 +461,7 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: floa
     _launch("attention_bwd_dq", dq_req, dq_opts, dq_values,
             dq_values["BH"] * dq_host.q_tiles(q.shape[2], dq_opts.block_m), call + ("dq", dq_config), in_place,
             q.device)
-    dq_bound = _BOUND.get(call + ("dq", dq_config))
-    if in_place and POISON is None and dq_bound is not None:
-        _remember_plan(plan_key, q, k, dq_mode, values, opts.block_n, scale, main_bound, dq_bound)
+    if in_place and POISON is None:
+        _remember_plan(plan_key, q, k, dq_mode, values, opts.block_n, scale, main_bound,
+                       _BOUND.get(call + ("dq", dq_config)))
     return (dq_host.gradient(dq_values, q), *kv_gradients(values, k))

@@ -306,6 +306,18 @@ def fold_scale(scale: float) -> float:
     return c if abs(c) >= FOLD_MIN else math.copysign(FOLD_MIN, c)
 
 
+def kv_buffers(k: torch.Tensor, launched: int, fill: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """New dK, dV of ``k``'s shape and dtype, left uninitialised (``fill``: filled, as the interpreter's poison) for
+    the first ``launched`` keys of each head (the KV blocks the kernel runs) and zero past them (causal, keys at or
+    past Sq: no CTA writes them)."""
+    make = torch.empty if fill is None else (lambda *s, **kw: torch.full(s, fill, **kw))
+    dk, dv = (make(*k.shape, dtype=k.dtype, device=k.device) for _ in range(2))
+    if launched < k.shape[2]:
+        dk[:, :, launched:] = 0
+        dv[:, :, launched:] = 0
+    return dk, dv
+
+
 def kernel_values(q, k, v, grad_out, delta, lse2, causal: bool, scale: float, block_n: int,
                   fill: float | None = None, dq: str = "atomic", block_m: int | None = None,
                   fold: bool = False) -> dict:
@@ -318,11 +330,8 @@ def kernel_values(q, k, v, grad_out, delta, lse2, causal: bool, scale: float, bl
     ``Options.fold_rows``)."""
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
-    make = torch.empty if fill is None else (lambda *s, **kw: torch.full(s, fill, **kw))
-    dk, dv = (make(B, Hkv, Skv, D, dtype=k.dtype, device=k.device) for _ in range(2))
     NB = kv_blocks(Sq, Skv, block_n, causal)
-    dk[:, :, NB * block_n:] = 0
-    dv[:, :, NB * block_n:] = 0
+    dk, dv = kv_buffers(k, NB * block_n, fill)
     if dq not in DQ_FORMS:
         raise ValueError(f"kernel_values: dq={dq!r}; use one of {DQ_FORMS}")
     if dq == "reduce" and block_m is None:

@@ -10,6 +10,7 @@ import json
 import os
 import pstats
 import statistics
+import sys
 import time
 
 import torch
@@ -19,6 +20,9 @@ from torch_autows.attention_grad import _cudnn_backward
 from torch_autows.runtime import attention as rtf
 from torch_autows.runtime import attention_bwd as rt
 from torch_autows.sdpa_fallback import fused_attention
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling sweep script's profile helper
+from attention_bwd_configs import kernel_times  # noqa: E402
 
 CALLS = 100
 
@@ -38,13 +42,7 @@ def cpu_us(fn) -> float:
 
 def gpu_us(fn) -> float:
     """The profiler's sum of a call's kernel times, microseconds."""
-    fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(10):
-            fn()
-        torch.cuda.synchronize()
-    return sum(e.device_time_total for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA) / 10
+    return sum(kernel_times(fn).values())
 
 
 def profile(fn) -> str:
