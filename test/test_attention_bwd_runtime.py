@@ -108,11 +108,17 @@ def test_dq_mode_choice_and_configs(monkeypatch):
                 for keys in (None, 1, 512, 1024, 4096):
                     assert attention_bwd.serves(attention_bwd.choose_config(d, causal, mode, keys), d, mode)
             assert attention_bwd.dq_serves(attention_bwd.choose_dq_config(d, causal), d)
-    # d=64's reduce form: two CTAs an SM at every length (REDUCE_PICKS); not (yet) the separate form
-    c2 = "bwd_64x64_dp1_c2"
+    # d=64's reduce form: two CTAs an SM (REDUCE_PICKS) up to REDUCE_LONG's keys, then 128-query steps with dQ split
+    # by query rows; not (yet) the separate form
+    c2, long = "bwd_64x64_dp1_c2", "bwd_128x128_dp2_dqsplit_fold"
     assert attention_bwd.CONFIGS[c2].ctas_per_sm == 2 and attention_bwd.CONFIGS[c2].early_reduce_wait
-    assert {attention_bwd.choose_config(64, causal, "reduce", keys) for causal in (False, True)
-            for keys in (1, 1024, 8192, None)} == {c2}
+    o = attention_bwd.CONFIGS[long]
+    assert (o.block_m, o.block_n, o.data_partition, o.dq_split) == (128, 128, 2, True)
+    for causal in (False, True):
+        start = attention_bwd.REDUCE_LONG[64, causal][1]
+        assert {attention_bwd.choose_config(64, causal, "reduce", keys) for keys in (1, 1024, start - 1, None)} == {c2}
+        assert {attention_bwd.choose_config(64, causal, "reduce", keys) for keys in (start, 8192)} == {long}
+        assert attention_bwd.choose_config(128, causal, "reduce", 8192) == "bwd_64x128_dp2_dqsplit_fold"
     assert all(attention_bwd.choose_config(64, causal, "separate", 512) != c2 for causal in (False, True))
     assert attention_bwd.choose_config(64, True) != c2 and attention_bwd.choose_config(64, True, "atomic") != c2
     assert all(attention_bwd.choose_config(128, causal, mode, 512) != c2 for causal in (False, True)
@@ -244,14 +250,16 @@ def test_backward_op_on_cpu_is_the_vendors(caplog):
 # dq_mode None: the form chosen per call (these few keys: separate, its dQ kernel on 4 programs)
 @pytest.mark.parametrize("dq_mode,grids,d,config", [("atomic", [2], 64, None), (None, [2, 4], 64, None),
                                                     ("separate", [2, 4], 64, None), ("reduce", [2], 128, None),
-                                                    ("separate", [2, 4], 128, "bwd_64x128_dp2_fold")])
+                                                    ("separate", [2, 4], 128, "bwd_64x128_dp2_fold"),
+                                                    ("reduce", [2], 64, "bwd_128x128_dp2_dqsplit_fold")])
 def test_backward_glue_runs_the_kernel_it_compiles(monkeypatch, dq_mode, grids, d, config):
     """``backward`` end to end on CPU with the launch replaced by the interpreter running the compiled Program: the
     argument order, the 2-D views (q in [B, S, H, D]), the grid (B*Hkv x launched KV blocks; the separate form's dQ
     kernel: B*Hq x Q blocks), pre- and postprocess give attention_grad's math gradients (bf16, causal, GQA, a
     gradient into lse, ragged lengths; the reduce form: its padded workspace as a TMA tensor, at d=128 the split dQ
     with its [64, 64] dQ^T reduce and the folded rows; the folded step, ``bwd_64x128_dp2_fold``, with its two extra
-    scalars). dK/dV (and the separate form's dQ) are NaN-poisoned before."""
+    scalars; at d=64 with 128-query steps the split dQ by query rows, ``bwd_128x128_dp2_dqsplit_fold``). dK/dV (and
+    the separate form's dQ) are NaN-poisoned before."""
     from torch_autows.interp import run_partitioned
     from torch_autows.runtime import launch
 

@@ -51,7 +51,10 @@ REDUCE_SPILLS = {("bwd_64x128_dp2", 128, False): 532, ("bwd_64x128_dp2", 128, Tr
 # A served reduce config's known spills: the 64-query split dQ at d=128 compiled without spills only while ptxas
 # serialized its wgmmas (a wait on a chained dQ^T accumulator; passes/step_overlap.accumulated_into): with them
 # pipelined, 48 bytes (causal: 80); 8 (40) since the fold base stopped ptxas injecting a wait (codegen/sm90.py _zeros).
-REDUCE_SERVED_SPILLS = {("bwd_64x128_dp2_dqsplit_fold", 128, False): 8, ("bwd_64x128_dp2_dqsplit_fold", 128, True): 40}
+# The 128-query steps at d=64 with dQ split by query rows: 24 (causal 104); with the runtime's specialisation 0 (96).
+REDUCE_SERVED_SPILLS = {("bwd_64x128_dp2_dqsplit_fold", 128, False): 8, ("bwd_64x128_dp2_dqsplit_fold", 128, True): 40,
+                        ("bwd_128x128_dp2_dqsplit_fold", 64, False): 24,
+                        ("bwd_128x128_dp2_dqsplit_fold", 64, True): 104}
 REDUCE = [c for c in itertools.product(CONFIGS, (64, 128), (False, True), ("bf16", "fp16"))
           if serves(c[0], c[1], "reduce") or c[:3] in REDUCE_SPILLS]
 
@@ -218,17 +221,18 @@ def test_separate_form_issues_its_gemms_back_to_back():
 
 def test_only_fold_rows_configs_fold_their_row_vectors():
     """``folds_rows`` is ``Options.fold_rows``: of the served programs only ``bwd_64x128_dp2_fold`` and
-    ``bwd_64x64_dp1_c2_fold`` (the separate form at d=128), ``bwd_64x128_dp2_dqsplit_fold`` (the reduce form there) and
-    ``bwd_64x128_dp2_p_fold`` (the reduce form at d=64) fold; every other program's code is as
-    before (golden hashes). A folded step reads its lse2/delta columns from the SMEM slot the producer filled,
-    starts S^T at -lse2/c and dP^T at -delta (no zero-initialised accumulator), scales S^T by ``qk_fold`` and
-    subtracts no vector after the mmas."""
+    ``bwd_64x64_dp1_c2_fold`` (the separate form at d=128), ``bwd_64x128_dp2_dqsplit_fold`` (the reduce form there),
+    ``bwd_64x128_dp2_p_fold`` and ``bwd_128x128_dp2_dqsplit_fold`` (the reduce form at d=64) fold; every other
+    program's code is as before (golden hashes). A folded step reads its lse2/delta columns from the SMEM slot the
+    producer filled, starts S^T at -lse2/c and dP^T at -delta (no zero-initialised accumulator), scales S^T by
+    ``qk_fold`` and subtracts no vector after the mmas."""
     forms = {"atomic": "atomic", "reduce": "reduce", "separate": "none"}
     served = [(c, d, f) for c in CONFIGS for d in (64, 128) for f in forms if serves(c, d, f)]
     folded = {(c, d, f) for c, d, f in served
               if folds_rows(AttentionBwdRequest(d, "bf16", False, forms[f]), CONFIGS[c])}
     assert folded == {("bwd_64x128_dp2_fold", 128, "separate"), ("bwd_64x64_dp1_c2_fold", 128, "separate"),
-                      ("bwd_64x128_dp2_dqsplit_fold", 128, "reduce"), ("bwd_64x128_dp2_p_fold", 64, "reduce")}
+                      ("bwd_64x128_dp2_dqsplit_fold", 128, "reduce"), ("bwd_64x128_dp2_p_fold", 64, "reduce"),
+                      ("bwd_128x128_dp2_dqsplit_fold", 64, "reduce")}
     src = gluon.generate(pipeline.run(build(AttentionBwdRequest(128, "bf16", True, dq="none"),
                                             CONFIGS["bwd_64x128_dp2_fold"])))
     consumer = src[src.index("def consumer0("):src.index("def consumer1(")]

@@ -28,13 +28,16 @@ def _cases(mode: str, n=48, seed=3):
     seqs = [1, 63, 128, 200, 384, 1000]  # 128, 384: whole tiles, the gradients stored by TMA (kv_tma, dq_tma)
     out, dq_configs = [], list(rt.DQ_CONFIGS)
     dims = [d for d in (64, 128) if any(rt.serves(c, d, mode) for c in rt.CONFIGS)]
+    drawn = dict.fromkeys(dims, -1)  # cases drawn so far per head dim
     for i in range(n):
         d = dims[(i // 3) % len(dims)]
         configs = [c for c in rt.CONFIGS if rt.serves(c, d, mode)]
+        drawn[d] += 1
+        j = drawn[d] + drawn[d] // len(configs)  # each config in turn, shifted a place a round: causal or not
         out.append(dict(b=rng.choice([1, 2]), hkv=rng.choice([1, 2]), g=(1, 4, 8)[i % 3], sq=rng.choice(seqs),
                         skv=rng.choice(seqs), d=d, causal=bool((i // 6) % 2),
                         dtype=(torch.bfloat16, torch.float16)[(i // 12) % 2], bshd=rng.random() < 0.25,
-                        dlse=rng.random() < 0.25, dout=rng.random() > 0.08, config=configs[i % len(configs)],
+                        dlse=rng.random() < 0.25, dout=rng.random() > 0.08, config=configs[j % len(configs)],
                         mode=mode, dq_config=dq_configs[i % len(dq_configs)] if mode == "separate" else None))
     # Sq != Skv both ways, explicitly, at both head dims and causal
     for d in dims:
@@ -42,6 +45,8 @@ def _cases(mode: str, n=48, seed=3):
             out.append(dict(b=1, hkv=2, g=4, sq=sq, skv=skv, d=d, causal=True, dtype=torch.bfloat16, bshd=False,
                             dlse=True, dout=True, config=rt.choose_config(d, True, mode), mode=mode,
                             dq_config=rt.choose_dq_config(d, True) if mode == "separate" else None))
+            if mode == "reduce" and (d, True) in rt.REDUCE_LONG:  # the pick for many keys, on these few
+                out.append({**out[-1], "config": rt.REDUCE_LONG[d, True][0]})
     return out
 
 
@@ -109,7 +114,7 @@ def test_row_kernels_match_torch(d):
     do = torch.randn(2, 5, 333, d, device="cuda", dtype=torch.bfloat16)
     lse, dlse = (torch.randn(2, 5, 333, device="cuda") for _ in range(2))
     lse[1, 2, 7] = float("-inf")
-    for _ in range(2):  # a second call with new tensors of the same shapes
+    for _ in range(2):  # the second call with new tensors: through the bound launch (launch.JitLaunches)
         got, want = rows.preprocess(o, do, lse, dlse), tmpl.preprocess(o, do, lse, dlse)
         torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
         assert torch.equal(got[1], want[1])
@@ -117,6 +122,7 @@ def test_row_kernels_match_torch(d):
         q = torch.empty(2, 5, 333, d, device="cuda", dtype=torch.float16)
         assert torch.equal(rows.postprocess(acc, 0.3, q), tmpl.postprocess(acc, 0.3, q))
         o, do, lse, dlse = (t.clone() + 0.5 for t in (o, do, lse, dlse))
+    assert len(rows._LAUNCHES._bound) >= 2
 
 
 def test_repeated_calls_take_the_bound_launch():

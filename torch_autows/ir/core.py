@@ -243,7 +243,7 @@ class Options:
     # attention backward, "reduce" dQ form with data_partition > 1 (passes/data_partition): the chains share their dS
     # tiles through SMEM (meeting once a step, chain_sync) and chain c computes dQ's head-dim columns c*D/f.. over every
     # key, transposed (FA3's dQ_swapAB: dQ^T = K^T dS^T, so wgmma's M is D/f and BM may be 32), instead of a full-shape
-    # partial sum per chain
+    # partial sum per chain; where D/f < 64 (d=64) and BM/f >= 64, dQ's query rows c*BM/f.. instead (FA3's d=64 split)
     dq_split: bool = False
     # attention backward: S^T's and dP^T's accumulators start at -lse2/c and -delta (c = qk_fold), so the two per-column
     # row vectors die at their mmas' issue instead of living across the step (templates/attention_bwd.py); where the

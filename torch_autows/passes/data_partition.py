@@ -24,9 +24,12 @@ taken: the chains share their dS tiles instead. The mma must be ``trans(smem_sto
 added by a ``tma_reduce_add``; chain i then meets the others once a step after its dS store (``chain_sync``, bar
 ``<dS>_meet``) and computes dQ^T's head-dim rows i*D/f.. over every key: for each chain x, ``trans(slice(K_x, i*D/f,
 D/f)) @ dS_x`` (dS_x its own tile or ``smem_view`` of chain x's), summed in one accumulator [D/f, BM] (wgmma's M is
-D/f, so D/f >= 64, and BM may be 32), reduced ``transposed`` at column i*D/f. ``memory_plan`` gives a tile another
-chain views two copies (its owner rewrites a copy two steps later, after a meeting the reader reaches only with its
-step's wgmmas retired).
+D/f, so D/f >= 64, and BM may be 32), reduced ``transposed`` at column i*D/f. Where D/f is under 64 and BM/f is a
+multiple of 64 (d=64 with 128-query steps: FA3's d=64 tile) chain i computes dQ's query rows i*BM/f.. instead: for
+each chain x, ``trans(slice(dS_x, i*BM/f, BM/f)) @ K_x`` (K_x whole: a chain reads another chain's K load as the
+wgmma's B), summed in [BM/f, D], reduced at row i*BM/f. Either way a step adds BM x D of partials for all f chains'
+keys instead of f of them. ``memory_plan`` gives a tile another chain views two copies (its owner rewrites a copy
+two steps later, after a meeting the reader reaches only with its step's wgmmas retired).
 
 With ``options.tile_consumers`` t > 1 (ping-pong over tiles) nothing is split: the whole tile is replicated into t
 chains, each op but the TMA ``load``s cloned once per chain (values renamed ``<name>_c<i>``, shapes, coordinates
@@ -140,12 +143,12 @@ def _dq_split_targets(body: tuple[Op, ...], partial: set[str], f: int) -> dict[s
                "the mma's B is not a TMA load" if kd is None or kd.kind != "load" else
                "the dS view or the mma result has other readers" if len(users[tr.results[0].name]) != 1
                or len(users[x]) != 1 else
-               f"D/f = {types[x].shape[1]}/{f} is not a multiple of 64 (wgmma's M)" if types[x].shape[1] % (64 * f)
-               else None)
+               f"neither D/f = {types[x].shape[1]}/{f} nor BM/f = {types[x].shape[0]}/{f} is a multiple of 64 "
+               f"(wgmma's M)" if _dq_split_axis(types[x].shape, f) is None else None)
         if why:
             raise PassError(f"data_partition: dq_split with %{x}: {why}; the split dQ takes "
-                            f"tma_reduce_add(mma(trans(smem_store(dS)), K_load)) with D/f >= 64 (set dq_split=False "
-                            f"for a partial sum per chain)")
+                            f"tma_reduce_add(mma(trans(smem_store(dS)), K_load)) with D/f or BM/f a multiple of 64 "
+                            f"(set dq_split=False for a partial sum per chain)")
         out[x] = (o, tr, st)
     if not out:
         raise PassError("data_partition: dq_split, but no chain adds a partial sum to split (it serves the attention "
@@ -153,33 +156,57 @@ def _dq_split_targets(body: tuple[Op, ...], partial: set[str], f: int) -> dict[s
     return out
 
 
+def _dq_split_axis(shape: tuple[int, ...], f: int) -> int | None:
+    """The axis of dQ [BM, D] the chains split (1: head-dim columns, 0: query rows) so that each chain's wgmma M is a
+    multiple of 64: the columns where D/f allows (dQ^T's rows), else the rows (dQ's); None where neither does."""
+    if shape[1] % (64 * f) == 0:
+        return 1
+    if shape[0] % (64 * f) == 0 and shape[1] % 8 == 0:
+        return 0
+    return None
+
+
 def _dq_split_ops(mma: Op, reduce: Op, tr: Op, types, f: int) -> dict[str, list[list[Op]]]:
-    """Per chain, the ops that replace ``tr`` (the meeting), ``mma`` (dQ^T over every chain's keys) and ``reduce``
-    (transposed, at the chain's head-dim columns): see the module docstring."""
+    """Per chain, the ops that replace ``tr`` (the meeting), ``mma`` (dQ's share over every chain's keys) and
+    ``reduce`` (at the chain's columns or rows): see the module docstring."""
     x, (dss, k) = mma.results[0].name, (tr.operands[0], mma.operands[1])
     dss_t, k_t, q_t = types[dss], types[k], types[x]
-    BM, w = q_t.shape[0], q_t.shape[1] // f
+    BM, D = q_t.shape
     rows = k_t.shape[0] // f
+    by_cols = _dq_split_axis(q_t.shape, f) == 1
     out: dict[str, list[list[Op]]] = {"trans": [], "mma": [], "reduce": []}
     for i in range(f):
         out["trans"].append([replace(op("chain_sync", bar=f"{dss}_meet", count=f), chain=i)])
         ops, acc = [], None
         for c in range(f):
-            ks = Value(f"{k}_c{c}_d{i}", replace(k_t, shape=(rows, w)))
-            kt = Value(f"{k}t_c{c}_d{i}", replace(k_t, shape=(w, rows)))
-            ops += [op("slice", [ks], [f"{k}_c{c}"], start=i * w, size=w), op("trans", [kt], [ks.name])]
+            t = "t" if by_cols else ""
+            name = f"{x}{t}_c{i}" if c == f - 1 else f"{x}{t}{c}_c{i}"
+            if by_cols:  # dQ^T's head-dim rows i*w..: trans(K_c's columns) @ dS^T_c
+                w = D // f
+                ks = Value(f"{k}_c{c}_d{i}", replace(k_t, shape=(rows, w)))
+                kt = Value(f"{k}t_c{c}_d{i}", replace(k_t, shape=(w, rows)))
+                ops += [op("slice", [ks], [f"{k}_c{c}"], start=i * w, size=w), op("trans", [kt], [ks.name])]
             ds = f"{dss}_c{i}"
             if c != i:
                 ds = f"{dss}_c{c}_v{i}"
                 ops.append(op("smem_view", [Value(ds, replace(dss_t, shape=(rows, BM)))], [f"{dss}_c{c}"],
                               step_of=f"{dss}_c{i}"))
-            r = Value(f"{x}t_c{i}" if c == f - 1 else f"{x}t{c}_c{i}", replace(q_t, shape=(w, BM)))
-            ops.append(op("mma", [r], [kt.name, ds, *([acc] if acc else [])]))
+            if by_cols:
+                r = Value(name, replace(q_t, shape=(w, BM)))
+                ops.append(op("mma", [r], [kt.name, ds, *([acc] if acc else [])]))
+            else:  # dQ's query rows i*h..: trans(dS^T_c's columns) @ K_c
+                h = BM // f
+                sl = Value(f"{ds}_q{i}", replace(dss_t, shape=(rows, h)))
+                st = Value(f"{ds}_q{i}t", replace(dss_t, shape=(h, rows)))
+                ops += [op("slice", [sl], [ds], start=i * h, size=h), op("trans", [st], [sl.name])]
+                r = Value(name, replace(q_t, shape=(h, D)))
+                ops.append(op("mma", [r], [st.name, f"{k}_c{c}", *([acc] if acc else [])]))
             acc = r.name
         out["mma"].append([replace(o, chain=i) for o in ops])
         c0, c1 = reduce.attr("coords")
-        out["reduce"].append([replace(reduce, operands=(acc,), chain=i).with_attrs(
-            coords=(c0, add_offset(c1, i * w)), transposed=True)])
+        red = replace(reduce, operands=(acc,), chain=i)
+        out["reduce"].append([red.with_attrs(coords=(c0, add_offset(c1, i * (D // f))), transposed=True) if by_cols
+                              else red.with_attrs(coords=(add_offset(c0, i * (BM // f)), c1))])
     return out
 
 

@@ -89,6 +89,17 @@ CONFIGS: dict[str, Options] = {
     "bwd_64x128_dp2_dqsplit_fold": Options(block_m=64, block_n=128, stages=2, data_partition=2, persistent=False,
                                            group_m=1, producer_regs=24, dq_split=True, fold_rows=True,
                                            carry_index=True, early_reduce_wait=True),
+    # FA3's d=64 tile in the reduce form: 128-query steps, the split dQ by query rows (dq_split: at d=64 the head-dim
+    # halves would be 32 rows, under wgmma's M; each consumer reduces dQ's 64 rows of its half over all 128 keys, so a
+    # step adds 2 x 16 KB of fp32 partials for 128 x 128 where the 64 x 64 steps add 4 x 16 KB), half the steps and
+    # so half the per-step barriers. Offline sm_90a: 24 spill bytes (causal 104; as launched 0 / 96), SMEM 199200. On
+    # the H200 (sweeps/2026-12-02-h200-attention-bwd-rows.json, whole backward, TFLOP/s) against the two-CTA pick
+    # bwd_64x64_dp1_c2: 443 / 411 at 4096 keys, 464 / 412 at 8192; causal 398 / 382, 436 / 405 (cuDNN 435, 448, 378,
+    # 409); behind it at 512 and 1024 keys (345 / 350, causal 244 / 278): ``REDUCE_LONG``. Without carry_index: the
+    # carried counters cost 2-5% here (more live scalars, more spills); persistent 1-20% behind.
+    "bwd_128x128_dp2_dqsplit_fold": Options(block_m=128, block_n=128, stages=2, data_partition=2, persistent=False,
+                                            group_m=1, producer_regs=24, dq_split=True, fold_rows=True,
+                                            early_reduce_wait=True),
     # Separate form only (the atomic form's dQ mma would have 32 rows; wgmma takes multiples of 64): 32-query steps
     # keep S^T/dP^T at 16 registers each beside dK/dV (64 each at d=128), so d=128 compiles without spills.
     "bwd_32x128_dp2": Options(block_m=32, block_n=128, stages=2, data_partition=2, persistent=False, group_m=1,
@@ -129,6 +140,7 @@ CONFIG_HEAD_DIMS: dict[str, dict[str, tuple[int, ...]]] = {
     "bwd_64x128_dp2_fold": {"atomic": (), "reduce": (), "separate": (128,)},
     "bwd_64x128_dp2_p_fold": {"atomic": (), "reduce": (64,), "separate": ()},
     "bwd_64x128_dp2_dqsplit_fold": {"atomic": (), "reduce": (128,), "separate": ()},
+    "bwd_128x128_dp2_dqsplit_fold": {"atomic": (), "reduce": (64,), "separate": ()},
     "bwd_64x64_dp1": {"atomic": (64, 128), "reduce": (64,), "separate": (64,)},
     "bwd_32x128_dp2": {"atomic": (), "reduce": (), "separate": (64, 128)},
     "bwd_32x128_dp2_dqsplit": {"atomic": (), "reduce": (128,), "separate": ()},
@@ -184,13 +196,22 @@ SHORT: dict[tuple[str, int, bool], tuple[str, int]] = {}
 #: row vectors.
 REDUCE_PICKS: dict[int, str] = {64: "bwd_64x64_dp1_c2", 128: "bwd_64x128_dp2_dqsplit_fold"}
 
+#: (head dim, causal) -> (config, keys): from ``keys`` keys a head the reduce form's main kernel is ``config``
+#: instead of ``REDUCE_PICKS``'s. d=64: FA3's tile, 128-query steps with the split dQ by query rows (see the config),
+#: half the dQ partials' L2 traffic a FLOP of the two-CTA pick. On the H200 (whole backward, TFLOP/s, against
+#: bwd_64x64_dp1_c2; sweeps/2026-12-02-h200-attention-bwd-rows.json, -rows-2048.json): 345 / 350 at 1024 keys, 397 /
+#: 392 at 2048, 443 / 411 at 4096; causal 244 / 278 at 1024, 328 / 343 at 2048, 398 / 382 at 4096.
+REDUCE_LONG: dict[tuple[int, bool], tuple[str, int]] = {(64, False): ("bwd_128x128_dp2_dqsplit_fold", 2048),
+                                                        (64, True): ("bwd_128x128_dp2_dqsplit_fold", 4096)}
+
 
 def choose_config(d: int, causal: bool, dq_mode: str = "separate", keys: int | None = None) -> str:
     """The main kernel's config for a call. Atomic: two consumer warpgroups of 64 keys and 64-query steps at both
     head dims (offline, sm_90a: d=64 without spills; d=128 spills, test/codegen/test_attention_bwd_codegen.py
     ``SPILLS``). Separate: the same at both head dims (at d=128 its 120/172 spill bytes cost less than halving the
     query step: 1.11-1.17x ``bwd_32x128_dp2`` on the H200, sweeps/2026-12-01-h200-attention-bwd-configs.json).
-    Reduce: ``REDUCE_PICKS`` (d=64: two CTAs an SM of one consumer warpgroup and 64 keys; d=128: 64-query steps
+    Reduce: ``REDUCE_PICKS`` (d=64: two CTAs an SM of one consumer warpgroup and 64 keys, from ``REDUCE_LONG``'s
+    keys 128-query steps with dQ split by query rows; d=128: 64-query steps
     with the split dQ and the folded row vectors, 8/40 spill bytes, 1.13-1.17x the 0-spill 32-query split on the
     H200 once ptxas stopped serializing its wgmmas, sweeps/2026-12-01-h200-attention-bwd-configs-6.json).
     At d=64 without a mask the separate form takes the persistent walk (+1-5%; the causal mask's uneven tiles make
@@ -198,7 +219,8 @@ def choose_config(d: int, causal: bool, dq_mode: str = "separate", keys: int | N
     deeper Q/dO rings within 2%: sweeps/2026-12-01-h200-attention-bwd-configs.json, -2 and -5). With few ``keys`` a
     head (``SHORT``: d=128's separate form with the mask) two CTAs an SM of one consumer warpgroup and 64 keys each."""
     if dq_mode == "reduce" and d in REDUCE_PICKS:
-        return REDUCE_PICKS[d]
+        long, most = REDUCE_LONG.get((d, bool(causal)), (None, 0))
+        return long if long and keys is not None and keys >= most else REDUCE_PICKS[d]
     short, most = SHORT.get((dq_mode, d, bool(causal)), (None, 0))
     if short and keys is not None and keys <= most:
         return short

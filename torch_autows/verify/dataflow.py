@@ -67,9 +67,11 @@ def _check_chains(p: Program, stage: str):
             continue
         for x in o.operands:
             d = dmap.get(x)
-            # data_partition's dq_split: a chain reads the other chains' K tiles (read-only TMA loads) through column
-            # slices, and their dS tiles through views after the chains' meeting (_check_meetings orders it)
-            if d is None or d.kind == "loop" or o.kind == "smem_view" or (o.kind == "slice" and d.kind == "load"):
+            # data_partition's dq_split: a chain reads the other chains' K tiles (read-only TMA loads) as wgmma
+            # operands (whole, or column slices), and their dS tiles through views after the chains' meeting
+            # (_check_meetings orders it)
+            if d is None or d.kind == "loop" or o.kind == "smem_view" or (
+                    o.kind in ("slice", "mma") and d.kind == "load" and p.options.dq_split):
                 continue
             if d.chain is None and d.kind != "load":
                 _fail(stage, f"chain {o.chain} reads %{x}, a shared value that is not a read-only load", o)

@@ -78,6 +78,10 @@ VARIANTS = {
     "bwd_64x128_dp2_erw": ("bwd_64x128_dp2", {"early_reduce_wait": True}, {"reduce": (64,)}),
     "bwd_64x128_dp2_dqsplit_fold_erw": ("bwd_64x128_dp2_dqsplit_fold", {"early_reduce_wait": True},
                                         {"reduce": (128,)}),
+    # the d=64 split dQ by query rows (bwd_128x128_dp2_dqsplit_fold): persistent, and with the carried counters
+    # (-rows.json: 2-5% behind; the config was timed with them as this script's ``_nc`` variant without)
+    "bwd_128x128_dp2_p_dqsplit_fold": ("bwd_128x128_dp2_dqsplit_fold", {"persistent": True}, {"reduce": (64,)}),
+    "bwd_128x128_dp2_dqsplit_fold_cc": ("bwd_128x128_dp2_dqsplit_fold", {"carry_index": True}, {"reduce": (64,)}),
     "bwd_64x64_dp1_c2_erw": ("bwd_64x64_dp1_c2", {"early_reduce_wait": True}, {"reduce": (64,)}),
 }
 #: dQ-kernel variants: name -> (base, overrides[, head dims]).
