@@ -17,13 +17,13 @@ from torch_autows.bench.runner import Bound, CheckFailed, Peer
 def test_dry_run_lists_the_forward_grid_at_d64_d128_and_the_peers(capsys):
     rc = main(["attention-bwd", "--dry-run"])
     out = capsys.readouterr().out
-    assert rc == 0 and "attention-bwd: 38 case(s), 6 peer(s)" in out  # 28 FA3 grid + 10 Llama-3.1
+    assert rc == 0 and "attention-bwd: 38 case(s), 7 peer(s)" in out  # 28 FA3 grid + 10 Llama-3.1
     fwd = [c.name for c in cases.attention_cases() if c.head_dim in (64, 128)]
     assert [c.name for c in cases.select("attention-bwd")] == fwd
     for name in ("s512-d64", "s16384-d128-causal", "gqa32x8-s8192-d128"):
         assert f"  {name} " in out
     assert "d96" not in out and "d256" not in out
-    for peer in ("cudnn", "fa2", "flex", "autows", "autows-atomic", "autows-reduce"):
+    for peer in ("cudnn", "fa2", "flex", "autows", "autows-atomic", "autows-reduce", "autows-separate"):
         assert f"  {peer} " in out
     assert "<date>-<gpu>-attention-bwd.json" in out
 

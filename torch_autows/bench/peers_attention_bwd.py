@@ -1,6 +1,6 @@
 """Attention-backward peers: cuDNN's and FA2's backward kernels, compiled flex_attention's backward, autows (in
-each dQ form: the chosen one, separate, as ``autows``, atomic as ``autows-atomic``, and the TMA reduce-add form as
-``autows-reduce``, which serves d=64 only and fails where it raises Unsupported (d=128)).
+each dQ form: the chosen one as ``autows``, atomic as ``autows-atomic``, the TMA reduce-add form as ``autows-reduce``,
+and the separate dQ kernel, what deterministic mode runs, as ``autows-separate``).
 
 Every peer times only the backward: dQ, dK, dV from q, k, v, dO and the forward's out and lse, which are
 computed once per case outside the timing, by the forward the peer's backward belongs to (cuDNN's backward
@@ -228,6 +228,10 @@ def _bind_autows_reduce(case, inp) -> Bound:
     return _bind_autows(case, inp, "reduce", "autows-reduce")
 
 
+def _bind_autows_separate(case, inp) -> Bound:
+    return _bind_autows(case, inp, "separate", "autows-separate")
+
+
 def all_peers() -> tuple[list[Peer], list[str]]:
     peers = [Peer("cudnn", _bind_cudnn, "aten._scaled_dot_product_cudnn_attention_backward on the cuDNN forward's "
                   "out/lse (attention_grad._cudnn_backward)"),
@@ -240,7 +244,10 @@ def all_peers() -> tuple[list[Peer], list[str]]:
              Peer("autows-atomic", _bind_autows_atomic, "the same with dq_mode='atomic': pre + main kernel with "
                   "dQ by fp32 atomic adds + post"),
              Peer("autows-reduce", _bind_autows_reduce, "the same with dq_mode='reduce': pre + main kernel with dQ "
-                  "by a TMA bulk reduce-add per tile (FA3's form) + post")]
+                  "by a TMA bulk reduce-add per tile (FA3's form) + post"),
+             Peer("autows-separate", _bind_autows_separate, "the same with dq_mode='separate', what deterministic mode "
+                  "runs (torch.use_deterministic_algorithms): pre + main kernel for dK/dV + a dQ kernel + post, every "
+                  "gradient element written once")]
     return peers, []
 
 
