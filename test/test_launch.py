@@ -29,6 +29,26 @@ def test_direct_state_refuses_unknown_launchers():
     assert launch._direct_state(Compiled(), 3) is None
 
 
+def test_direct_state_takes_a_launch_without_descriptors():
+    """A kernel without descriptor arguments (a plain ``@triton.jit`` kernel: the attention backward's row kernels)
+    has Triton's C launch function itself as ``launch`` (``wrap_handle_tensordesc`` wraps only kernels with
+    descriptors): the direct state holds that function."""
+    class Run:
+        global_scratch_size = profile_scratch_size = 0
+        launch_cooperative_grid = launch_pdl = False
+        launch = len  # a builtin, as Triton's compiled C ``launch``: no __code__, no closure
+
+    class Meta:
+        tensordesc_meta = None
+
+    class Compiled:
+        run, function, packed_metadata, metadata = Run(), 7, (4, 1, 0), Meta()
+
+    state = launch._direct_state(Compiled(), 0)
+    assert state is not None and state[0] is len and state[1] == 7
+    assert launch._direct_state(Compiled(), 1) is None  # a descriptor argument the state cannot encode
+
+
 def test_specialization_follows_triton():
     assert launch._specialization(1) == ("constexpr", 1)
     assert launch._specialization(32)[1] == "D" and launch._specialization(33)[1] == ""

@@ -20,9 +20,15 @@ import torch
 import triton
 
 from ..templates import attention_bwd as tmpl
+from . import device as dev
+from .launch import JitLaunches
 
 #: Rows per program: a [ROWS, D] tile of O and of dO (32 KB in bf16 at D=128).
 ROWS = {64: 128, 128: 64}
+
+
+#: The row kernels' bound launches (launch.JitLaunches): a repeated call skips Triton's per-call argument binding.
+_LAUNCHES = JitLaunches()
 
 
 def _rows(d: int) -> int:
@@ -43,10 +49,14 @@ def preprocess(out: torch.Tensor, grad_out: torch.Tensor | None, lse: torch.Tens
     dlse = None if grad_lse is None else grad_lse.float().reshape(n).contiguous()
     delta, lse2 = tmpl.row_vectors(B, H, S, out.device)
     block = _rows(D)
-    (kernel or _delta_kernel())[(triton.cdiv(n, block),)](
-        out, grad_out, lse, lse if dlse is None else dlse, delta, lse2, n, H, S, delta.stride(0), *out.stride()[:3],
-        *grad_out.stride()[:3], D=D, DP=triton.next_power_of_2(D), BLOCK=block, HAS_DLSE=dlse is not None,
-        LOG2E=tmpl.LOG2E)
+    scalars = (n, H, S, delta.stride(0), *out.stride()[:3], *grad_out.stride()[:3], D, triton.next_power_of_2(D),
+               block, dlse is not None, tmpl.LOG2E)
+    tensors = (out, grad_out, lse, lse if dlse is None else dlse, delta, lse2)
+    if kernel is not None:  # tests: the interpreted kernel, as Triton's JIT launches it
+        kernel[(triton.cdiv(n, block),)](*tensors, *scalars)
+    else:
+        _LAUNCHES.launch(_delta_kernel(), triton.cdiv(n, block), (*tensors, *scalars),
+                         ("delta", out.dtype, scalars), dev.index(out.device))
     return delta, lse2
 
 
@@ -60,8 +70,11 @@ def postprocess(dq_acc: torch.Tensor, scale: float, q: torch.Tensor, kernel=None
     sqp = dq_acc.shape[0] // (B * H)
     dq = torch.empty(B, H, Sq, D, dtype=q.dtype, device=q.device)
     block = _rows(D)
-    (kernel or _dq_kernel())[(triton.cdiv(n, block),)](dq_acc, dq, float(scale), n, Sq, sqp, D=D,
-                                                       DP=triton.next_power_of_2(D), BLOCK=block)
+    args = (dq_acc, dq, float(scale), n, Sq, sqp, D, triton.next_power_of_2(D), block)
+    if kernel is not None:
+        kernel[(triton.cdiv(n, block),)](*args)
+    else:
+        _LAUNCHES.launch(_dq_kernel(), triton.cdiv(n, block), args, ("dq", q.dtype, args[2:]), dev.index(q.device))
     return dq
 
 

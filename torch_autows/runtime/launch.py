@@ -273,6 +273,29 @@ class BoundCache(dict):
         self[key] = entry
 
 
+class JitLaunches:
+    """Launches of a plain ``@triton.jit`` kernel (the attention backward's row kernels) through a ``Bound`` after
+    the first launch of each key: ``kernel[grid](...)`` re-binds and re-specialises every argument in Python on
+    every call (about 35 us of CPU on the H200's host), the bound launch passes the new call's tensor addresses to
+    the C launcher. ``launch(kernel, grid, args, key, device_index)``: ``args`` every argument of the kernel in its
+    signature order, constexprs included; ``key`` fixes all but the tensors' addresses (the scalars, the constexprs
+    and the tensors' dtypes), and a tensor address not 16-byte aligned, a launch hook or a kernel that needs
+    scratch memory takes ``kernel[grid]`` again."""
+
+    def __init__(self, limit: int = 256):
+        self._bound = BoundCache(limit)
+
+    def launch(self, kernel, grid: int, args: tuple, key, device_index: int) -> None:
+        key = (key, grid, device_index)
+        hit = self._bound.get(key)
+        if hit is not None and hit[0](*(a.data_ptr() for a in args if isinstance(a, torch.Tensor))):
+            return
+        compiled = kernel[(grid,)](*args)
+        state = _direct_state(compiled, 0) if hit is None else None
+        if state is not None and not any(a.data_ptr() % 16 for a in args if isinstance(a, torch.Tensor)):
+            self._bound.put(key, (Bound(state, grid, list(args), device_index, None),))
+
+
 def _fixed_args(state) -> tuple:
     """The C launcher's arguments between the stream and the kernel's own, from a direct state: function,
     cooperative / PDL flags, packed metadata; no launch metadata or hooks (the direct path runs without)."""
@@ -314,8 +337,11 @@ def _direct_state(compiled, n_desc: int):
     try:
         launcher = compiled.run
         fn = launcher.launch
-        cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
-        raw = cells["launcher"].cell_contents
+        if getattr(fn, "__code__", None) is None:  # no descriptor argument: Triton's launch is the C launcher itself
+            raw = fn
+        else:  # wrap_handle_tensordesc's closure around it
+            cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
+            raw = cells["launcher"].cell_contents
         metas = compiled.metadata.tensordesc_meta
         if (launcher.global_scratch_size or launcher.profile_scratch_size or (metas is None and n_desc)
                 or len(metas or ()) != n_desc or not callable(raw)):
