@@ -12,7 +12,7 @@ from programs import fake_cuda
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from torch_autows import attention_grad, config
-from torch_autows.runtime import attention_bwd, device, fallback
+from torch_autows.runtime import attention_bwd, attention_bwd_configs, device, fallback
 from torch_autows.runtime.fallback import Unsupported
 
 
@@ -128,7 +128,7 @@ def test_dq_mode_choice_and_configs(monkeypatch):
     assert attention_bwd.CONFIGS[c2f].ctas_per_sm == 2 and attention_bwd.CONFIGS[c2f].fold_rows
     assert attention_bwd.serves(c2f, 128) and not attention_bwd.serves(c2f, 64)
     assert not attention_bwd.serves(c2f, 128, "reduce")
-    monkeypatch.setattr(attention_bwd, "SHORT", {("separate", 128, True): (c2f, 1024)})
+    monkeypatch.setattr(attention_bwd_configs, "SHORT", {("separate", 128, True): (c2f, 1024)})
     assert [attention_bwd.choose_config(128, True, "separate", keys) for keys in (1, 512, 1024, 1025, None)] == [
         c2f, c2f, c2f, "bwd_64x128_dp2", "bwd_64x128_dp2"]
     assert attention_bwd.choose_config(128, False, "separate", 512) == "bwd_64x128_dp2"

@@ -10,6 +10,7 @@ import pytest
 
 from torch_autows.passes import pipeline
 from torch_autows.runtime import attention_bwd as rt
+from torch_autows.runtime import attention_bwd_configs as rt_cfg
 from torch_autows.templates.attention_bwd import AttentionBwdRequest, build
 
 SWEEPS = pathlib.Path(__file__).resolve().parents[2] / "bench" / "results" / "sweeps"
@@ -27,7 +28,9 @@ def _load(name: str, argv: list[str], monkeypatch):
 def restored(monkeypatch):
     """The runtime's config tables as they were after the test (the script adds its variants to them)."""
     for table in ("CONFIGS", "CONFIG_HEAD_DIMS", "DQ_CONFIGS", "DQ_CONFIG_HEAD_DIMS"):
-        monkeypatch.setattr(rt, table, dict(getattr(rt, table)))
+        copy = dict(getattr(rt_cfg, table))  # the configs module reads its own; runtime.attention_bwd re-exports
+        monkeypatch.setattr(rt_cfg, table, copy)
+        monkeypatch.setattr(rt, table, copy)
     return monkeypatch
 
 

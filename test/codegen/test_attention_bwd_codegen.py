@@ -41,7 +41,7 @@ CASES = [c for c in itertools.product(CONFIGS, (64, 128), (False, True), ("bf16"
 
 
 # The reduce form's spills (bytes, same compile as SPILLS) where no config serves it (d=128: dK, dV and the dQ partial
-# live at the staging store; runtime/attention_bwd.py CONFIG_HEAD_DIMS). d=64: none (served).
+# live at the staging store; runtime/attention_bwd_configs.py CONFIG_HEAD_DIMS). d=64: none (served).
 REDUCE_SPILLS = {("bwd_64x128_dp2", 128, False): 532, ("bwd_64x128_dp2", 128, True): 736,
                  ("bwd_64x64_dp1", 128, False): 196, ("bwd_64x64_dp1", 128, True): 164}
 # wgmma waits ptxas injects (codegen.compile.injected_wgmma_waits): none in any served kernel. The ``fold_rows``
@@ -59,8 +59,8 @@ REDUCE = [c for c in itertools.product(CONFIGS, (64, 128), (False, True), ("bf16
           if serves(c[0], c[1], "reduce") or c[:3] in REDUCE_SPILLS]
 
 # The separate form's known spills (bytes, same compile): its 64-query steps at d=128, served although they spill, as
-# the H200 measured them 1.11-1.17x the 0-spill 32-query steps (runtime/attention_bwd.py CONFIG_HEAD_DIMS); the folded
-# twin (bwd_64x128_dp2_fold) has none.
+# the H200 measured them 1.11-1.17x the 0-spill 32-query steps (runtime/attention_bwd_configs.py CONFIG_HEAD_DIMS);
+# the folded twin (bwd_64x128_dp2_fold) has none.
 SEPARATE_SPILLS = {("bwd_64x128_dp2", 128, False, "bf16"): 120, ("bwd_64x128_dp2", 128, True, "bf16"): 172,
                    ("bwd_64x128_dp2", 128, False, "fp16"): 120, ("bwd_64x128_dp2", 128, True, "fp16"): 172}
 

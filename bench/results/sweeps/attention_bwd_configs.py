@@ -1,5 +1,5 @@
 """GPU sweep (not a test): every (form, main config, dQ config) of the generated attention backward that serves a
-head dim (runtime/attention_bwd.py ``CONFIGS``, ``DQ_CONFIGS``, ``serves``), timed whole as a user gets it (row
+head dim (runtime/attention_bwd_configs.py ``CONFIGS``, ``DQ_CONFIGS``, ``serves``), timed whole as a user gets it (row
 kernels, workspace, kernels), against cuDNN's backward on a cuDNN forward's out and lse; plus, for the default pick,
 the GPU time per kernel (torch.profiler), to show where the time goes.
 
