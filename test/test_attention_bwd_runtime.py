@@ -153,14 +153,14 @@ def test_not_sm90_or_not_cuda(monkeypatch):
 
 
 def test_option_is_validated(monkeypatch):
-    assert config.attention_backward == "vendor"
-    with pytest.raises(ValueError, match="attention_backward must be one of 'vendor', 'autows'"):
+    assert config.attention_backward == "measure"
+    with pytest.raises(ValueError, match="attention_backward must be one of 'vendor', 'autows', 'measure'"):
         config.patch(attention_backward="cudnn")
     with config.patch(attention_backward="autows"):
         assert config.snapshot()["attention_backward"] == "autows"
-    assert config.attention_backward == "vendor"
+    assert config.attention_backward == "measure"
     assert config.env_choice("X", "vendor", config.BACKWARD_CHOICES, {"X": " AutoWS "}) == "autows"
-    with pytest.raises(ValueError, match="X='fast' is not one of vendor, autows"):
+    with pytest.raises(ValueError, match="X='fast' is not one of vendor, autows, measure"):
         config.env_choice("X", "vendor", config.BACKWARD_CHOICES, {"X": "fast"})
     assert "TORCH_AUTOWS_ATTENTION_BACKWARD" in config.ENV_VARS
 
@@ -173,16 +173,86 @@ def _cpu_inputs(seed=0, hq=4, hkv=2):
     return torch.randn(1, hq, 9, 64, generator=g), q, k, v, out, lse
 
 
-def test_vendor_default_never_calls_the_generated_backward(monkeypatch):
+def test_vendor_never_calls_the_generated_backward(monkeypatch):
     monkeypatch.setattr(attention_bwd, "backward", lambda *a, **kw: pytest.fail("called"))
     go, q, k, v, out, lse = _cpu_inputs()
-    dq, dk, dv = attention_grad.attention_backward(go, None, q, k, v, out, lse, False, 0.125)
+    with config.patch(attention_backward="vendor"):
+        dq, dk, dv = attention_grad.attention_backward(go, None, q, k, v, out, lse, False, 0.125)
     assert dk.shape == k.shape and not fallback.counters
+
+
+@pytest.fixture
+def measured(monkeypatch):
+    """The "measure" mode on CPU tensors the support checks are told to accept, with runtime.choice's decide
+    replaced by a recorder that answers ``measured.answer``; the backward's per-key memory emptied."""
+    from torch_autows.runtime import choice
+    from torch_autows.runtime.launch import BoundCache
+
+    class Rec:
+        answer, calls = False, []
+
+    def decide(key, ours, theirs, prior, device):
+        Rec.calls.append((key, prior, theirs))
+        return choice.Decision(Rec.answer, "measured")
+
+    Rec.calls = []
+    monkeypatch.setattr(attention_bwd, "support_reason", lambda *a: None)
+    monkeypatch.setattr(choice, "decide", decide)
+    monkeypatch.setattr(attention_bwd, "_CHOSEN", BoundCache(256))
+    monkeypatch.setattr(attention_bwd, "_PLANS", BoundCache(256))
+    with config.patch(attention_backward="measure"):
+        yield Rec
+
+
+def test_measure_keeps_the_vendor_where_it_was_faster_and_decides_once(measured):
+    """The default mode: the first call of a key asks runtime.choice (key: the op, dtype, head dim, mask, which
+    gradients flow, heads, and B / Sq / Skv bucketed to powers of two; the prior ``backward_prior``; the vendor side
+    ``vendor_backward`` on the call's tensors); where it keeps the vendor's, that call and the next ones of the key
+    run the vendor's backward, with no fallback logged and nothing generated launched."""
+    go, q, k, v, out, lse = _cpu_inputs()
+    want = attention_grad.vendor_backward(go, None, q, k, v, out, lse, False, 0.125)
+    for _ in range(3):
+        got = attention_grad.attention_backward(go, None, q, k, v, out, lse, False, 0.125)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert len(measured.calls) == 1 and not fallback.counters
+    key, prior, theirs = measured.calls[0]
+    assert key == ("attention_backward", "torch.float32", 64, False, True, False, 4, 2, 1, 16, 8)
+    assert prior is attention_bwd.backward_prior(64, False, 7) is False
+    assert all(torch.equal(a, b) for a, b in zip(theirs(), want))
+    assert attention_bwd.backward_prior(128, True, 4096) and not attention_bwd.backward_prior(128, True, 2048)
+
+
+def test_measure_runs_ours_where_it_was_faster(measured, monkeypatch):
+    """Where the choice keeps ours, the generated backward runs (its kernels replaced here by a recorder past the
+    decision); a forced config or form is never measured."""
+    measured.answer = True
+    ran = []
+    monkeypatch.setattr(attention_bwd, "choose_dq_mode", lambda *a: ran.append(a) or pytest.skip("past the choice"))
+    go, q, k, v, out, lse = _cpu_inputs()
+    with pytest.raises(pytest.skip.Exception):
+        attention_grad.attention_backward(go, None, q, k, v, out, lse, False, 0.125)
+    assert len(measured.calls) == 1 and len(ran) == 1
+    ran.clear()
+    with pytest.raises(pytest.skip.Exception):  # config named: no choice
+        attention_bwd.backward(go, None, q, k, v, out, lse, False, 0.125, config="bwd_64x128_dp2",
+                               vendor=attention_grad.vendor_backward)
+    assert len(measured.calls) == 1 and len(ran) == 1
+
+
+def test_measure_under_deterministic_algorithms_takes_ours(measured):
+    """Deterministic algorithms on: ours without measuring (its separate form is bit-reproducible)."""
+    go, q, k, v, out, lse = _cpu_inputs()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert attention_bwd._decide(go, None, q, k, v, out, lse, False, 0.125, attention_grad.vendor_backward)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert not measured.calls
 
 
 def test_autows_on_cpu_falls_back_with_the_reason_logged_once(caplog):
     go, q, k, v, out, lse = _cpu_inputs()
-    want = attention_grad.attention_backward(go, None, q, k, v, out, lse, False, 0.125)
+    want = attention_grad.vendor_backward(go, None, q, k, v, out, lse, False, 0.125)
     with config.patch(attention_backward="autows"), caplog.at_level(logging.WARNING, logger="torch_autows"):
         for _ in range(3):
             got = attention_grad.attention_backward(go, None, q, k, v, out, lse, False, 0.125)
@@ -196,10 +266,11 @@ def test_autows_serves_what_the_runtime_serves(monkeypatch):
     go, q, k, v, out, lse = _cpu_inputs()
     sentinel = (q + 1, k + 1, v + 1)
     seen = []
-    monkeypatch.setattr(attention_bwd, "backward", lambda *a: seen.append(a) or sentinel)
+    monkeypatch.setattr(attention_bwd, "backward", lambda *a, **kw: seen.append((a, kw)) or sentinel)
     with config.patch(attention_backward="autows"):
         got = attention_grad.attention_backward(go, None, q, k, v, out, lse, True, 0.125)
-    assert got is sentinel and seen[0][0] is go and seen[0][-2:] == (True, 0.125)
+    assert got is sentinel and seen[0][0][0] is go and seen[0][0][-2:] == (True, 0.125)
+    assert seen[0][1] == {"vendor": None}  # "autows": no measured choice
     assert fallback.counters["attention_backward.autows"] == 1
 
 
@@ -289,8 +360,8 @@ def test_backward_glue_runs_the_kernel_it_compiles(monkeypatch, dq_mode, grids, 
     out, lse = attention_grad.reference_attention(q, k, v, True, 0.125)
     go, dlse = torch.randn(1, 4, 70, d, generator=g).to(torch.bfloat16), torch.randn(1, 4, 70, generator=g)
     got = attention_bwd.backward(go, dlse, q, k, v, out, lse, True, 0.125, dq_mode=dq_mode, config=config)
-    ref = attention_grad.attention_backward(go.float(), dlse, q.float(), k.float(), v.float(), out.float(), lse, True,
-                                            0.125)
+    ref = attention_grad.vendor_backward(go.float(), dlse, q.float(), k.float(), v.float(), out.float(), lse, True,
+                                         0.125)
     # B*Hkv = 2, one KV block of 128 keys; the dQ kernel: B*Hq = 4, one block of 128 queries
     assert [g for _, g in launched] == grids
     assert [t for t, _ in launched] == ["attention_bwd", "attention_bwd_dq"][:len(grids)]

@@ -1,7 +1,8 @@
 """Backward of ``autows::attention``: gradients of ``(out, lse) = attention(q, k, v)`` from the saved out and lse.
 
-With ``torch_autows.config.attention_backward = "autows"`` the generated backward (``runtime/attention_bwd.py``)
-serves the eager calls it supports (the reason for any other is logged once). Otherwise three implementations,
+With ``torch_autows.config.attention_backward`` "autows" or "measure" (the default; there where measured faster) the
+generated backward (``runtime/attention_bwd.py``) serves the calls it supports (the reason for any other is logged
+once). Otherwise three implementations,
 chosen per call from static facts (device, dtype, shapes: nothing that needs a host sync, so all are CUDA-graph
 safe and trace with symbolic sizes):
 
@@ -123,9 +124,11 @@ def _math_backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale
 
 def generated_backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: float):
     """The generated backward's (dq, dk, dv) (``runtime/attention_bwd.py``), or None with the reason logged once
-    (``runtime/fallback.py``) where it does not serve the call. A traced call (fake tensors: torch.compile's
-    backward graph) that the support checks accept becomes ``torch.ops.autows.attention_backward`` in the graph,
-    which runs the generated backward when the graph runs (and the vendor's where the real tensors are refused)."""
+    (``runtime/fallback.py``) where it does not serve the call, or, with ``config.attention_backward == "measure"``,
+    where runtime.choice keeps the vendor's backward for calls like it (measured on the first, then cached). A traced
+    call (fake tensors: torch.compile's backward graph) that the support checks accept becomes
+    ``torch.ops.autows.attention_backward`` in the graph, which decides the same way when the graph runs."""
+    from . import config
     from .runtime import attention_bwd, fallback
     from .runtime.device import is_real
 
@@ -135,21 +138,24 @@ def generated_backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, s
             fallback.note_fallback("attention_backward", why)
             return None
         return tuple(torch.ops.autows.attention_backward(grad_out, grad_lse, q, k, v, out, lse, is_causal, scale))
+    vendor = vendor_backward if config.attention_backward == "measure" else None
     try:
-        grads = attention_bwd.backward(grad_out, grad_lse, q, k, v, out, lse, is_causal, scale)
+        grads = attention_bwd.backward(grad_out, grad_lse, q, k, v, out, lse, is_causal, scale, vendor=vendor)
     except fallback.Unsupported as e:
         fallback.note_fallback("attention_backward", str(e))
         return None
-    fallback.note_served("attention_backward")
+    if grads is not None:
+        fallback.note_served("attention_backward")
     return grads
 
 
 def attention_backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: float):
     """(dq, dk, dv) for ``attention(q, k, v, is_causal, scale)``; k/v may have fewer heads than q (GQA). With
-    ``config.attention_backward == "autows"`` the generated backward first, where it serves the call."""
+    ``config.attention_backward`` "autows" the generated backward first, where it serves the call; "measure" (the
+    default) the same where it was also measured faster than the vendor's (``generated_backward``)."""
     from . import config
 
-    if config.attention_backward == "autows":
+    if config.attention_backward in ("autows", "measure"):
         grads = generated_backward(grad_out, grad_lse, q, k, v, out, lse, is_causal, scale)
         if grads is not None:
             return grads

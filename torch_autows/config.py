@@ -32,7 +32,7 @@ PREFIX = "TORCH_AUTOWS"
 TRUE_SPELLINGS = ("1", "true", "yes", "on")
 FALSE_SPELLINGS = ("0", "false", "no", "off")
 CHOICES = ("measure", "prior", "autows", "vendor")
-BACKWARD_CHOICES = ("vendor", "autows")
+BACKWARD_CHOICES = ("vendor", "autows", "measure")
 
 #: Every environment variable the package reads; any other TORCH_AUTOWS_* name is warned about at import.
 #: TORCH_AUTOWS is the enable switch (``torch_autows/__init__.py``); REFERENCE is read by the benchmarks,
@@ -108,8 +108,10 @@ cache_dir: str | None = env_path(f"{PREFIX}_CACHE_DIR")
 choice: str = env_choice(f"{PREFIX}_CHOICE", "measure", CHOICES)
 #: Who computes the gradients of ``ops.attention`` (TORCH_AUTOWS_ATTENTION_BACKWARD): "vendor" (cuDNN, then torch's
 #: flash kernel, then the math; attention_grad.py) / "autows": the generated backward (runtime/attention_bwd.py)
-#: where it serves the call, else the vendor's, with the reason logged once. Not measured faster yet: off by default.
-attention_backward: str = env_choice(f"{PREFIX}_ATTENTION_BACKWARD", "vendor", BACKWARD_CHOICES)
+#: where it serves the call, else the vendor's, with the reason logged once / "measure" (default): the generated
+#: backward where it serves the call and runtime.choice (``choice``'s mode: measured, cached, prior) finds it faster
+#: than the vendor's; always it under torch.use_deterministic_algorithms (bit-reproducible where the vendor's is not).
+attention_backward: str = env_choice(f"{PREFIX}_ATTENTION_BACKWARD", "measure", BACKWARD_CHOICES)
 
 for _msg in unknown_env_vars():
     warnings.warn(_msg, UserWarning, stacklevel=2)

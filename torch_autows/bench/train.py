@@ -119,8 +119,9 @@ def all_peers() -> tuple[list[Peer], list[str]]:
              Peer("inductor", _compiled(), "torch.compile(model) (Inductor default mode), then AdamW"),
              Peer("inductor-max-autotune", _compiled(mode="max-autotune-no-cudagraphs"),
                   'torch.compile(model, mode="max-autotune-no-cudagraphs"), then AdamW'),
-             Peer("autows", _bind_autows, 'torch.compile(model, backend="autows"), then AdamW; fails unless an '
-                  "autows kernel ran"),
+             Peer("autows", _bind_autows, 'torch.compile(model, backend="autows"), then AdamW (the attention '
+                  'backward by config.attention_backward\'s default, "measure": ours where measured faster); fails '
+                  "unless an autows kernel ran"),
              Peer("autows-gen-bwd", _bind_autows_bwd, 'as autows, with config.attention_backward = "autows" (the '
                   "generated attention backward); fails unless it ran")]
     return peers, []

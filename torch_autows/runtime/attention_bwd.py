@@ -53,6 +53,7 @@ from .attention_bwd_configs import (  # noqa: F401  (re-exported: runtime.attent
     REDUCE_LONG,
     REDUCE_PICKS,
     SHORT,
+    backward_prior,
     choose_config,
     choose_dq_config,
     dq_serves,
@@ -236,17 +237,47 @@ def _remember_plan(key, q, k, form: str, values: dict, block_n: int, scale: floa
         _PLANS.put(key, _Plan(q, k, form, values, block_n, scale, main, dq))
 
 
+#: (plan key) -> whether the measured choice (``backward``'s ``vendor``) runs ours for calls like it.
+_CHOSEN = BoundCache(256)
+
+
+def _decide(grad_out, grad_lse, q, k, v, out, lse, causal: bool, scale: float, vendor) -> bool:
+    """Ours or ``vendor`` for this call (runtime.choice: measured on these tensors, cached per key, or the prior
+    ``backward_prior`` where nothing may be measured); ours while deterministic algorithms are on (its separate form
+    writes every gradient element once; the vendor's is not bit-reproducible)."""
+    from . import choice
+
+    if torch.are_deterministic_algorithms_enabled():
+        return True
+    B, Hq, Sq, D = q.shape
+    Hkv, Skv = k.shape[1], k.shape[2]
+    key = ("attention_backward", str(q.dtype), D, causal, grad_out is not None, grad_lse is not None, Hq, Hkv,
+           choice.bucket(B), choice.bucket(Sq), choice.bucket(Skv))
+    ours = functools.partial(backward, grad_out, grad_lse, q, k, v, out, lse, causal, scale)
+    theirs = functools.partial(vendor, grad_out, grad_lse, q, k, v, out, lse, causal, scale)
+    return choice.decide(key, ours, theirs, backward_prior(D, causal, Skv), q.device).use_ours
+
+
 def backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: float, config: str | None = None,
-             dq_mode: str | None = None, dq_config: str | None = None):
+             dq_mode: str | None = None, dq_config: str | None = None, vendor=None):
     """(dq, dk, dv), [B, H, S, D] each (dk/dv with k's heads), of ``(out, lse) = attention(q, k, v, is_causal,
     scale)`` by the generated kernels; ``grad_out`` or ``grad_lse`` may be None (no gradient into it). ``dq_mode``
     "atomic", "reduce" or "separate" forces a form (None: ``choose_dq_mode``); ``config`` / ``dq_config`` name the main
     and the dQ kernel's configs (None: chosen). Raises ``Unsupported`` where ``support_reason`` gives a reason (or for
     the atomic and reduce forms under deterministic algorithms, or a form no config serves at the head dim).
     A call with the metadata, arguments and deterministic mode of an earlier one that read its tensors in place
-    takes that call's plan (``_Plan``): no checks or choices again, only the allocations and bound launches."""
+    takes that call's plan (``_Plan``): no checks or choices again, only the allocations and bound launches.
+    ``vendor`` (a function of the same arguments as ``attention_grad.vendor_backward``), with no config or form
+    named: the call returns None where the measured choice (``_decide``) keeps the vendor's backward (the caller
+    runs it), remembered per call key."""
+    from .choice import mode
+
+    choose = vendor is not None and config is None and dq_mode is None and dq_config is None
     plan_key = (_key(grad_out, grad_lse, q, k, v, out, lse, is_causal, scale), config, dq_mode, dq_config,
-                torch.are_deterministic_algorithms_enabled())
+                torch.are_deterministic_algorithms_enabled(), choose and mode())
+    use = _CHOSEN.get(plan_key) if choose else True
+    if use is False:
+        return None
     plan = _PLANS.get(plan_key)
     if plan is not None and POISON is None:
         got = plan.run(grad_out, grad_lse, q, k, v, out, lse)
@@ -257,6 +288,11 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: floa
         raise Unsupported(why)
     D = q.shape[-1]
     causal, scale = bool(is_causal), float(scale)
+    if use is None:
+        use = _decide(grad_out, grad_lse, q, k, v, out, lse, causal, scale, vendor)
+        _CHOSEN.put(plan_key, use)
+        if not use:
+            return None
     dq_mode = choose_dq_mode(dq_mode, D, k.shape[2], causal)
     config = _checked(config, D, causal, dq_mode, k.shape[2])
     if dq_mode == "separate":

@@ -218,3 +218,10 @@ def reduce_by_default(d: int | None, causal: bool, keys: int | None) -> bool:
     for many keys)."""
     start = REDUCE_FROM_KEYS.get((d, bool(causal)))
     return start is not None and (keys is None or keys >= start)
+
+
+def backward_prior(d: int, causal: bool, keys: int) -> bool:
+    """Ours where the recorded grids put it ahead, for a choice that may not measure (runtime.choice's prior): from
+    4096 keys (attention-bwd-6 and -7, H200: 1.01-1.08x cuDNN at d=64/128, causal or not); at 512-1024 keys it ran
+    0.92-1.08x, so those go to the vendor's backward."""
+    return d in (64, 128) and keys >= 4096
