@@ -244,7 +244,7 @@ def test_measure_under_deterministic_algorithms_takes_ours(measured):
     go, q, k, v, out, lse = _cpu_inputs()
     torch.use_deterministic_algorithms(True)
     try:
-        assert attention_bwd._decide(go, None, q, k, v, out, lse, False, 0.125, attention_grad.vendor_backward)
+        assert attention_bwd._decide(go, None, q, k, v, out, lse, False, 0.125, attention_grad.vendor_backward).use_ours
     finally:
         torch.use_deterministic_algorithms(False)
     assert not measured.calls
@@ -468,3 +468,17 @@ def test_plan_launches_with_the_call_tensors():
     attention_bwd._remember_plan("k2", q, k, "reduce", values, 128, 0.1, (None, names))
     assert list(attention_bwd._PLANS) == ["k2"]
     attention_bwd._PLANS.clear()
+
+
+def test_measure_asks_again_after_a_prior_answer(measured, monkeypatch):
+    """A prior answer (runtime.choice answers by its cost rule while a CUDA graph is captured) is not remembered: the
+    next call of the key asks again, and a measured answer then sticks."""
+    from torch_autows.runtime import choice
+
+    answers = iter([choice.Decision(False, "prior"), choice.Decision(False, "measured")])
+    monkeypatch.setattr(choice, "decide", lambda *a: measured.calls.append(a) or next(answers))
+    go, q, k, v, out, lse = _cpu_inputs()
+    for _ in range(3):
+        attention_grad.attention_backward(go, None, q, k, v, out, lse, False, 0.125)
+    assert len(measured.calls) == 2
+

@@ -241,21 +241,22 @@ def _remember_plan(key, q, k, form: str, values: dict, block_n: int, scale: floa
 _CHOSEN = BoundCache(256)
 
 
-def _decide(grad_out, grad_lse, q, k, v, out, lse, causal: bool, scale: float, vendor) -> bool:
-    """Ours or ``vendor`` for this call (runtime.choice: measured on these tensors, cached per key, or the prior
-    ``backward_prior`` where nothing may be measured); ours while deterministic algorithms are on (its separate form
-    writes every gradient element once; the vendor's is not bit-reproducible)."""
+def _decide(grad_out, grad_lse, q, k, v, out, lse, causal: bool, scale: float, vendor):
+    """Ours or ``vendor`` for this call: a runtime.choice ``Decision`` (measured on these tensors, cached per key, or
+    the prior ``backward_prior`` where nothing may be measured: "prior" mode, a CUDA graph being captured); ours while
+    deterministic algorithms are on (its separate form writes every gradient element once; the vendor's is not
+    bit-reproducible)."""
     from . import choice
 
     if torch.are_deterministic_algorithms_enabled():
-        return True
+        return choice.Decision(True, "forced")
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
     key = ("attention_backward", str(q.dtype), D, causal, grad_out is not None, grad_lse is not None, Hq, Hkv,
            choice.bucket(B), choice.bucket(Sq), choice.bucket(Skv))
     ours = functools.partial(backward, grad_out, grad_lse, q, k, v, out, lse, causal, scale)
     theirs = functools.partial(vendor, grad_out, grad_lse, q, k, v, out, lse, causal, scale)
-    return choice.decide(key, ours, theirs, backward_prior(D, causal, Skv), q.device).use_ours
+    return choice.decide(key, ours, theirs, backward_prior(D, causal, Skv), q.device)
 
 
 def backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: float, config: str | None = None,
@@ -289,9 +290,10 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: floa
     D = q.shape[-1]
     causal, scale = bool(is_causal), float(scale)
     if use is None:
-        use = _decide(grad_out, grad_lse, q, k, v, out, lse, causal, scale, vendor)
-        _CHOSEN.put(plan_key, use)
-        if not use:
+        d = _decide(grad_out, grad_lse, q, k, v, out, lse, causal, scale, vendor)
+        if d.source != "prior":  # a prior answer (say while a CUDA graph is captured) is asked again next call
+            _CHOSEN.put(plan_key, d.use_ours)
+        if not d.use_ours:
             return None
     dq_mode = choose_dq_mode(dq_mode, D, k.shape[2], causal)
     config = _checked(config, D, causal, dq_mode, k.shape[2])
