@@ -79,21 +79,24 @@ def test_the_chains_share_ds_and_split_dq_by_head_dim_columns():
     assert p.smem_bytes <= 131568 + 1600
 
 
-def test_the_meeting_removed_is_caught():
+@pytest.mark.parametrize("make", ["_split", "_rows"])
+def test_the_meeting_removed_is_caught(make):
     """Without the meeting a chain may read the other's dS slot before its owner stored this step's fill (an
-    ``unfilled-read`` under some policy); the verifier refuses the view without a meeting before it."""
-    bad = _map(pipeline.run(_split(), dump_dir=""), lambda o: None if o.kind == "chain_sync" else o)
+    ``unfilled-read`` under some policy); the verifier refuses the view without a meeting before it. Either split."""
+    bad = _map(pipeline.run(globals()[make](), dump_dir=""), lambda o: None if o.kind == "chain_sync" else o)
     kinds = set(violation_kinds(bad, seeds=2, shape=SHAPE))
     assert kinds - {"ok"} and kinds <= {"ok", "unfilled-read", "overwrite"}, kinds
     with pytest.raises(VerifyError, match="smem_view of %dss_c.* without a chain_sync"):
         check(bad)
 
 
-def test_the_slice_at_the_wrong_columns_is_caught():
-    """Both chains' K slices at the other's columns: the reduces land on the wrong half of dQ."""
-    bad = _map(pipeline.run(_split(), dump_dir=""),
+@pytest.mark.parametrize("make", ["_split", "_rows"])
+def test_the_slice_at_the_wrong_columns_is_caught(make):
+    """Both chains' slices at the other's columns (K's head-dim columns, or with the split by rows dS^T's query
+    columns): the reduces land on the wrong half of dQ."""
+    bad = _map(pipeline.run(globals()[make](), dump_dir=""),
                lambda o: o.with_attrs(start=64 - o.attr("start")) if o.kind == "slice" else o)
-    ok, report = interpret_report(_split(), bad, seeds=1)
+    ok, report = interpret_report(globals()[make](), bad, seeds=1)
     assert not ok and "outputs differ from torch" in report, report
 
 
@@ -158,22 +161,6 @@ def test_rows_the_chains_share_ds_and_split_dq_by_query_rows():
         assert p.buffer(red.attr("buffer")).type.shape == (64, 64)
     assert [p.buffer(f"dss_c{c}_smem").count for c in (0, 1)] == [2, 2]
     assert p.smem_bytes <= 232448
-
-
-def test_rows_the_slice_at_the_wrong_queries_is_caught():
-    """Both chains' dS slices at the other's query columns: each chain's reduce adds the other's rows."""
-    bad = _map(pipeline.run(_rows(), dump_dir=""),
-               lambda o: o.with_attrs(start=64 - o.attr("start")) if o.kind == "slice" else o)
-    ok, report = interpret_report(_rows(), bad, seeds=1)
-    assert not ok and "outputs differ from torch" in report, report
-
-
-def test_rows_the_meeting_removed_is_caught():
-    bad = _map(pipeline.run(_rows(), dump_dir=""), lambda o: None if o.kind == "chain_sync" else o)
-    kinds = set(violation_kinds(bad, seeds=2, shape=SHAPE))
-    assert kinds - {"ok"} and kinds <= {"ok", "unfilled-read", "overwrite"}, kinds
-    with pytest.raises(VerifyError, match="smem_view of %dss_c.* without a chain_sync"):
-        check(bad)
 
 
 def test_a_chain_reading_another_chains_load_needs_dq_split():
