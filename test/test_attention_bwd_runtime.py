@@ -206,9 +206,10 @@ def measured(monkeypatch):
 
 def test_measure_keeps_the_vendor_where_it_was_faster_and_decides_once(measured):
     """The default mode: the first call of a key asks runtime.choice (key: the op, dtype, head dim, mask, which
-    gradients flow, heads, and B / Sq / Skv bucketed to powers of two; the prior ``backward_prior``; the vendor side
-    ``vendor_backward`` on the call's tensors); where it keeps the vendor's, that call and the next ones of the key
-    run the vendor's backward, with no fallback logged and nothing generated launched."""
+    gradients flow, heads, q/k/v in [B, S, H, D] rows or not, and B / Sq / Skv bucketed to powers of two; the prior
+    ``backward_prior``; the vendor side ``vendor_backward`` on the call's tensors); where it keeps the vendor's, that
+    call and the next ones of the key run the vendor's backward, with no fallback logged and nothing generated
+    launched."""
     go, q, k, v, out, lse = _cpu_inputs()
     want = attention_grad.vendor_backward(go, None, q, k, v, out, lse, False, 0.125)
     for _ in range(3):
@@ -216,7 +217,7 @@ def test_measure_keeps_the_vendor_where_it_was_faster_and_decides_once(measured)
         assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert len(measured.calls) == 1 and not fallback.counters
     key, prior, theirs = measured.calls[0]
-    assert key == ("attention_backward", "torch.float32", 64, False, True, False, 4, 2, 1, 16, 8)
+    assert key == ("attention_backward", "torch.float32", 64, False, True, False, 4, 2, (False,) * 3, 1, 16, 8)
     assert prior is attention_bwd.backward_prior(64, False, 7) is False
     assert all(torch.equal(a, b) for a, b in zip(theirs(), want))
     assert attention_bwd.backward_prior(128, True, 4096) and not attention_bwd.backward_prior(128, True, 2048)

@@ -252,7 +252,8 @@ def _decide(grad_out, grad_lse, q, k, v, out, lse, causal: bool, scale: float, v
         return choice.Decision(True, "forced")
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
-    key = ("attention_backward", str(q.dtype), D, causal, grad_out is not None, grad_lse is not None, Hq, Hkv,
+    layout = tuple(t.stride(1) < t.stride(2) for t in (q, k, v))  # [B, S, H, D] rows (a transposed view)?
+    key = ("attention_backward", str(q.dtype), D, causal, grad_out is not None, grad_lse is not None, Hq, Hkv, layout,
            choice.bucket(B), choice.bucket(Sq), choice.bucket(Skv))
     ours = functools.partial(backward, grad_out, grad_lse, q, k, v, out, lse, causal, scale)
     theirs = functools.partial(vendor, grad_out, grad_lse, q, k, v, out, lse, causal, scale)
