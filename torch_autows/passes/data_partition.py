@@ -177,34 +177,29 @@ def _dq_split_ops(mma: Op, reduce: Op, tr: Op, types, f: int) -> dict[str, list[
     out: dict[str, list[list[Op]]] = {"trans": [], "mma": [], "reduce": []}
     for i in range(f):
         out["trans"].append([replace(op("chain_sync", bar=f"{dss}_meet", count=f), chain=i)])
-        ops, acc = [], None
+        ops, acc = [], []
         for c in range(f):
+            ds = f"{dss}_c{i}" if c == i else f"{dss}_c{c}_v{i}"  # chain c's dS^T: the own tile, or a view of c's
+            view = [] if c == i else [op("smem_view", [Value(ds, replace(dss_t, shape=(rows, BM)))], [f"{dss}_c{c}"],
+                                         step_of=f"{dss}_c{i}")]
             t = "t" if by_cols else ""
             name = f"{x}{t}_c{i}" if c == f - 1 else f"{x}{t}{c}_c{i}"
             if by_cols:  # dQ^T's head-dim rows i*w..: trans(K_c's columns) @ dS^T_c
                 w = D // f
                 ks = Value(f"{k}_c{c}_d{i}", replace(k_t, shape=(rows, w)))
                 kt = Value(f"{k}t_c{c}_d{i}", replace(k_t, shape=(w, rows)))
-                ops += [op("slice", [ks], [f"{k}_c{c}"], start=i * w, size=w), op("trans", [kt], [ks.name])]
-            ds = f"{dss}_c{i}"
-            if c != i:
-                ds = f"{dss}_c{c}_v{i}"
-                ops.append(op("smem_view", [Value(ds, replace(dss_t, shape=(rows, BM)))], [f"{dss}_c{c}"],
-                              step_of=f"{dss}_c{i}"))
-            if by_cols:
-                r = Value(name, replace(q_t, shape=(w, BM)))
-                ops.append(op("mma", [r], [kt.name, ds, *([acc] if acc else [])]))
-            else:  # dQ's query rows i*h..: trans(dS^T_c's columns) @ K_c
+                ops += [op("slice", [ks], [f"{k}_c{c}"], start=i * w, size=w), op("trans", [kt], [ks.name]), *view,
+                        op("mma", [Value(name, replace(q_t, shape=(w, BM)))], [kt.name, ds, *acc])]
+            else:  # dQ's query rows i*h..: trans(dS^T_c's query columns) @ K_c (whole)
                 h = BM // f
                 sl = Value(f"{ds}_q{i}", replace(dss_t, shape=(rows, h)))
                 st = Value(f"{ds}_q{i}t", replace(dss_t, shape=(h, rows)))
-                ops += [op("slice", [sl], [ds], start=i * h, size=h), op("trans", [st], [sl.name])]
-                r = Value(name, replace(q_t, shape=(h, D)))
-                ops.append(op("mma", [r], [st.name, f"{k}_c{c}", *([acc] if acc else [])]))
-            acc = r.name
+                ops += [*view, op("slice", [sl], [ds], start=i * h, size=h), op("trans", [st], [sl.name]),
+                        op("mma", [Value(name, replace(q_t, shape=(h, D)))], [st.name, f"{k}_c{c}", *acc])]
+            acc = [name]
         out["mma"].append([replace(o, chain=i) for o in ops])
         c0, c1 = reduce.attr("coords")
-        red = replace(reduce, operands=(acc,), chain=i)
+        red = replace(reduce, operands=tuple(acc), chain=i)
         out["reduce"].append([red.with_attrs(coords=(c0, add_offset(c1, i * (D // f))), transposed=True) if by_cols
                               else red.with_attrs(coords=(add_offset(c0, i * (BM // f)), c1))])
     return out
