@@ -82,6 +82,11 @@ VARIANTS = {
     # (-rows.json: 2-5% behind; the config was timed with them as this script's ``_nc`` variant without)
     "bwd_128x128_dp2_p_dqsplit_fold": ("bwd_128x128_dp2_dqsplit_fold", {"persistent": True}, {"reduce": (64,)}),
     "bwd_128x128_dp2_dqsplit_fold_cc": ("bwd_128x128_dp2_dqsplit_fold", {"carry_index": True}, {"reduce": (64,)}),
+    # ... persistent with the K/V tiles in two copies (tile_buffers=2: the producer loads the next tile's K/V under
+    # this tile's last steps; SMEM 231968 of 232448), for the short sequences where a 128-key CTA has 4-8 steps. Not
+    # measured yet; offline as launched 344 spill bytes (causal 460; persistent alone 240 / 384), interprets clean.
+    "bwd_128x128_dp2_p2_dqsplit_fold": ("bwd_128x128_dp2_dqsplit_fold", {"persistent": True, "tile_buffers": 2},
+                                        {"reduce": (64,)}),
     # the two-CTA d=64 pick with lse2/delta folded into the accumulators (64 subtractions a thread and step fewer)
     "bwd_64x64_dp1_c2_fold64": ("bwd_64x64_dp1_c2", {"fold_rows": True}, {"reduce": (64,)}),
     "bwd_64x64_dp1_c2_erw": ("bwd_64x64_dp1_c2", {"early_reduce_wait": True}, {"reduce": (64,)}),
