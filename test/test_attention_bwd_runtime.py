@@ -251,10 +251,12 @@ def test_measure_under_deterministic_algorithms_takes_ours(measured):
     assert not measured.calls
 
 
-def test_autows_on_cpu_falls_back_with_the_reason_logged_once(caplog):
+@pytest.mark.parametrize("mode", ["autows", "measure"])
+def test_autows_on_cpu_falls_back_with_the_reason_logged_once(caplog, mode):
+    """Either mode that tries the generated backward: on CPU tensors the vendor's runs, the reason logged once."""
     go, q, k, v, out, lse = _cpu_inputs()
     want = attention_grad.vendor_backward(go, None, q, k, v, out, lse, False, 0.125)
-    with config.patch(attention_backward="autows"), caplog.at_level(logging.WARNING, logger="torch_autows"):
+    with config.patch(attention_backward=mode), caplog.at_level(logging.WARNING, logger="torch_autows"):
         for _ in range(3):
             got = attention_grad.attention_backward(go, None, q, k, v, out, lse, False, 0.125)
             assert all(torch.equal(a, b) for a, b in zip(got, want))  # the vendor path, unchanged

@@ -41,6 +41,7 @@ from ..templates import attention_bwd_dq as dq_host
 from ..templates.attention_bwd import HEAD_DIMS, AttentionBwdRequest, gradients, kernel_values, kv_buffers, kv_gradients
 from ..templates.attention_bwd_dq import AttentionBwdDqRequest
 from . import attention_bwd_rows as rows
+from . import choice
 from . import device as dev
 from .attention_bwd_configs import (  # noqa: F401  (re-exported: runtime.attention_bwd is where callers look for them)
     CONFIG_HEAD_DIMS,
@@ -246,8 +247,6 @@ def _decide(grad_out, grad_lse, q, k, v, out, lse, causal: bool, scale: float, v
     the prior ``backward_prior`` where nothing may be measured: "prior" mode, a CUDA graph being captured); ours while
     deterministic algorithms are on (its separate form writes every gradient element once; the vendor's is not
     bit-reproducible)."""
-    from . import choice
-
     if torch.are_deterministic_algorithms_enabled():
         return choice.Decision(True, "forced")
     B, Hq, Sq, D = q.shape
@@ -272,11 +271,9 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: floa
     ``vendor`` (a function of the same arguments as ``attention_grad.vendor_backward``), with no config or form
     named: the call returns None where the measured choice (``_decide``) keeps the vendor's backward (the caller
     runs it), remembered per call key."""
-    from .choice import mode
-
     choose = vendor is not None and config is None and dq_mode is None and dq_config is None
     plan_key = (_key(grad_out, grad_lse, q, k, v, out, lse, is_causal, scale), config, dq_mode, dq_config,
-                torch.are_deterministic_algorithms_enabled(), choose and mode())
+                torch.are_deterministic_algorithms_enabled(), choose and choice.mode())
     use = _CHOSEN.get(plan_key) if choose else True
     if use is False:
         return None
