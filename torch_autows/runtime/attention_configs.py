@@ -34,7 +34,7 @@ CONFIGS: dict[str, Options] = {
     # The running max on unscaled scores (one FFMA per score in the softmax; positive scales only).
     "ws_p_128x128_q2_rm": replace(_Q2, raw_max=True),
     # raw_max, and a head's causal query tiles back to back in groups of 16 (group_m): the CTAs of a wave
-    # share K/V in L2. Non-causal grids ignore group_m. Picked, except d=64 from 8192 keys.
+    # share K/V in L2. Non-causal grids ignore group_m. Picked, except d=64 from 8192 keys (4096 unmasked).
     "ws_p_128x128_q2_rm_g16": replace(_Q2, raw_max=True, group_m=16),
     # ... with each tile's last P V issued back to back with the next tile's first QK^T, its normalise and stores
     # under that QK^T (passes/cross_tile). Consumers at 240 registers (producer 24): at 232 the step spills at d=128.
@@ -48,7 +48,7 @@ CONFIGS: dict[str, Options] = {
     # 1-11% behind (the softmax there is too short to hide the other consumer's mma under).
     "ws_p_128x128_q2_rm_g16_pp": replace(_Q2, raw_max=True, group_m=16, pingpong=True),
     "ws_p3_192x128_q2": _P3,
-    # Picked for d=64 from 8192 keys.
+    # Picked for d=64 from 8192 keys (4096 without the mask).
     "ws_p3_192x128_q2_rm_g8": replace(_P3, raw_max=True, group_m=8),
     "ws_p3_192x64_q2": replace(_P3, block_n=64, defer_mma=True),
     # Head dims 192 and 256 (tiles of 256 columns, templates.attention.tile_d), FA3's d=256 shape: each consumer's
@@ -154,8 +154,10 @@ def choose_config(d: int, causal: bool, seqlen_kv: int, d_v: int | None = None) 
 
     * raw_max everywhere: 0.919 against 0.873 cuDNN geomean for the same kernel without it (FFMA softmax);
     * causal query tiles grouped 16 per head: +10-20% on causal s1024-s4096 (0.956 geomean with both);
-    * d=64 with 8192 keys or more: three consumer warpgroups of 64 rows (192 per tile), +4-10% there. Shorter
-      sequences have too few 192-row tiles per SM, and up to 12% lose;
+    * d=64 with 8192 keys or more, 4096 without the mask: three consumer warpgroups of 64 rows (192 per tile),
+      +4-10% there (s4096 456 -> 475 TFLOP/s, cuDNN 455; -p3-short.json). At 2048 keys +1% (within the rounds'
+      spread), at 1024 11% behind; with the mask 3-5% behind up to 4096 keys (its tiles' lengths differ, and 192-row
+      tiles are fewer and longer to balance);
     * d=96 and d=192 in column pieces instead of tiles padded to 128 / 256 columns: equal pieces (split_d) +2-11%
       over the padded kernel at d=96, +18-33% at d=192 with P V deferred; the widest pieces first (split_d_binary:
       64 + 32, 128 + 64) 4-7% ahead of the equal ones at d=96 (1.05-1.18x cuDNN) and -0.5..+7% at d=192 (0.93-0.97x
@@ -173,7 +175,7 @@ def choose_config(d: int, causal: bool, seqlen_kv: int, d_v: int | None = None) 
         return V_HEAD_DIMS[(d, d_v)][0]
     if causal and seqlen_kv <= 512 and d in (64, 128):
         return "ws_p_64x64_q2_rm_g16_c3" if d == 64 else "ws_p_64x64_q2_rm_g16_c2"
-    if d == 64 and seqlen_kv >= 8192:
+    if d == 64 and seqlen_kv >= (8192 if causal else 4096):
         return "ws_p3_192x128_q2_rm_g8"
     if d == 128 and causal and seqlen_kv <= 4096:
         return "ws_p_128x128_q2_rm_g16_pp"
