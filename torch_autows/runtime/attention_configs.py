@@ -88,7 +88,7 @@ CONFIGS: dict[str, Options] = {
     # V's 128 columns leave the SMEM for it, 222 KB): +0.2-8.1% over the one-copy form at s1024-s16384, causal or not
     # (sweeps/2026-12-02-h200-attention-mla-2.json). Picked for 192/128. At d=192 (K 2 + V 3 slots, 222 KB) +5.7% with
     # the causal mask at 1024 keys (447 against 423 TFLOP/s, cuDNN 446), 3-5% behind at 4096 (-ctas.json): picked for
-    # causal d=192 up to 1024 keys.
+    # d=192 up to 1024 keys (without the mask +1.6% there, -d192-q2.json).
     "ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2": replace(_WIDE, split_d=True, split_d_binary=True, defer_mma=True, stages=3,
                                                   lead_chains=True, tile_buffers=2),
     "ws_p_128x128_q2_rm_g16_sdb": replace(_Q2, raw_max=True, group_m=16, split_d=True, split_d_binary=True),
@@ -169,7 +169,8 @@ def choose_config(d: int, causal: bool, seqlen_kv: int, d_v: int | None = None) 
       sequences not measured with it yet);
     * causal up to 512 keys, d=64 and 128: several CTAs an SM of 64-row tiles (ctas_per_sm: three at d=64, two at
       d=128), +15% / +5% over the picks above (2026-12-02-h200-attention-ctas*.json);
-    * causal d=192 up to 1024 keys: two Q copies, +5.7% (-ctas-2.json).
+    * d=192 up to 1024 keys: two Q copies, +5.7% with the mask (-ctas-2.json), +1.6% without (546 against 538
+      TFLOP/s, cuDNN 569; at 4096 keys 4% behind: -d192-q2.json).
     """
     if d_v is not None and d_v != d:
         return V_HEAD_DIMS[(d, d_v)][0]
@@ -182,8 +183,7 @@ def choose_config(d: int, causal: bool, seqlen_kv: int, d_v: int | None = None) 
     if d == 96:
         return "ws_p_128x128_q2_rm_g16_sdb"
     if d == 192:
-        short_causal = causal and seqlen_kv <= 1024
-        return "ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2" if short_causal else "ws_p_128x64_rm_g16_sdb_dm_s3_lc"
+        return "ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2" if seqlen_kv <= 1024 else "ws_p_128x64_rm_g16_sdb_dm_s3_lc"
     if tile_d(d) > 128:
         return "ws_p_128x64_rm_g16_dm_s3"
     return "ws_p_128x128_q2_rm_g16"

@@ -78,7 +78,13 @@ VARIANTS = {"q2_forward": ("ws_p_128x128_q2", {"serpentine": False}),
             "c2_q1": ("ws_p_64x64_q2_rm_g16_c2", {"block_n": 128, "tile_buffers": 1}, (64,)),
             "c3_64x64": ("ws_p_64x64_q2_rm_g16_c3", {}),
             "c2_64x64_g8": ("ws_p_64x64_q2_rm_g16_c2", {"group_m": 8}),
-            "sdb_lc_q2": ("ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2", {})}
+            "sdb_lc_q2": ("ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2", {}),
+            # -p3-d128 (session 23): d=128 in three consumer warpgroups of 64 rows (192-row tiles) with 64 keys a
+            # step, P V deferred or not, a K/V ring of 4 or 3 (0 spills offline; 128 keys a step spill)
+            "p3_192x64_d128": ("ws_p3_192x128_q2_rm_g8", {"block_n": 64}, (128,)),
+            "p3_192x64_dm_d128": ("ws_p3_192x128_q2_rm_g8", {"block_n": 64, "defer_mma": True}, (128,)),
+            "p3_192x64_dm_s3_d128": ("ws_p3_192x128_q2_rm_g8", {"block_n": 64, "defer_mma": True, "stages": 3},
+                                     (128,))}
 ROUNDS = 3
 
 
