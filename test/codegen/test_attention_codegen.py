@@ -32,7 +32,9 @@ _SPILLS = {("ws_p_128x128_q2_rm_g16_xt", 128, False): 28,
            **{(c, 128, False): 20 for c in ("ws_p_128x128", "ws_p_128x128_q2", "ws_p_128x128_q2_rm",
                                             "ws_p_128x128_q2_rm_g16", "ws_p_128x128_q2_pp",
                                             "ws_p_128x128_q2_rm_g16_pp")},
-           ("ws_p_128x128_q2_rm_g16", 96, False): 20,
+           ("ws_p_128x128_q2_rm_g16", 96, False): 20, ("ws_p_128x128_q2_rm_g16_sdb_qr", 96, False): 20,
+           # Q in registers (q_regs) at d=192, O stored by pointer: as above, scalars of the walk (as launched: none)
+           ("ws_p_128x64_rm_g16_sdb_dm_s3_lc_qr", 192, False): 32, ("ws_p_128x64_rm_g16_sdb_dm_s3_lc_qr", 192, True): 8,
            # d=256 deferred, without the mask and O stored by pointer: 8 bytes (the runtime's compile and the o_tma
            # form, which whole query tiles take: none)
            ("ws_p_128x64_rm_g16_dm_s3", 256, False): 8}

@@ -90,5 +90,5 @@ def test_short_causal_picks():
     assert CONFIGS[choose_config(128, True, 512)].ctas_per_sm == 2
     for d, causal, skv in [(64, True, 1024), (128, True, 1024), (64, False, 512), (128, False, 512), (96, True, 512)]:
         assert CONFIGS[choose_config(d, causal, skv)].ctas_per_sm == 1, (d, causal, skv)
-    assert choose_config(192, True, 1024) == choose_config(192, False, 1024) == "ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2"
-    assert choose_config(192, True, 4096) == choose_config(192, False, 1025) == "ws_p_128x64_rm_g16_sdb_dm_s3_lc"
+    assert choose_config(192, True, 1024) == choose_config(192, False, 1024) == "ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2_qr"
+    assert choose_config(192, True, 4096) == choose_config(192, False, 1025) == "ws_p_128x64_rm_g16_sdb_dm_s3_lc_qr"

@@ -52,6 +52,12 @@ class Ctx:
         self.layout_defs[name] = self.lowering.accumulator_layout(self.part.warps, n)
         return name
 
+    def _dot_a_layout(self, parent: str) -> str:
+        """wgmma's register A operand layout for an accumulator of layout ``parent`` (16-bit elements)."""
+        name = f"{parent}_A"
+        self.layout_defs[name] = f"gl.DotOperandLayout(operand_index=0, parent={parent}, k_width=2)"
+        return name
+
     def _slice(self, axis: int, parent: str) -> str:
         name = f"{parent}_S{axis}"
         self.layout_defs[name] = f"gl.SliceLayout({axis}, {parent})"
@@ -60,7 +66,8 @@ class Ctx:
     def _assign_layouts(self):
         """Register layouts: 2-D mma results and fresh tiles take the MMA accumulator layout of their
         width; reductions and expands move between a 2-D layout and its row/column slices; elementwise
-        results follow their full-shaped operand; unknowns are filled from their users. Iterated to a
+        results follow their full-shaped operand; an ``smem_read`` that an mma takes as A reads straight into
+        wgmma's A-operand layout of that mma's accumulator; unknowns are filled from their users. Iterated to a
         fixpoint (loop-carried values tie inits, iter_args and results together)."""
         ops = list(walk(self.part.body))
         types = value_types(self.part.body)
@@ -95,8 +102,13 @@ class Ctx:
                     if src is not None:
                         L.setdefault(r.name, src)
 
+        reads = {r.name for o in ops if o.kind == "smem_read" for r in o.results}
+
         def backward():  # values no def fixes (1-D fills, bias vectors): take the layout their user needs
             for o in ops:
+                if o.kind == "mma" and o.operands[0] in reads and o.results[0].name in L:
+                    # an SMEM tile read to be an mma's A: read straight into wgmma's A-operand layout
+                    L.setdefault(o.operands[0], self._dot_a_layout(L[o.results[0].name]))
                 rs = [r for r in o.results if r.type.space == "reg"]
                 if not rs or rs[0].name not in L:
                     continue

@@ -122,7 +122,16 @@ def _release(ctx, o, indent):
     g = ctx.groups[o.attr("group")]
     lag = o.attr("lag", 0)
     if lag == 0:
-        return [f"mbarrier.arrive({g.name}_empty.index({g.name}_s))"]
+        arrive = f"mbarrier.arrive({g.name}_empty.index({g.name}_s))"
+        if o.attr("sync"):
+            # the slot was read by every thread (smem_read) and one thread arrives for all: each orders its generic
+            # loads before the TMA (async proxy) that refills the slot, the threads meet, then the arrive (without
+            # the fence the H200 returned rows of a later tile's Q: passes/README.md, "Q in registers")
+            fence = ("fence_async_shared()  # this thread's generic loads of the slot before TMA (async proxy) "
+                     "refills it")
+            return [fence, "gl.thread_barrier()  # every thread's loads from the slot are done before its release",
+                    arrive]
+        return [arrive]
     if o.attr("guard", True) is False:  # the slot of ``lag`` steps ago is always filled here
         return [f"mbarrier.arrive({g.name}_empty.index({_ago(g, lag)}))"]
     return [f"mbarrier.arrive({g.name}_empty.index({_ago(g, lag)}), pred={_trip_from_start(ctx)} >= {lag})"]
@@ -163,7 +172,7 @@ def _mma(ctx, o, indent):
     L = ctx.layouts[res.name]
     a, b = o.operands[:2]
     a_src = v(a)
-    if a in ctx.layouts:  # A from registers: wgmma takes it in the dot-operand layout of the accumulator
+    if a in ctx.layouts and ctx.layouts[a] != f"{L}_A":  # A from registers: in the accumulator's dot-operand layout
         a_src = f"gl.convert_layout({v(a)}, gl.DotOperandLayout(operand_index=0, parent={L}, k_width=2))"
     r = v(res.name)
     if len(o.operands) == 3:

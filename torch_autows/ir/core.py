@@ -277,6 +277,10 @@ class Options:
     # the staging store, so the bar.sync that publishes the stored tile to the step's wgmma publishes the wait too:
     # one partition-wide barrier a step fewer (the attention backward's reduce form: dS^T's store, then dQ's reduce)
     early_reduce_wait: bool = False
+    # attention forward: each consumer reads its Q rows from SMEM into registers once a tile (``smem_read`` in
+    # wgmma's A-operand layout), so every step's Q K^T reads only K from SMEM (a 64-key step reads A and B alike:
+    # as many SMEM bytes per FLOP as the tensor core computes)
+    q_regs: bool = False
 
     def items(self) -> list[tuple[str, Any]]:
         return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]

@@ -53,7 +53,8 @@ def format_op(o: Op, indent: int = 0) -> list[str]:
 _UNSET = {("split_k", 1), ("cross_tile", False), ("tile_consumers", 1), ("swap_ab", False), ("dq_split", False),
           ("fold_rows", False), ("split_d", False), ("split_d_binary", False),
           ("lead_chains", False), ("carry_index", False),
-          ("epilogue_tma", False), ("ctas_per_sm", 1), ("early_reduce_wait", False)}
+          ("epilogue_tma", False), ("ctas_per_sm", 1), ("early_reduce_wait", False),
+          ("q_regs", False)}
 
 
 def format_program(p: Program) -> str:

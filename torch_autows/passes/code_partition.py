@@ -11,7 +11,8 @@ its loops (iter_args it does not carry dropped) and explicit sync ops:
                advance {group}
     consumer:  wait_ready {group} (wait ready[slot] with phase); %v = get {group, buffer} per channel;
                release {group, lag} after the last op reading the slot (lag = async wgmma groups still
-               reading it, so the slot of step k-lag is freed); advance {group};
+               reading it, so the slot of step k-lag is freed; ``sync`` where that op is an ``smem_read``, read
+               by every thread, while one thread arrives: they meet before it); advance {group};
                after the loop: %r_done = mma_wait(%r) for accumulators of async wgmma, then
                release_tail {group, lag} frees the last ``lag`` slots.
 Per partition and group a counter (slot = n % count, phase = (n // count) & 1) runs on across
@@ -131,7 +132,10 @@ def _partition_body(program: Program, part: str, chans, dmap) -> tuple[Op, ...]:
                 readers = [j for j, u in enumerate(mine) if any(views.get(x) == g for x in _reads(u))]
                 if readers and i == max(readers):
                     lag = max([mine[j].attr("pending", 0) for j in readers if mine[j].kind != "loop"] or [0])
-                    out.append(op("release", group=g, lag=lag))
+                    # the slot's last reader an smem_read: every thread of the partition loads from it, and one
+                    # thread arrives for them all, so they meet first (``sync``)
+                    sync = {"sync": True} if mine[i].kind == "smem_read" else {}
+                    out.append(op("release", group=g, lag=lag, **sync))
                     out.append(op("advance", group=g))
         return out
 

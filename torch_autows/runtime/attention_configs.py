@@ -107,6 +107,18 @@ CONFIGS: dict[str, Options] = {
     # does not fit those registers): picked for causal d=64 up to 512 keys, 266 against 231 TFLOP/s (cuDNN 259); two
     # CTAs of 64x128 or 64x64 tiles 248-249; at 1024 keys 2-4% behind the 128x128 pick.
     "ws_p_64x64_q2_rm_g16_c3": replace(_SHORT, ctas_per_sm=3),
+    # Q read from SMEM into registers once a tile (q_regs), so each step's Q K^T reads only K from SMEM: +2.4-3.9% at
+    # d=192 (s1024 564 against 546 TFLOP/s with two Q copies, cuDNN 567; s16384 638 against 614, cuDNN 645), +0.9-1.8%
+    # at d=96, +0.9-1.2% on d=64's 128-row tiles (H200, sweeps/2026-12-02-h200-attention-q-regs.json). Picked there.
+    # Not at d=128 with the mask (88 bytes of spills: 4-7% behind) nor at d=256 (992 bytes); d=64's 192-row tiles
+    # +1.5-3.6% without the mask but spill 96 bytes with it (a sweep variant, qr_p3).
+    "ws_p_128x128_q2_rm_g16_qr": replace(_Q2, raw_max=True, group_m=16, q_regs=True),
+    "ws_p_128x128_q2_rm_g16_sdb_qr": replace(_Q2, raw_max=True, group_m=16, split_d=True, split_d_binary=True,
+                                             q_regs=True),
+    "ws_p_128x64_rm_g16_sdb_dm_s3_lc_qr": replace(_WIDE, split_d=True, split_d_binary=True, defer_mma=True, stages=3,
+                                                  lead_chains=True, q_regs=True),
+    "ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2_qr": replace(_WIDE, split_d=True, split_d_binary=True, defer_mma=True,
+                                                     stages=3, lead_chains=True, tile_buffers=2, q_regs=True),
 }
 
 #: Head dims each config serves (every config is listed). 96 runs in the 128-column tiles of 128, 192 in the
@@ -122,6 +134,8 @@ HEAD_DIMS: dict[str, tuple[int, ...]] = {
     "ws_p_128x64_rm_g16_sdb_dm_s3_lc": (192,),
     "ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2": (192,),  # and 192 / 128 (V_HEAD_DIMS)
     "ws_p_64x64_q2_rm_g16_c2": (64, 128), "ws_p_64x64_q2_rm_g16_c3": (64,),
+    "ws_p_128x128_q2_rm_g16_qr": (64,), "ws_p_128x128_q2_rm_g16_sdb_qr": (96,),
+    "ws_p_128x64_rm_g16_sdb_dm_s3_lc_qr": (192,), "ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2_qr": (192,),
 }
 
 
@@ -170,7 +184,8 @@ def choose_config(d: int, causal: bool, seqlen_kv: int, d_v: int | None = None) 
     * causal up to 512 keys, d=64 and 128: several CTAs an SM of 64-row tiles (ctas_per_sm: three at d=64, two at
       d=128), +15% / +5% over the picks above (2026-12-02-h200-attention-ctas*.json);
     * d=192 up to 1024 keys: two Q copies, +5.7% with the mask (-ctas-2.json), +1.6% without (546 against 538
-      TFLOP/s, cuDNN 569; at 4096 keys 4% behind: -d192-q2.json).
+      TFLOP/s, cuDNN 569; at 4096 keys 4% behind: -d192-q2.json);
+    * Q in registers (q_regs) at d=64 (128-row tiles), 96 and 192: +0.9-3.9% (-q-regs.json).
     """
     if d_v is not None and d_v != d:
         return V_HEAD_DIMS[(d, d_v)][0]
@@ -181,12 +196,12 @@ def choose_config(d: int, causal: bool, seqlen_kv: int, d_v: int | None = None) 
     if d == 128 and causal and seqlen_kv <= 4096:
         return "ws_p_128x128_q2_rm_g16_pp"
     if d == 96:
-        return "ws_p_128x128_q2_rm_g16_sdb"
+        return "ws_p_128x128_q2_rm_g16_sdb_qr"
     if d == 192:
-        return "ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2" if seqlen_kv <= 1024 else "ws_p_128x64_rm_g16_sdb_dm_s3_lc"
+        return "ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2_qr" if seqlen_kv <= 1024 else "ws_p_128x64_rm_g16_sdb_dm_s3_lc_qr"
     if tile_d(d) > 128:
         return "ws_p_128x64_rm_g16_dm_s3"
-    return "ws_p_128x128_q2_rm_g16"
+    return "ws_p_128x128_q2_rm_g16_qr" if d == 64 else "ws_p_128x128_q2_rm_g16"
 
 
 

@@ -188,8 +188,9 @@ def build(req: AttentionRequest, opts: Options) -> Program:
     nv = len(cols_v)
 
     # S = sum over pieces of Q_i K_i^T, chained through the accumulator (the last one is S)
+    qa = "qr" if opts.q_regs else "q"  # Q K^T's A: Q's SMEM tile, or its registers (q_regs)
     qk = [op("mma", [Value("s" if i == n - 1 else "s_k%d" % i, s_t)],
-             [nm("q", i), nm("kt", i)] + ([] if i == 0 else ["s_k%d" % (i - 1)]))
+             [nm(qa, i), nm("kt", i)] + ([] if i == 0 else ["s_k%d" % (i - 1)]))
           for i in range(n)]
     loop_body = (
         *(op("load", [Value(nm("k", i), T(dt, (BN, w), "smem"))], arg=arg_of("k", cols, i), coords=at(kv_at, c0))
@@ -222,6 +223,8 @@ def build(req: AttentionRequest, opts: Options) -> Program:
     body = (
         *(op("load", [Value(nm("q", i), T(dt, (BM, w), "smem"))], arg=arg_of("q", cols, i), coords=at(q_at, c0))
           for i, (c0, w) in enumerate(cols)),
+        *(op("smem_read", [Value(nm("qr", i), T(dt, (BM, w)))], [nm("q", i)])
+          for i, (c0, w) in enumerate(cols) if opts.q_regs),
         op("full", [Value("m0", row_t)], value="-inf"),  # a string: the IR text stays literal_eval-able
         op("full", [Value("l0", row_t)], value=0.0),
         *(op("zeros", [Value(nm("acc0", i), acc_t(i))]) for i in range(nv)),

@@ -3,7 +3,8 @@ ring positions (``_check_code``), and ping-pong turns are consistent: each turn 
 barrier, passes to the next and takes the same turns per tile as the others (``_check_turns``, with
 ``_turn_shape`` and ``_main_loop_turns``); the consumer chains' ``chain_sync`` meetings balance (``_check_meetings``,
 from data_partition on: each barrier met by exactly ``count`` chains, each the same times per tile in loops of equal
-bounds, so no chain waits for a phase the others never complete); no ``mma_wait`` reads an accumulator that a wgmma
+bounds, so no chain waits for a phase the others never complete); a slot read by ``smem_read`` last is released with
+``sync`` (``_check_release_sync``); no ``mma_wait`` reads an accumulator that a wgmma
 in flight writes (``_check_waits``)."""
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ def _check_code(p: Program, stage: str):
             if c["wait_ready"] != c["release"]:
                 _fail(stage, f"{pt.name}: group {g} is waited on {c['wait_ready']} times but released "
                       f"{c['release']} times: a slot would never be freed")
+        _check_release_sync(pt, stage)
     sharing = {pt.name for pt in p.partitions if pt.tiles is not None}
     for g in groups.values():
         consumers = {pt.name for pt in p.partitions for o in walk(pt.body)
@@ -56,6 +58,24 @@ def _check_code(p: Program, stage: str):
             _fail(stage, f"{pt.name} runs every {pt.tiles[1]}th tile: its tile body must start with one seek per ring "
                   f"it reads ({waited}), found seeks of {[o.attr('group') for o in seeks]} (its counter would "
                   f"stay at another consumer's fills)")
+
+
+def _check_release_sync(pt, stage: str):
+    """A slot whose last reader before its release is an ``smem_read`` (every thread loads from it) is released with
+    ``sync``: one thread arrives for the partition, so without the meeting another thread may still be reading when
+    the producer refills the slot."""
+    def visit(ops):
+        views: dict[str, str] = {}
+        for i, o in enumerate(ops):
+            if o.kind == "get":
+                views[o.results[0].name] = o.attr("group")
+            if o.body:
+                visit(o.body)
+            if o.kind == "release" and i and ops[i - 1].kind == "smem_read" and not o.attr("sync") \
+                    and views.get(ops[i - 1].operands[0]) == o.attr("group"):
+                _fail(stage, f"{pt.name} releases {o.attr('group')} right after an smem_read of its slot without "
+                      f"sync: the other threads' loads may still be in flight when one thread arrives", o)
+    visit(pt.body)
 
 
 def _turn_shape(ops, part: str, stage: str, scope: str = "mma") -> tuple:

@@ -84,7 +84,15 @@ VARIANTS = {"q2_forward": ("ws_p_128x128_q2", {"serpentine": False}),
             "p3_192x64_d128": ("ws_p3_192x128_q2_rm_g8", {"block_n": 64}, (128,)),
             "p3_192x64_dm_d128": ("ws_p3_192x128_q2_rm_g8", {"block_n": 64, "defer_mma": True}, (128,)),
             "p3_192x64_dm_s3_d128": ("ws_p3_192x128_q2_rm_g8", {"block_n": 64, "defer_mma": True, "stages": 3},
-                                     (128,))}
+                                     (128,)),
+            # -q-regs (session 23): the picks with Q read into registers once a tile (Options.q_regs: Q K^T's A from
+            # registers, only K from SMEM each step); 0 spills offline but at d=256 (992 bytes: not a variant)
+            "qr_d128": ("ws_p_128x128_q2_rm_g16", {"q_regs": True}, (64, 128)),
+            "qr_pp": ("ws_p_128x128_q2_rm_g16_pp", {"q_regs": True}, (128,)),
+            "qr_p3": ("ws_p3_192x128_q2_rm_g8", {"q_regs": True}, (64,)),
+            "qr_sdb96": ("ws_p_128x128_q2_rm_g16_sdb", {"q_regs": True}, (96,)),
+            "qr_d192": ("ws_p_128x64_rm_g16_sdb_dm_s3_lc", {"q_regs": True}, (192,)),
+            "qr_d192_q2": ("ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2", {"q_regs": True}, (192,))}
 ROUNDS = 3
 
 
