@@ -281,6 +281,10 @@ class Options:
     # wgmma's A-operand layout), so every step's Q K^T reads only K from SMEM (a 64-key step reads A and B alike:
     # as many SMEM bytes per FLOP as the tensor core computes)
     q_regs: bool = False
+    # attention backward: each consumer reads its K and V rows into registers once a tile, so S^T = K Q^T and
+    # dP^T = V dO^T take A from registers and a step reads only Q and dO for them (K and V stay in SMEM for dQ's mma
+    # and the dK/dV stores)
+    kv_regs: bool = False
 
     def items(self) -> list[tuple[str, Any]]:
         return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]

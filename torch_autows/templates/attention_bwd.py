@@ -151,16 +151,17 @@ def build(req: AttentionBwdRequest, opts: Options) -> Program:
     else:
         dq_add = (op("atomic_add_ptr", [], ["dq"], arg="dq_acc", row=row, col=0, ld=D,
                      rows_valid="Sq-%s*%d" % (m, BM)),)
+    ka, va = ("kr", "vr") if opts.kv_regs else ("k", "v")  # S^T's and dP^T's A: K and V in SMEM, or in registers
     if fold:  # S^T's and dP^T's accumulators start at -lse2/c and -delta (see folds_rows); dP^T - delta comes out
         rows_in = (
             op("mulc", [Value("lc", col_t)], ["lr"], c="lse_fold"),
             op("zeros", [Value("z", st_t)]),
             op("add", [Value("s0", st_t)], ["z", "lc"]),
             op("trans", [Value("qt", T(dt, (D, BM), "smem"))], ["q"]),
-            op("mma", [Value("st", st_t)], ["k", "qt", "s0"]),
+            op("mma", [Value("st", st_t)], [ka, "qt", "s0"]),
             op("sub", [Value("d0", st_t)], ["z", "dr"]),
             op("trans", [Value("dot", T(dt, (D, BM), "smem"))], ["do"]),
-            op("mma", [Value("dd", st_t)], ["v", "dot", "d0"]),
+            op("mma", [Value("dd", st_t)], [va, "dot", "d0"]),
             op("mulc", [Value("sd", st_t)], ["st"], c="qk_fold"),
             op("mask", [Value("sm", st_t)], ["sd"], **mask),
             op("exp2", [Value("pt", st_t)], ["sm"]),
@@ -170,9 +171,9 @@ def build(req: AttentionBwdRequest, opts: Options) -> Program:
     else:
         rows_in = (
             op("trans", [Value("qt", T(dt, (D, BM), "smem"))], ["q"]),
-            op("mma", [Value("st", st_t)], ["k", "qt"]),
+            op("mma", [Value("st", st_t)], [ka, "qt"]),
             op("trans", [Value("dot", T(dt, (D, BM), "smem"))], ["do"]),
-            op("mma", [Value("dpt", st_t)], ["v", "dot"]),
+            op("mma", [Value("dpt", st_t)], [va, "dot"]),
             op("mulc", [Value("s2", st_t)], ["st"], c="qk_scale"),
             op("mask", [Value("sm", st_t)], ["s2"], **mask),
             op("sub", [Value("sd", st_t)], ["sm", "lr"]),
@@ -211,6 +212,8 @@ def build(req: AttentionBwdRequest, opts: Options) -> Program:
     body = (
         op("load", [Value("k", T(dt, (BN, D), "smem"))], arg="k", coords=kv_at),
         op("load", [Value("v", T(dt, (BN, D), "smem"))], arg="v", coords=kv_at),
+        *((op("smem_read", [Value("kr", T(dt, (BN, D)))], ["k"]), op("smem_read", [Value("vr", T(dt, (BN, D)))], ["v"]))
+          if opts.kv_regs else ()),
         op("zeros", [Value("dk0", kd_t)]),
         op("zeros", [Value("dv0", kd_t)]),
         op("loop", [Value("dk_f", kd_t), Value("dv_f", kd_t)], ["dk0", "dv0"], loop_body, var="j", lb=0,

@@ -25,7 +25,7 @@ from torch_autows.runtime.attention_configs import _ONE_Q as ONE_Q
 BASE = rt.CONFIGS["ws_p_128x64_rm_g16_sdb_dm_s3_lc"]
 #: name -> Options, added to the runtime's configs for this run. Set "1" (the JSON without a suffix): the picks of
 #: d=192 and d=128, adapted; set "2" (``-2``): variants of the d=192 pick (two Q copies, a fourth stage, 24
-#: producer registers, without lead_chains, without the serpentine walk).
+#: producer registers, without lead_chains, without the serpentine walk); set "3": Q in registers (q_regs).
 SETS = {
     "1": {
         "ws_p_128x64_rm_g16_sdb_dm_s3_lc": BASE,
@@ -43,6 +43,14 @@ SETS = {
         "mla_q2_pr24": replace(BASE, tile_buffers=2, producer_regs=24),
         "mla_nolc": replace(BASE, lead_chains=False),
         "mla_serp0": replace(BASE, serpentine=False),
+    },
+    # set "3" (session 23, to measure): the picks with Q read into registers once a tile (Options.q_regs, +2.4-3.9%
+    # at d=192: sweeps/2026-12-02-h200-attention-q-regs.json), one and two Q copies
+    "3": {
+        "ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2": rt.CONFIGS["ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2"],
+        "ws_p_128x64_rm_g16_sdb_dm_s3_lc": BASE,
+        "ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2_qr": rt.CONFIGS["ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2_qr"],
+        "ws_p_128x64_rm_g16_sdb_dm_s3_lc_qr": rt.CONFIGS["ws_p_128x64_rm_g16_sdb_dm_s3_lc_qr"],
     },
 }
 VARIANTS = SETS[os.environ.get("MLA_SET", "1")]
