@@ -92,7 +92,11 @@ VARIANTS = {"q2_forward": ("ws_p_128x128_q2", {"serpentine": False}),
             "qr_p3": ("ws_p3_192x128_q2_rm_g8", {"q_regs": True}, (64,)),
             "qr_sdb96": ("ws_p_128x128_q2_rm_g16_sdb", {"q_regs": True}, (96,)),
             "qr_d192": ("ws_p_128x64_rm_g16_sdb_dm_s3_lc", {"q_regs": True}, (192,)),
-            "qr_d192_q2": ("ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2", {"q_regs": True}, (192,))}
+            "qr_d192_q2": ("ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2", {"q_regs": True}, (192,)),
+            # to measure next: d=128 with Q in registers and the consumers at 240 registers (producer 24), where the
+            # mask's spills shrink from 88 to 8 bytes (O by TMA; 0 by pointer), ping-pong 16; unmasked 0 (offline)
+            "qr_d128_r24": ("ws_p_128x128_q2_rm_g16", {"q_regs": True, "producer_regs": 24}, (128,)),
+            "qr_pp_r24": ("ws_p_128x128_q2_rm_g16_pp", {"q_regs": True, "producer_regs": 24}, (128,))}
 ROUNDS = 3
 
 
