@@ -31,6 +31,11 @@ def v(name: str) -> str:
     return f"v_{name}"
 
 
+def dot_a_layout(parent: str) -> str:
+    """Gluon source of wgmma's register A operand layout for an accumulator of layout ``parent`` (16-bit elements)."""
+    return f"gl.DotOperandLayout(operand_index=0, parent={parent}, k_width=2)"
+
+
 class Ctx:
     """What emitters need: the program, the partition being emitted, the generation's lowering module
     (``codegen/sm90.py``: its emitters and accumulator layout), layouts and barrier groups."""
@@ -53,9 +58,9 @@ class Ctx:
         return name
 
     def _dot_a_layout(self, parent: str) -> str:
-        """wgmma's register A operand layout for an accumulator of layout ``parent`` (16-bit elements)."""
+        """The name of wgmma's register A operand layout for an accumulator of layout ``parent``, defined."""
         name = f"{parent}_A"
-        self.layout_defs[name] = f"gl.DotOperandLayout(operand_index=0, parent={parent}, k_width=2)"
+        self.layout_defs[name] = dot_a_layout(parent)
         return name
 
     def _slice(self, axis: int, parent: str) -> str:

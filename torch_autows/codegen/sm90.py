@@ -17,7 +17,7 @@ A new generation (``codegen/sm100.py``) provides the same three names.
 from __future__ import annotations
 
 from ..ir import value_types, walk
-from .context import expr, v
+from .context import dot_a_layout, expr, v
 from .emit_base import _as, emitter
 from .emit_math import zeros_expr
 from .emit_memory import _ago
@@ -172,8 +172,9 @@ def _mma(ctx, o, indent):
     L = ctx.layouts[res.name]
     a, b = o.operands[:2]
     a_src = v(a)
-    if a in ctx.layouts and ctx.layouts[a] != f"{L}_A":  # A from registers: in the accumulator's dot-operand layout
-        a_src = f"gl.convert_layout({v(a)}, gl.DotOperandLayout(operand_index=0, parent={L}, k_width=2))"
+    # A from registers: wgmma takes it in the accumulator's dot-operand layout (an smem_read reads straight into it)
+    if a in ctx.layouts and ctx.layout_defs.get(ctx.layouts[a]) != dot_a_layout(L):
+        a_src = f"gl.convert_layout({v(a)}, {dot_a_layout(L)})"
     r = v(res.name)
     if len(o.operands) == 3:
         call = f"warpgroup_mma({a_src}, {v(b)}, {_as(ctx, o.operands[2], L)}, is_async=True)"
