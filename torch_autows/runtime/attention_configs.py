@@ -107,19 +107,16 @@ CONFIGS: dict[str, Options] = {
     # does not fit those registers): picked for causal d=64 up to 512 keys, 266 against 231 TFLOP/s (cuDNN 259); two
     # CTAs of 64x128 or 64x64 tiles 248-249; at 1024 keys 2-4% behind the 128x128 pick.
     "ws_p_64x64_q2_rm_g16_c3": replace(_SHORT, ctas_per_sm=3),
-    # Q read from SMEM into registers once a tile (q_regs), so each step's Q K^T reads only K from SMEM: +2.4-3.9% at
-    # d=192 (s1024 564 against 546 TFLOP/s with two Q copies, cuDNN 567; s16384 638 against 614, cuDNN 645), +0.9-1.8%
-    # at d=96, +0.9-1.2% on d=64's 128-row tiles (H200, sweeps/2026-12-02-h200-attention-q-regs.json). Picked there.
-    # Not at d=128 with the mask (88 bytes of spills: 4-7% behind) nor at d=256 (992 bytes); d=64's 192-row tiles
-    # +1.5-3.6% without the mask but spill 96 bytes with it (a sweep variant, qr_p3).
-    "ws_p_128x128_q2_rm_g16_qr": replace(_Q2, raw_max=True, group_m=16, q_regs=True),
-    "ws_p_128x128_q2_rm_g16_sdb_qr": replace(_Q2, raw_max=True, group_m=16, split_d=True, split_d_binary=True,
-                                             q_regs=True),
-    "ws_p_128x64_rm_g16_sdb_dm_s3_lc_qr": replace(_WIDE, split_d=True, split_d_binary=True, defer_mma=True, stages=3,
-                                                  lead_chains=True, q_regs=True),
-    "ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2_qr": replace(_WIDE, split_d=True, split_d_binary=True, defer_mma=True,
-                                                     stages=3, lead_chains=True, tile_buffers=2, q_regs=True),
 }
+
+# Q read from SMEM into registers once a tile (q_regs), so each step's Q K^T reads only K from SMEM: +2.4-3.9% at
+# d=192 (s1024 564 against 546 TFLOP/s with two Q copies, cuDNN 567; s16384 638 against 614, cuDNN 645), +0.9-1.8%
+# at d=96, +0.9-1.2% on d=64's 128-row tiles (H200, sweeps/2026-12-02-h200-attention-q-regs.json). Picked there.
+# Not at d=128 with the mask (88 bytes of spills: 4-7% behind) nor at d=256 (992 bytes); d=64's 192-row tiles
+# +1.5-3.6% without the mask but spill 96 bytes with it (a sweep variant, qr_p3).
+CONFIGS.update({f"{name}_qr": replace(CONFIGS[name], q_regs=True) for name in (
+    "ws_p_128x128_q2_rm_g16", "ws_p_128x128_q2_rm_g16_sdb", "ws_p_128x64_rm_g16_sdb_dm_s3_lc",
+    "ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2")})
 
 #: Head dims each config serves (every config is listed). 96 runs in the 128-column tiles of 128, 192 in the
 #: 256-column tiles of 256 (templates.attention.tile_d), so a config serves both or neither.
