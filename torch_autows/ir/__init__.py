@@ -1,7 +1,8 @@
 """The tile IR, as a package:
 
-    core.py      the records: Program, Op, Value, TileType, Arg, Grid, Options, Arch (SM90, ARCHS), Partition,
+    core.py      the records: Program, Op, Value, TileType, Arg, Grid, Arch (SM90, ARCHS), Partition,
                  Buffer, Channel, BarrierGroup, TurnGroup; ``op()`` builds an Op
+    options.py   Options: a kernel's decision points (tile, partitioning, pipelining, per-template forms)
     analysis.py  queries: walk, defs, value_types, map_ops; index expressions: check_expr, eval_expr, add_offset
     text.py      the text form: format_program / format_op print, parse_program reads the same text back
     kinds.py     the op table: OPS (name -> OpKind), kind_of, kinds(**where), STRUCTURAL, BLOCKING, LATENCY
@@ -27,7 +28,6 @@ from .core import (
     Channel,
     Grid,
     Op,
-    Options,
     Partition,
     Program,
     TileType,
@@ -36,6 +36,7 @@ from .core import (
     op,
 )
 from .kinds import BLOCKING, LATENCY, OPS, STRUCTURAL, OpKind, kind_of
+from .options import Options
 from .text import format_op, format_program, parse_program
 
 __all__ = [

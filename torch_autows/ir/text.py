@@ -16,13 +16,13 @@ from .core import (
     Channel,
     Grid,
     Op,
-    Options,
     Partition,
     Program,
     TileType,
     TurnGroup,
     Value,
 )
+from .options import Options
 
 
 def _fmt_attr(v: Any) -> str:
