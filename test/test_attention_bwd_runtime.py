@@ -108,10 +108,11 @@ def test_dq_mode_choice_and_configs(monkeypatch):
                 for keys in (None, 1, 512, 1024, 4096):
                     assert attention_bwd.serves(attention_bwd.choose_config(d, causal, mode, keys), d, mode)
             assert attention_bwd.dq_serves(attention_bwd.choose_dq_config(d, causal), d)
-    # d=64's reduce form: two CTAs an SM (REDUCE_PICKS) up to REDUCE_LONG's keys, then 128-query steps with dQ split
-    # by query rows; not (yet) the separate form
-    c2, long = "bwd_64x64_dp1_c2", "bwd_128x128_dp2_dqsplit_fold"
+    # d=64's reduce form: two CTAs an SM with K and V in registers (REDUCE_PICKS) up to REDUCE_LONG's keys, then
+    # 128-query steps with dQ split by query rows; not (yet) the separate form
+    c2, long = "bwd_64x64_dp1_c2_kvr", "bwd_128x128_dp2_dqsplit_fold"
     assert attention_bwd.CONFIGS[c2].ctas_per_sm == 2 and attention_bwd.CONFIGS[c2].early_reduce_wait
+    assert attention_bwd.CONFIGS[c2].kv_regs and not attention_bwd.serves(c2, 64, "separate")
     o = attention_bwd.CONFIGS[long]
     assert (o.block_m, o.block_n, o.data_partition, o.dq_split) == (128, 128, 2, True)
     for causal in (False, True):

@@ -62,7 +62,7 @@ def cases():
                                 dataclasses.replace(opts, epilogue_tma=True)))
     for config in rt_attention.CONFIGS:
         for d, dt, causal, scale in itertools.product(HEAD_DIMS, ("bf16", "fp16"), (False, True), (0.125, -0.125)):
-            if not rt_attention.serves(config, d):
+            if not rt_attention.serves(config, d, causal=causal):
                 continue
             opts = rt_attention.options_for(config, scale)
             for o_tma in (False, True) if rt_attention.o_tma_ok(opts.block_m, d, opts) else (False,):

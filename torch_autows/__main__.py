@@ -67,7 +67,16 @@ def _gemm(args) -> int:
 
 
 def _attention(args) -> int:
-    from .runtime.attention import CONFIGS, HEAD_DIMS, V_HEAD_DIMS, choose_config, o_tma_ok, serves, v_head_dims_text
+    from .runtime.attention import (
+        CONFIGS,
+        HEAD_DIMS,
+        UNMASKED_HEAD_DIMS,
+        V_HEAD_DIMS,
+        choose_config,
+        o_tma_ok,
+        serves,
+        v_head_dims_text,
+    )
     from .runtime.launch import compile_kernel
     from .templates.attention import AttentionRequest
 
@@ -86,9 +95,11 @@ def _attention(args) -> int:
     except ValueError as e:
         print(f"{e}; torch_autows.ops.attention falls back to torch SDPA for it", file=sys.stderr)
         return 2
-    if not serves(config, args.d, dv):
+    if not serves(config, args.d, dv, args.causal):
         if dv == args.d:
-            print(f"config {config!r} serves head dims {HEAD_DIMS[config]}, not {args.d}", file=sys.stderr)
+            print(f"config {config!r} serves head dims {HEAD_DIMS[config]}"
+                  + (f" (without --causal also {UNMASKED_HEAD_DIMS[config]})" if config in UNMASKED_HEAD_DIMS else "")
+                  + f", not {args.d}{' with --causal' * args.causal}", file=sys.stderr)
         else:
             print(f"config {config!r} does not serve head dims {args.d}/{dv} (served by {V_HEAD_DIMS[(args.d, dv)]})",
                   file=sys.stderr)
@@ -285,8 +296,10 @@ def _parser() -> _Parser:
                    help="head dim of v and the output where it differs from --d: "
                         + rt_attention.v_head_dims_text() + " (default: --d)")
     pairs = {c: f"{d}/{dv}" for (d, dv), cs in rt_attention.V_HEAD_DIMS.items() for c in cs}
-    names = [f"{c} (d={'/'.join(map(str, rt_attention.HEAD_DIMS[c])) or pairs.get(c, '')})"
-             for c in rt_attention.CONFIGS]
+    dims = {c: "/".join(map(str, ds)) for c, ds in rt_attention.HEAD_DIMS.items()}
+    for c, ds in rt_attention.UNMASKED_HEAD_DIMS.items():
+        dims[c] = ", ".join(filter(None, (dims[c], "/".join(map(str, ds)) + " without the mask")))
+    names = [f"{c} (d={dims[c] or pairs.get(c, '')})" for c in rt_attention.CONFIGS]
     a.add_argument("--config", default=None, help=f"runtime config name, one of {', '.join(names)} "
                                                    f"(default: the runtime heuristic's pick)")
     w = kinds.add_parser("attention-bwd", help="the generated attention backward: its main kernel or its dQ kernel",

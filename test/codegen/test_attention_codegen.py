@@ -20,7 +20,7 @@ from torch_autows.templates.attention import AttentionRequest, build
 # differs from 128 only in the output's column mask) and under every config running it in pieces (split_d, the pick),
 # 192 and 256 under every config serving them
 _WIDE = [(c, d, causal, "bf16") for c, d, causal in itertools.product(CONFIGS, (96, 192, 256), (False, True))
-         if serves(c, d) and (d != 96 or c == "ws_p_128x128_q2_rm_g16" or CONFIGS[c].split_d)]
+         if serves(c, d, causal=causal) and (d != 96 or c == "ws_p_128x128_q2_rm_g16" or CONFIGS[c].split_d)]
 
 
 # Known spills (bytes, ptxas -v at sm_90a) a case may not exceed. ws_p_128x128_q2_rm_g16_xt at d=128, not causal: two
@@ -33,6 +33,7 @@ _SPILLS = {("ws_p_128x128_q2_rm_g16_xt", 128, False): 28,
                                             "ws_p_128x128_q2_rm_g16", "ws_p_128x128_q2_pp",
                                             "ws_p_128x128_q2_rm_g16_pp")},
            ("ws_p_128x128_q2_rm_g16", 96, False): 20, ("ws_p_128x128_q2_rm_g16_sdb_qr", 96, False): 20,
+           ("ws_p_128x128_q2_rm_g16_qr", 128, False): 28,
            # Q in registers (q_regs) at d=192, O stored by pointer: as above, scalars of the walk (as launched: none)
            ("ws_p_128x64_rm_g16_sdb_dm_s3_lc_qr", 192, False): 32, ("ws_p_128x64_rm_g16_sdb_dm_s3_lc_qr", 192, True): 8,
            # d=256 deferred, without the mask and O stored by pointer: 8 bytes (the runtime's compile and the o_tma
@@ -41,10 +42,10 @@ _SPILLS = {("ws_p_128x128_q2_rm_g16_xt", 128, False): 28,
 
 
 @pytest.mark.parametrize("config,d,causal,dtype", [c for c in itertools.product(
-    CONFIGS, (64, 128), (False, True), ("bf16", "fp16")) if serves(c[0], c[1])] + _WIDE)
+    CONFIGS, (64, 128), (False, True), ("bf16", "fp16")) if serves(c[0], c[1], causal=c[2])] + _WIDE)
 def test_compiles_with_three_partitions(config, d, causal, dtype):
     for skv in (1, 4096, 8192, 65536):
-        assert choose_config(d, causal, skv) in CONFIGS and serves(choose_config(d, causal, skv), d)
+        assert choose_config(d, causal, skv) in CONFIGS and serves(choose_config(d, causal, skv), d, causal=causal)
     program = pipeline.run(build(AttentionRequest(d, dtype, causal), CONFIGS[config]))
     kernel = compile_offline(program)
     s = summary(program, kernel)
@@ -65,7 +66,7 @@ def test_compiles_with_three_partitions(config, d, causal, dtype):
 
 
 _O_TMA = [(c, d, causal) for c, d, causal in itertools.product(CONFIGS, (64, 96, 128, 192, 256), (False, True))
-          if serves(c, d) and not CONFIGS[c].cross_tile and (d in (64, 128, 256) or CONFIGS[c].split_d)]
+          if serves(c, d, causal=causal) and not CONFIGS[c].cross_tile and (d in (64, 128, 256) or CONFIGS[c].split_d)]
 
 
 @pytest.mark.parametrize("config,d,causal", _O_TMA)

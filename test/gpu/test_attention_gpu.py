@@ -29,7 +29,7 @@ def _cases(n=220, seed=1, dims=(64, 128)):
                         skv=rng.choice(seqs), d=rng.choice(dims), causal=rng.random() < 0.5,
                         dtype=rng.choice([torch.bfloat16, torch.float16]), bshd=rng.random() < 0.25,
                         kv_bshd=rng.random() < 0.25, scale=rng.choice([None, 0.3, 0.0, -0.3])))
-        configs = [n for n in rt.CONFIGS if rt.serves(n, out[-1]["d"])]  # every config in turn
+        configs = [n for n in rt.CONFIGS if rt.serves(n, out[-1]["d"], causal=out[-1]["causal"])]  # each in turn
         out[-1]["config"] = configs[i % len(configs)]
     return out
 
@@ -73,7 +73,7 @@ def test_attention_random(c):
 def test_cross_tile_many_tiles_per_cta(config, d, causal, sq, skv):
     """passes/cross_tile: b=4, h=48 puts 3-34 tiles on each persistent CTA (grid = SMs), so every CTA runs the
     peeled first tile, next-tile steps and the last tail; ragged lengths, out and lse checked."""
-    if not rt.serves(config, d):
+    if not rt.serves(config, d, causal=causal):
         pytest.skip(f"{config} serves head dims {rt.HEAD_DIMS.get(config)}")
     torch.manual_seed(0)
     q = torch.randn(4, 48, sq, d, device="cuda", dtype=torch.bfloat16)

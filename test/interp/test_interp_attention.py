@@ -33,13 +33,13 @@ def _pair(d=64, dtype="bf16", causal=False, config="ws_p_128x128"):
 _PADDED_96 = "ws_p_128x128_q2_rm_g16"
 _WIDE = [(config, d, dtype, causal) for config in CONFIGS
          for d, dtype, causal in [(96, "bf16", True), (192, "bf16", False), (256, "fp16", True)]
-         if serves(config, d) and (d != 96 or config in (choose_config(d, causal, 4096), _PADDED_96))]
+         if serves(config, d, causal=causal) and (d != 96 or config in (choose_config(d, causal, 4096), _PADDED_96))]
 
 
 @pytest.mark.parametrize("config,d,dtype,causal", [
     (config, *c) for config in CONFIGS
     for c in [(64, "bf16", False), (64, "bf16", True), (128, "bf16", False), (128, "fp16", True)]
-    if serves(config, c[0])] + _WIDE)
+    if serves(config, c[0], causal=c[2])] + _WIDE)
 def test_attention_matches_torch_under_every_policy(config, d, dtype, causal):
     before, after = _pair(d, dtype, causal, config)
     for seed in range(SEEDS):

@@ -108,11 +108,13 @@ def test_picks_take_q_in_registers_where_measured():
     assert CONFIGS[choose_config(64, False, 1024)].q_regs and CONFIGS[choose_config(64, True, 4096)].q_regs
     assert CONFIGS[choose_config(96, True, 4096)].q_regs
     assert all(CONFIGS[choose_config(192, c, s)].q_regs for c in (False, True) for s in (1024, 16384))
-    # d=128 with the mask spills with it; d=256 spills 992 bytes; d=64's 192-row tiles spill with the mask
-    assert not any(CONFIGS[choose_config(d, c, s)].q_regs for d in (128, 256) for c in (False, True)
-                   for s in (1024, 8192))
+    # without the mask d=128 and d=64's 192-row tiles too; with it they spill (d=256 spills 992 bytes either way)
+    assert all(CONFIGS[choose_config(d, False, s)].q_regs for d in (64, 128) for s in (1024, 4096, 16384))
+    assert not any(CONFIGS[choose_config(d, True, s)].q_regs for d in (128, 256) for s in (1024, 8192))
+    assert not any(CONFIGS[choose_config(256, False, s)].q_regs for s in (1024, 8192))
     assert not CONFIGS[choose_config(64, True, 16384)].q_regs
-    assert QR and all(not serves(c, 128) and not serves(c, 256) for c in QR)
+    assert QR and all(not serves(c, 128) and not serves(c, 256) and not serves(c, 256, causal=False) for c in QR)
+    assert {c for c in QR if serves(c, 128, causal=False)} == {"ws_p_128x128_q2_rm_g16_qr"}
 
 
 def _drop_sync(program):

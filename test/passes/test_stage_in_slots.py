@@ -94,7 +94,7 @@ def test_rule_refuses(why):
 
 _CASES = [(config, d, dtype, causal) for config in CONFIGS if not CONFIGS[config].cross_tile
           for d, dtype, causal in [(64, "bf16", False), (128, "fp16", True), (256, "bf16", True)]
-          if serves(config, d)]
+          if serves(config, d, causal=causal)]
 
 
 @pytest.mark.parametrize("config,d,dtype,causal", _CASES)

@@ -26,6 +26,7 @@ from . import device as dev
 from .attention_configs import (  # noqa: F401  (re-exported: runtime.attention is where callers look for them)
     CONFIGS,
     HEAD_DIMS,
+    UNMASKED_HEAD_DIMS,
     V_HEAD_DIMS,
     choose_config,
     options_for,
@@ -210,9 +211,10 @@ def attention(q, k, v, is_causal: bool, scale: float, config: str | None = None,
     B, Hq, Sq, D = q.shape
     Hkv, Skv, Dv = k.shape[1], k.shape[2], v.shape[-1]
     config = config or choose_config(D, is_causal, Skv, Dv)
-    if not serves(config, D, Dv):
+    if not serves(config, D, Dv, is_causal):
         dims = f"{D}/{Dv}" if Dv != D else str(D)
-        raise ValueError(f"attention config {config!r} does not serve head dims {dims} (HEAD_DIMS, V_HEAD_DIMS)")
+        raise ValueError(f"attention config {config!r} does not serve head dims {dims}{' causal' * bool(is_causal)} "
+                         "(HEAD_DIMS, UNMASKED_HEAD_DIMS, V_HEAD_DIMS)")
     opts = options_for(config, scale)
     # tiles wider than D (a padded head dim): q, k and v read so that the columns past D are zeros; with a v head dim
     # of its own, k and v (which share their row addressing) in [B, H, S, D] rows unless there is one head

@@ -6,6 +6,8 @@ pick one per call (``choose_config``, ``choose_dq_config``) and the lengths from
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..ir import Options
 
 #: The forms of dQ (module docstring).
@@ -87,6 +89,12 @@ CONFIGS: dict[str, Options] = {
     "bwd_64x64_dp1_c2_fold": Options(block_m=64, block_n=64, stages=2, data_partition=1, persistent=False, group_m=1,
                                      producer_regs=24, ctas_per_sm=2, fold_rows=True),
 }
+# d=64's two-CTA reduce pick with K and V read into registers once a tile (Options.kv_regs: S^T = K Q^T and
+# dP^T = V dO^T take A from registers, so a step's two wgmmas read only Q and dO from SMEM); the one config it fits
+# without spills (the two-consumer configs spill 700-1000 bytes). On the H200 (whole backward, TFLOP/s, against
+# bwd_64x64_dp1_c2; sweeps/2026-12-02-h200-attention-bwd-kvr.json): 359 / 351 at 1024 keys, 281 / 276 causal (cuDNN
+# 356, 249); 286 / 282 and 196 / 193 at 512. Picked in its place (REDUCE_PICKS).
+CONFIGS["bwd_64x64_dp1_c2_kvr"] = replace(CONFIGS["bwd_64x64_dp1_c2"], kv_regs=True)
 
 #: Head dims each main-kernel config serves, per form (what compiles at sm_90a; the separate and reduce forms: without
 #: spills, but for two measured exceptions). The reduce form's partial sums spill at d=128 (offline sm_90a, ptxas -v,
@@ -109,6 +117,7 @@ CONFIG_HEAD_DIMS: dict[str, dict[str, tuple[int, ...]]] = {
     "bwd_32x128_dp2_dqsplit": {"atomic": (), "reduce": (128,), "separate": ()},
     "bwd_64x64_dp1_c2": {"atomic": (), "reduce": (64,), "separate": (64,)},
     "bwd_64x64_dp1_c2_fold": {"atomic": (), "reduce": (), "separate": (128,)},
+    "bwd_64x64_dp1_c2_kvr": {"atomic": (), "reduce": (64,), "separate": ()},
 }
 
 #: Configs of the dQ kernel (separate form). One CTA per (batch, q-head, block of BM queries) (``_p``: persistent);
@@ -156,8 +165,8 @@ SHORT: dict[tuple[str, int, bool], tuple[str, int]] = {}
 
 #: Head dim -> the reduce form's main kernel (CONFIGS): d=64 two CTAs an SM of one consumer warpgroup (ahead of the
 #: one-CTA picks at 1024-8192 keys, causal or not: -c2.json, -erw.json); d=128 the 64-query split dQ with the folded
-#: row vectors.
-REDUCE_PICKS: dict[int, str] = {64: "bwd_64x64_dp1_c2", 128: "bwd_64x128_dp2_dqsplit_fold"}
+#: row vectors. d=64 with K and V in registers (+1.8-2.3% at 1024 keys).
+REDUCE_PICKS: dict[int, str] = {64: "bwd_64x64_dp1_c2_kvr", 128: "bwd_64x128_dp2_dqsplit_fold"}
 
 #: (head dim, causal) -> (config, keys): from ``keys`` keys a head the reduce form's main kernel is ``config``
 #: instead of ``REDUCE_PICKS``'s. d=64: FA3's tile, 128-query steps with the split dQ by query rows (see the config),

@@ -112,11 +112,12 @@ CONFIGS: dict[str, Options] = {
 # Q read from SMEM into registers once a tile (q_regs), so each step's Q K^T reads only K from SMEM: +2.4-3.9% at
 # d=192 (s1024 564 against 546 TFLOP/s with two Q copies, cuDNN 567; s16384 638 against 614, cuDNN 645), +0.9-1.8%
 # at d=96, +0.9-1.2% on d=64's 128-row tiles (H200, sweeps/2026-12-02-h200-attention-q-regs.json). Picked there.
-# Not at d=128 with the mask (88 bytes of spills: 4-7% behind) nor at d=256 (992 bytes); d=64's 192-row tiles
-# +1.5-3.6% without the mask but spill 96 bytes with it (a sweep variant, qr_p3).
+# Not at d=256 (992 bytes of spills). d=128 and d=64's 192-row tiles only without the mask (UNMASKED_HEAD_DIMS):
+# with it they spill (88 and 96 bytes; d=128 4-7% behind), without it none, +0.3-2.1% at d=128 (s2048-s16384,
+# GQA; sweeps/2026-12-02-h200-attention-qr-d128.json) and +1.5-3.6% on the 192-row tiles (-q-regs.json).
 CONFIGS.update({f"{name}_qr": replace(CONFIGS[name], q_regs=True) for name in (
     "ws_p_128x128_q2_rm_g16", "ws_p_128x128_q2_rm_g16_sdb", "ws_p_128x64_rm_g16_sdb_dm_s3_lc",
-    "ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2")})
+    "ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2", "ws_p3_192x128_q2_rm_g8")})
 
 #: Head dims each config serves (every config is listed). 96 runs in the 128-column tiles of 128, 192 in the
 #: 256-column tiles of 256 (templates.attention.tile_d), so a config serves both or neither.
@@ -133,17 +134,26 @@ HEAD_DIMS: dict[str, tuple[int, ...]] = {
     "ws_p_64x64_q2_rm_g16_c2": (64, 128), "ws_p_64x64_q2_rm_g16_c3": (64,),
     "ws_p_128x128_q2_rm_g16_qr": (64,), "ws_p_128x128_q2_rm_g16_sdb_qr": (96,),
     "ws_p_128x64_rm_g16_sdb_dm_s3_lc_qr": (192,), "ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2_qr": (192,),
+    "ws_p3_192x128_q2_rm_g8_qr": (),
 }
+
+#: Head dims a config serves only without the causal mask, besides ``HEAD_DIMS``: Q in registers beside the mask's
+#: registers spills there (offline, sm_90a as launched: d=128 32-88 bytes, d=64's 192-row tiles 16-96), without the
+#: mask none.
+UNMASKED_HEAD_DIMS: dict[str, tuple[int, ...]] = {"ws_p_128x128_q2_rm_g16_qr": (128,),
+                                                  "ws_p3_192x128_q2_rm_g8_qr": (64,)}
 
 
 #: Head dims (q and k, v and o) served where they differ, with the configs that serve each pair (compiled offline
 #: without spills, interpreted under every policy: test/passes/test_split_d.py), the first picked: DeepSeek-style MLA
-#: prefill, d_qk 192 (128 + 64 in binary pieces) and d_v 128 (one piece) in the d=192 pick's schedule, there with two
-#: Q copies: on the H200 0.93-1.01x cuDNN without the mask, 1.04-1.08x with it, at s1024-s16384 (the one-copy form
-#: 0.93-0.97x / 0.98-1.00x, the 128-key variants 3-15% behind it: sweeps/2026-12-02-h200-attention-mla*.json); the
-#: measured choice keeps cuDNN where it is faster.
+#: prefill, d_qk 192 (128 + 64 in binary pieces) and d_v 128 (one piece) in the d=192 picks' schedules, picked as at
+#: d=192 (``choose_config``): with Q in registers on the H200 1.07x cuDNN at s1024, 1.00x at s4096, 0.97x at s16384
+#: without the mask, 1.04-1.07x with it (the SMEM-Q forms 0.95-1.03x / 1.03-1.04x;
+#: sweeps/2026-12-02-h200-attention-mla-3.json; the 128-key variants 3-15% behind: -mla.json); the measured choice
+#: keeps cuDNN where it is faster.
 V_HEAD_DIMS: dict[tuple[int, int], tuple[str, ...]] = {
-    (192, 128): ("ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2", "ws_p_128x64_rm_g16_sdb_dm_s3_lc")}
+    (192, 128): ("ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2_qr", "ws_p_128x64_rm_g16_sdb_dm_s3_lc_qr",
+                 "ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2", "ws_p_128x64_rm_g16_sdb_dm_s3_lc")}
 
 
 def v_head_dims_text() -> str:
@@ -151,12 +161,12 @@ def v_head_dims_text() -> str:
     return ", ".join(f"{d}/{dv}" for d, dv in V_HEAD_DIMS)
 
 
-def serves(config: str, d: int, d_v: int | None = None) -> bool:
+def serves(config: str, d: int, d_v: int | None = None, causal: bool = True) -> bool:
     """Whether ``config`` runs head dim ``d`` (and v head dim ``d_v``: None, the same) without spilling (HEAD_DIMS,
-    V_HEAD_DIMS)."""
+    V_HEAD_DIMS), with the causal mask or (``causal`` False) without it (UNMASKED_HEAD_DIMS too)."""
     if d_v is not None and d_v != d:
         return config in V_HEAD_DIMS.get((d, d_v), ())
-    return d in HEAD_DIMS.get(config, ())
+    return d in HEAD_DIMS.get(config, ()) or (not causal and d in UNMASKED_HEAD_DIMS.get(config, ()))
 
 
 def choose_config(d: int, causal: bool, seqlen_kv: int, d_v: int | None = None) -> str:
@@ -182,14 +192,16 @@ def choose_config(d: int, causal: bool, seqlen_kv: int, d_v: int | None = None) 
       d=128), +15% / +5% over the picks above (2026-12-02-h200-attention-ctas*.json);
     * d=192 up to 1024 keys: two Q copies, +5.7% with the mask (-ctas-2.json), +1.6% without (546 against 538
       TFLOP/s, cuDNN 569; at 4096 keys 4% behind: -d192-q2.json);
-    * Q in registers (q_regs) at d=64 (128-row tiles), 96 and 192: +0.9-3.9% (-q-regs.json).
+    * Q in registers (q_regs) at d=64 (128-row tiles), 96 and 192: +0.9-3.9% (-q-regs.json); without the mask at
+      d=128 (+0.3-2.1% from 2048 keys, -qr-d128.json) and on d=64's 192-row tiles (+1.5-3.6%).
     """
-    if d_v is not None and d_v != d:
-        return V_HEAD_DIMS[(d, d_v)][0]
+    if d_v is not None and d_v != d:  # MLA prefill: as d=192 (its q/k head dim), among the pair's configs
+        short, long = V_HEAD_DIMS[(d, d_v)][:2]
+        return short if seqlen_kv <= 1024 else long
     if causal and seqlen_kv <= 512 and d in (64, 128):
         return "ws_p_64x64_q2_rm_g16_c3" if d == 64 else "ws_p_64x64_q2_rm_g16_c2"
     if d == 64 and seqlen_kv >= (8192 if causal else 4096):
-        return "ws_p3_192x128_q2_rm_g8"
+        return "ws_p3_192x128_q2_rm_g8" if causal else "ws_p3_192x128_q2_rm_g8_qr"
     if d == 128 and causal and seqlen_kv <= 4096:
         return "ws_p_128x128_q2_rm_g16_pp"
     if d == 96:
@@ -198,7 +210,7 @@ def choose_config(d: int, causal: bool, seqlen_kv: int, d_v: int | None = None) 
         return "ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2_qr" if seqlen_kv <= 1024 else "ws_p_128x64_rm_g16_sdb_dm_s3_lc_qr"
     if tile_d(d) > 128:
         return "ws_p_128x64_rm_g16_dm_s3"
-    return "ws_p_128x128_q2_rm_g16_qr" if d == 64 else "ws_p_128x128_q2_rm_g16"
+    return "ws_p_128x128_q2_rm_g16_qr" if d == 64 or not causal else "ws_p_128x128_q2_rm_g16"
 
 
 
