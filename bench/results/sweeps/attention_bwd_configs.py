@@ -90,9 +90,7 @@ VARIANTS = {
     # the two-CTA d=64 pick with lse2/delta folded into the accumulators (64 subtractions a thread and step fewer)
     "bwd_64x64_dp1_c2_fold64": ("bwd_64x64_dp1_c2", {"fold_rows": True}, {"reduce": (64,)}),
     "bwd_64x64_dp1_c2_erw": ("bwd_64x64_dp1_c2", {"early_reduce_wait": True}, {"reduce": (64,)}),
-    # session 23: K and V in registers once a tile (Options.kv_regs: S^T's and dP^T's A from registers) on d=64's
-    # two-CTA reduce pick, the one config it fits without spills (the two-consumer picks spill 700-1000 bytes)
-    "bwd_64x64_dp1_c2_kvr": ("bwd_64x64_dp1_c2", {"kv_regs": True}, {"reduce": (64,)}),
+    # (session 23's bwd_64x64_dp1_c2_kvr, K and V in registers, is a runtime config since -bwd-kvr.json)
 }
 #: dQ-kernel variants: name -> (base, overrides[, head dims]).
 DQ_VARIANTS = {"dq_128x128_dp2_p": ("dq_128x128_dp2", {"persistent": True}),

@@ -4,8 +4,9 @@ Run on the GPU machine: ``PYTHONPATH=. OUT=<dir> python bench/results/sweeps/att
 ``CONFIGS=a,b`` in the environment times only these configs and variants (default: every one).
 Writes ``sweep_attn_configs.json``: per case and variant the median TFLOP/s of ``ROUNDS`` interleaved
 timings (cuDNN and every variant once per round, so clock and power drift hit all alike) and the relative
-error against fp32 math SDPA.
+error against fp32 SDPA.
 """
+import contextlib
 import json
 import os
 import statistics
@@ -97,6 +98,12 @@ VARIANTS = {"q2_forward": ("ws_p_128x128_q2", {"serpentine": False}),
             # mask's spills shrink from 88 to 8 bytes (O by TMA; 0 by pointer), ping-pong 16; unmasked 0 (offline)
             "qr_d128_r24": ("ws_p_128x128_q2_rm_g16", {"q_regs": True, "producer_regs": 24}, (128,)),
             "qr_pp_r24": ("ws_p_128x128_q2_rm_g16_pp", {"q_regs": True, "producer_regs": 24}, (128,))}
+#: Variants that are a config with O stored by pointer where the grid's whole query tiles would take the TMA store
+#: from the Q slot (o_tma): the pointer form releases a lone Q slot after its last reader (the last Q K^T, or the
+#: register read with q_regs), so the producer loads the next tile's Q under this tile's last steps and epilogue;
+#: the TMA form holds it until O is stored. Name -> config.
+POINTER_STORE = {"w256_optr": "ws_p_128x64_rm_g16_dm_s3", "d192_qr_optr": "ws_p_128x64_rm_g16_sdb_dm_s3_lc_qr",
+                 "d192_q2_qr_optr": "ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2_qr"}
 ROUNDS = 3
 
 
@@ -106,6 +113,20 @@ def add_variants() -> None:
         rta.CONFIGS[name] = replace(rta.CONFIGS[base], **kw)
         if dims or base in rta.HEAD_DIMS:
             rta.HEAD_DIMS[name] = dims[0] if dims else rta.HEAD_DIMS[base]
+    for name, base in POINTER_STORE.items():
+        rta.CONFIGS[name], rta.HEAD_DIMS[name] = rta.CONFIGS[base], rta.HEAD_DIMS[base]
+
+
+@contextlib.contextmanager
+def pointer_store(on: bool):
+    """runtime.attention's o_tma_ok answering False while ``on`` (the call then plans and binds the pointer form)."""
+    saved = rta.o_tma_ok
+    if on:
+        rta.o_tma_ok = lambda *args, **kw: False
+    try:
+        yield
+    finally:
+        rta.o_tma_ok = saved
 
 
 def main():
@@ -120,17 +141,20 @@ def main():
         b, hq, hkv, s, d, causal = c.batch, c.heads, c.kv_heads, c.seqlen, c.head_dim, c.causal
         q = torch.randn(b, hq, s, d, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal,
-                                                               enable_gqa=hkv != hq)
+        # fp32 by the memory-efficient kernel (memory linear in S: the math path's S^2 ran out at gqa64x8-s16384)
+        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+            ref = torch.nn.functional.scaled_dot_product_attention(
+                q.float(), *(t.float().repeat_interleave(hq // hkv, dim=1) for t in (k, v)), is_causal=causal)
 
         def cudnn(q=q, k=k, v=v, causal=causal, gqa=hkv != hq):
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
 
         fns, row = {"cudnn": cudnn}, {"case": c.name}
-        for name in (n for n in names if rta.serves(n, d)):
+        for name in (n for n in names if rta.serves(n, d, causal=causal)):
             def run(name=name, q=q, k=k, v=v, causal=causal, d=d):
-                return rta.attention(q, k, v, causal, d ** -0.5, config=name)
+                with pointer_store(name in POINTER_STORE):
+                    return rta.attention(q, k, v, causal, d ** -0.5, config=name)
             try:
                 out, _ = run()
                 torch.cuda.synchronize()

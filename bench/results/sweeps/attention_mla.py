@@ -44,7 +44,7 @@ SETS = {
         "mla_nolc": replace(BASE, lead_chains=False),
         "mla_serp0": replace(BASE, serpentine=False),
     },
-    # set "3" (session 23, to measure): the picks with Q read into registers once a tile (Options.q_regs, +2.4-3.9%
+    # set "3" (session 23; -mla-3.json, session 24): the picks with Q read into registers once a tile (q_regs, +2.4-3.9%
     # at d=192: sweeps/2026-12-02-h200-attention-q-regs.json), one and two Q copies
     "3": {
         "ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2": rt.CONFIGS["ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2"],
