@@ -16,6 +16,7 @@ variant whose patch no longer matches is reported and skipped.
 
     python bench/results/sweeps/attention_ablate.py [out.json]
     python bench/results/sweeps/attention_ablate.py --fwd-epilogue [out.json]   # the forward's O / lse stores off
+    python bench/results/sweeps/attention_ablate.py --fwd-tile [out.json]       # the forward's tile turn (d=192/256)
 """
 from __future__ import annotations
 
@@ -61,9 +62,12 @@ class Unpatched(Exception):
     pass
 
 
+PATCH_KEY = "group_m"  # the Options field that carries a variant's tag
+
+
 def generate(program):
     src = _gen(program)
-    for p in PATCH.get(program.options.group_m, ()):
+    for p in PATCH.get(getattr(program.options, PATCH_KEY), ()):
         new = p(src)
         if new == src:
             raise Unpatched(f"{p.__name__} does not match {program.name}'s source")
@@ -131,6 +135,61 @@ def fwd_epilogue(s, d):
     kt = {n: kernel_times(f) for n, f in fns.items()}
     print(f"fwd-s{s}-d{d}", {n: round(t * 1e3, 1) for n, t in ms.items()}, kt, flush=True)
     return {"case": f"fwd-s{s}-d{d}", "ms": ms, "kernels_us": kt}
+
+
+def nostore(src):
+    """The O TMA stores and their waits out (the SMEM writes of O into the Q slot stay, so P V and the epilogue do)."""
+    src = re.sub(r"\n\s*tma\.async_copy_shared_to_global\(o\w*desc[^\n]*", "", src)
+    return re.sub(r"\n\s*tma\.store_wait\(0\)  # TMA has read the slot[^\n]*", "", src)
+
+
+def earlyq(src):
+    """The Q slot released as the K/V loop ends (before the last P V and the epilogue) instead of after O's store
+    from it: the producer loads the next tile's Q (and, behind it, K) under this tile's end, as it would with O staged
+    elsewhere (the store still reads the slot: racy, timing only)."""
+    src = re.sub(r"\n\s*mbarrier\.arrive\(g1_empty\.index\(g1_s\)\)", "", src)
+    return re.sub(r"(\n(\s*)v_m_f_(c\d) = v_m_\3\n)", r"\1\2mbarrier.arrive(g1_empty.index(g1_s))\n", src)
+
+
+#: Tile-turn variants (``--fwd-tile``): (name, base config, patches, head dim); tagged by block_k, which the attention
+#: forward does not read (the program is the base config's).
+TILE = [("d256", "ws_p_128x64_rm_g16_dm_s3", (), 256), ("d256_nostore", "ws_p_128x64_rm_g16_dm_s3", (nostore,), 256),
+        ("d256_earlyq", "ws_p_128x64_rm_g16_dm_s3", (earlyq,), 256),
+        ("d256_earlyq_nostore", "ws_p_128x64_rm_g16_dm_s3", (earlyq, nostore), 256),
+        ("d192", "ws_p_128x64_rm_g16_sdb_dm_s3_lc_qr", (), 192),
+        ("d192_earlyq", "ws_p_128x64_rm_g16_sdb_dm_s3_lc_qr", (earlyq,), 192),
+        ("d192_earlyq_nostore", "ws_p_128x64_rm_g16_sdb_dm_s3_lc_qr", (earlyq, nostore), 192)]
+
+
+def add_tile_variants() -> None:
+    from torch_autows.runtime import attention as fa
+    global PATCH_KEY
+    PATCH_KEY = "block_k"
+    for name, base, patches, d in TILE:
+        tag = 300 + len(PATCH)
+        fa.CONFIGS[name] = dataclasses.replace(fa.CONFIGS[base], block_k=tag)
+        fa.HEAD_DIMS[name] = (d,)
+        PATCH[tag] = patches
+
+
+def fwd_tile(s, d, causal):
+    """Call and kernel times of the TILE variants of head dim ``d`` against cuDNN (timing only: patched variants
+    compute wrong numbers)."""
+    from torch_autows.runtime import attention as fa
+    B, H = 16384 // s, 2048 // d
+    scale = d ** -0.5
+    q, k, v = (torch.randn(B, H, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    fns = {"cudnn": lambda: fused_attention("cudnn", q, k, v, causal, scale)}
+    fns.update({n: (lambda n=n: fa.attention(q, k, v, causal, scale, config=n)) for n, _, _, dd in TILE if dd == d})
+    res = defaultdict(list)
+    for _ in range(3):
+        for n, f in fns.items():
+            res[n].append(do_bench(f, warmup=10, rep=60))
+    ms = {n: statistics.median(t) for n, t in res.items()}
+    flops = 4 * B * H * s * s * d / (2 if causal else 1)
+    name = f"fwd-s{s}-d{d}{'-causal' * causal}"
+    print(name, {n: round(flops / t / 1e9) for n, t in ms.items()}, flush=True)
+    return {"case": name, "ms": ms, "tflops": {n: flops / t / 1e9 for n, t in ms.items()}}
 
 
 def kernel_times(fn):
@@ -204,6 +263,17 @@ def fwd_case(s, d, causal):
 
 
 def main() -> None:
+    if "--fwd-tile" in sys.argv:
+        sys.argv.remove("--fwd-tile")
+        add_tile_variants()
+        cc.generate = generate
+        rows = [fwd_tile(s, d, c) for d in (256, 192) for s, c in ((1024, False), (1024, True), (4096, False),
+                                                                  (4096, True), (16384, False))]
+        path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.environ.get("OUT", "."), "fwd_tile.json")
+        with open(path, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "forward": rows}, f,
+                      indent=1)
+        return
     if "--fwd-epilogue" in sys.argv:
         sys.argv.remove("--fwd-epilogue")
         add_fwd_variants()

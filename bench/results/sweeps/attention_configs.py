@@ -97,7 +97,15 @@ VARIANTS = {"q2_forward": ("ws_p_128x128_q2", {"serpentine": False}),
             # to measure next: d=128 with Q in registers and the consumers at 240 registers (producer 24), where the
             # mask's spills shrink from 88 to 8 bytes (O by TMA; 0 by pointer), ping-pong 16; unmasked 0 (offline)
             "qr_d128_r24": ("ws_p_128x128_q2_rm_g16", {"q_regs": True, "producer_regs": 24}, (128,)),
-            "qr_pp_r24": ("ws_p_128x128_q2_rm_g16_pp", {"q_regs": True, "producer_regs": 24}, (128,))}
+            "qr_pp_r24": ("ws_p_128x128_q2_rm_g16_pp", {"q_regs": True, "producer_regs": 24}, (128,)),
+            # to measure next (-group; sessions 24 and 25 got no machine for it): the causal walk's grouping (query
+            # tiles of a head run back to back) at the wide head dims, where short causal sequences trail cuDNN
+            "w256_g1": ("ws_p_128x64_rm_g16_dm_s3", {"group_m": 1}),
+            "w256_g4": ("ws_p_128x64_rm_g16_dm_s3", {"group_m": 4}),
+            "w256_g8": ("ws_p_128x64_rm_g16_dm_s3", {"group_m": 8}),
+            "w256_noserp": ("ws_p_128x64_rm_g16_dm_s3", {"serpentine": False}),
+            "d192_q2_qr_g4": ("ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2_qr", {"group_m": 4}),
+            "d192_q2_qr_g8": ("ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2_qr", {"group_m": 8})}
 #: Variants that are a config with O stored by pointer where the grid's whole query tiles would take the TMA store
 #: from the Q slot (o_tma): the pointer form releases a lone Q slot after its last reader (the last Q K^T, or the
 #: register read with q_regs), so the producer loads the next tile's Q under this tile's last steps and epilogue;
