@@ -62,12 +62,12 @@ class Unpatched(Exception):
     pass
 
 
-PATCH_KEY = "group_m"  # the Options field that carries a variant's tag
-
-
 def generate(program):
+    """The program's source with its variant's patches applied; the tag is group_m (backward, --fwd-epilogue) or
+    block_k (--fwd-tile), both >= 100, which no config's own value reaches."""
     src = _gen(program)
-    for p in PATCH.get(getattr(program.options, PATCH_KEY), ()):
+    o = program.options
+    for p in PATCH.get(o.group_m, PATCH.get(o.block_k, ())):
         new = p(src)
         if new == src:
             raise Unpatched(f"{p.__name__} does not match {program.name}'s source")
@@ -127,11 +127,7 @@ def fwd_epilogue(s, d):
     q, k, v = (torch.randn(B, H, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     fns = {"cudnn": lambda: fused_attention("cudnn", q, k, v, False, d ** -0.5)}
     fns.update({n: (lambda n=n: fa.attention(q, k, v, False, d ** -0.5, config=n)) for n in FWD})
-    res = defaultdict(list)
-    for _ in range(3):
-        for n, f in fns.items():
-            res[n].append(do_bench(f, warmup=10, rep=40))
-    ms = {n: statistics.median(t) for n, t in res.items()}
+    ms = interleaved_ms(fns, rep=40)
     kt = {n: kernel_times(f) for n, f in fns.items()}
     print(f"fwd-s{s}-d{d}", {n: round(t * 1e3, 1) for n, t in ms.items()}, kt, flush=True)
     return {"case": f"fwd-s{s}-d{d}", "ms": ms, "kernels_us": kt}
@@ -163,8 +159,6 @@ TILE = [("d256", "ws_p_128x64_rm_g16_dm_s3", (), 256), ("d256_nostore", "ws_p_12
 
 def add_tile_variants() -> None:
     from torch_autows.runtime import attention as fa
-    global PATCH_KEY
-    PATCH_KEY = "block_k"
     for name, base, patches, d in TILE:
         tag = 300 + len(PATCH)
         fa.CONFIGS[name] = dataclasses.replace(fa.CONFIGS[base], block_k=tag)
@@ -181,15 +175,21 @@ def fwd_tile(s, d, causal):
     q, k, v = (torch.randn(B, H, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     fns = {"cudnn": lambda: fused_attention("cudnn", q, k, v, causal, scale)}
     fns.update({n: (lambda n=n: fa.attention(q, k, v, causal, scale, config=n)) for n, _, _, dd in TILE if dd == d})
-    res = defaultdict(list)
-    for _ in range(3):
-        for n, f in fns.items():
-            res[n].append(do_bench(f, warmup=10, rep=60))
-    ms = {n: statistics.median(t) for n, t in res.items()}
+    ms = interleaved_ms(fns, rep=60)
     flops = 4 * B * H * s * s * d / (2 if causal else 1)
     name = f"fwd-s{s}-d{d}{'-causal' * causal}"
     print(name, {n: round(flops / t / 1e9) for n, t in ms.items()}, flush=True)
     return {"case": name, "ms": ms, "tflops": {n: flops / t / 1e9 for n, t in ms.items()}}
+
+
+def interleaved_ms(fns, rep):
+    """Median ms of 3 rounds in which every call of ``fns`` (name -> call) is timed once (do_bench), so clock and
+    power drift hit all alike."""
+    res = defaultdict(list)
+    for _ in range(3):
+        for n, f in fns.items():
+            res[n].append(do_bench(f, warmup=10, rep=rep))
+    return {n: statistics.median(t) for n, t in res.items()}
 
 
 def kernel_times(fn):
