@@ -86,6 +86,25 @@ def test_attention_ablate_patches_what_it_names(restored):
     assert fwd.count("gl.store(v_out_c") == 2 and fwd.count("& (qk_scale < 0.0))") == 4
 
 
+def test_attention_ablate_tile_turn_patches_match(restored):
+    """``--fwd-tile``: every variant builds (O by TMA, as the probe's whole tiles run) and each of its patches changes
+    the source; ``earlyq`` moves the Q slot's release to the key loop's end (on the O-in-V config it is a correct
+    program: O no longer stages in that slot)."""
+    from torch_autows.runtime import attention as fa
+    from torch_autows.templates.attention import AttentionRequest
+    from torch_autows.templates.attention import build as build_fwd
+
+    mod = _load("attention_ablate", ["out.json"], restored)
+    for table in ("CONFIGS", "HEAD_DIMS"):
+        restored.setattr(fa, table, dict(getattr(fa, table)))
+    mod.add_tile_variants()
+    for name, _, patches, d in mod.TILE:
+        src = mod.generate(pipeline.run(build_fwd(AttentionRequest(d, "bf16", True, o_tma=True), fa.CONFIGS[name])))
+        if mod.earlyq in patches:
+            loop_end = src.index("v_m_f_c0 = v_m_c0")
+            assert src.index("mbarrier.arrive(g1_empty.index(g1_s))") == src.index("\n", loop_end) + 9, name
+
+
 def test_attention_configs_variants_build_at_their_head_dims(monkeypatch):
     """Every named forward variant of the config sweep joins the runtime's tables and builds through the passes at
     each head dim it serves (the script skips none by accident and times nothing that cannot build)."""

@@ -18,6 +18,7 @@ counts as released).
 from __future__ import annotations
 
 from ..ir import Program, TileType, walk
+from ..passes.memory_plan import hosted_stages
 from . import sm90
 from .context import GL_DTYPE, Ctx, expr
 from .emitters import EMITTERS, emit_ops
@@ -50,10 +51,16 @@ def _params(program: Program) -> list[str]:
     return out
 
 
+#: Op kinds that name a one-slot mbarrier ``bar`` of ``count`` arrivals a phase: the chains' meetings and the stores'
+#: drain signal (passes/code_partition).
+BAR_KINDS = ("chain_sync", "store_drained", "wait_drained")
+
+
 def meetings(program: Program) -> dict[str, int]:
-    """The consumer chains' meeting barriers (``chain_sync``'s ``bar``) of the partitions, with their arrival count."""
+    """The one-slot barriers of the partitions (``chain_sync``'s meetings, ``store_drained``'s signal), with their
+    arrival count."""
     return {o.attr("bar"): o.attr("count") for pt in program.partitions for o in walk(pt.body)
-            if o.kind == "chain_sync"}
+            if o.kind in BAR_KINDS}
 
 
 def _shared_params(program: Program) -> list[str]:
@@ -76,6 +83,8 @@ def _partition_fn(program: Program, part) -> list[str]:
              for b in program.buffers if b.value == o.results[0].name and b.count > 1]
     body += [f"    {m}_n = 0  # meetings of the consumer chains on {m}"
              for m in sorted({o.attr("bar") for o in walk(part.body) if o.kind == "chain_sync"})]
+    body += [f"    {m}_n = 0  # tiles whose stores this partition waited for on {m}"
+             for m in sorted({o.attr("bar") for o in walk(part.body) if o.kind == "wait_drained"})]
     body += emit_ops(ctx, part.body, 1)  # the tile_loop and all in it; emitters may add layouts: declare them after
     lines = ["@gluon.jit", f"def {part.name}({', '.join(params)}):",
              f"    # partition {part.name}: {part.warps} warps, {part.regs} registers"]
@@ -107,12 +116,18 @@ def _kernel_fn(program: Program) -> list[str]:
         if o.kind == "tma_reduce_add":  # its staging tile, named by the op (the operand was renamed since)
             desc_of[next(b.value for b in program.buffers if b.name == o.attr("buffer"))] = o.attr("arg")
     rings = {c.buffer for c in program.channels}
-    for b in sorted(program.buffers, key=lambda b: (b.offset, -b.nbytes, b.name)):
+    hosted = hosted_stages(program)
+    for b in sorted(program.buffers, key=lambda b: (b.name in hosted, b.offset, -b.nbytes, b.name)):
         shape = [b.count, *b.type.shape] if b.name in rings or b.count > 1 else list(b.type.shape)
         layout = f"{desc_of[b.value]}_desc.layout" if b.value in desc_of else shared_layout(b.type)
         root = roots.get(b.offset)
         lines.append(f"    # buffer {b.name}: {b.type} x{b.count} at byte {b.offset}")
-        if root is None:
+        if b.name in hosted:  # a store's staging tile in the bytes of the ring read last (Options.store_in_ring)
+            h = next(x for x in program.buffers if x.name == hosted[b.name])
+            lines.append(f"    {b.name} = {h.name}._reinterpret({GL_DTYPE[b.type.dtype]}, [{h.nbytes // b.nbytes}, "
+                         f"{', '.join(map(str, shape))}], {layout}).index({(b.offset - h.offset) // b.nbytes})"
+                         f"  # in {h.name}'s bytes: its fills wait for this tile's store (wait_drained)")
+        elif root is None:
             roots[b.offset] = b.name
             lines.append(f"    {b.name} = gl.allocate_shared_memory({GL_DTYPE[b.type.dtype]}, {shape}, {layout})")
         else:
@@ -133,8 +148,10 @@ def _kernel_fn(program: Program) -> list[str]:
         lines.append(f"    {t.name} = gl.allocate_shared_memory(gl.int64, [{t.count}, 1], mbarrier.MBarrierLayout())")
         lines.append(f"    for i in gl.static_range({t.count}):")
         lines.append(f"        mbarrier.init({t.name}.index(i), count=1)")
+    drained = {o.attr("bar") for pt in program.partitions for o in walk(pt.body) if o.kind == "store_drained"}
     for m, count in sorted(meetings(program).items()):
-        lines.append(f"    # the {count} consumer chains meet on {m} once a step (chain_sync)")
+        lines.append(f"    # the {count} storing consumers' staging tiles read by TMA, a phase a tile (store_drained)"
+                     if m in drained else f"    # the {count} consumer chains meet on {m} (chain_sync)")
         lines.append(f"    {m} = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())")
         lines.append(f"    mbarrier.init({m}.index(0), count={count})")
     args = ", ".join(_params(program) + _shared_params(program))

@@ -247,6 +247,22 @@ def _chain_sync(ctx, o, indent):
     return [f"mbarrier.arrive({m}.index(0))", f"mbarrier.wait({m}.index(0), {m}_n & 1)", f"{m}_n += 1"]
 
 
+@_sm90("store_drained")
+def _store_drained(ctx, o, indent):
+    # this partition's TMA stores have read their staging tiles (in a ring's bytes: Options.store_in_ring); the
+    # arrive (one elected thread, after store_wait's partition-wide bar.sync) lets the ring's producer refill it
+    return ["tma.store_wait(0)  # TMA has read the staging tiles", f"mbarrier.arrive({o.attr('bar')}.index(0))"]
+
+
+@_sm90("wait_drained")
+def _wait_drained(ctx, o, indent):
+    # before the ring's first fill of a tile: the previous tile's stores out of its bytes have drained (the k-th
+    # wait, k tiles so far, passes at k completed phases; a fresh barrier passes the parity-1 wait of the first)
+    m, loop = o.attr("bar"), ctx.loop_stack[-1]
+    return [f"if {loop.attr('var')} == {expr(loop.attr('lb'))}:",
+            f"    mbarrier.wait({m}.index(0), ({m}_n & 1) ^ 1)", f"    {m}_n += 1"]
+
+
 @_sm90("store")
 def _store(ctx, o, indent):
     coords = ", ".join(expr(c) for c in o.attr("coords"))

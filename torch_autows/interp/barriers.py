@@ -171,3 +171,33 @@ def _chain_sync(pr, o: Op):
                 f"with {bar.completed}: the parity matched a different meeting", o)
     pr.log(o, f"{bar.name} passed: meeting {k}")
     pr.counters[name] += 1
+
+
+def _store_drained(pr, o: Op):
+    """This partition's TMA stores have read their staging tiles (``tma.store_wait(0)``: written to memory now), then
+    an arrive on ``bar`` (``count`` arrivals a phase, one per storing partition; passes/code_partition)."""
+    pr.store_wait(0)
+    err = pr.cta.meeting(o.attr("bar"), o).arrive(pr.name)
+    if err:
+        pr.fail("over-arrive", err, o)
+    pr.log(o, f"stores drained: arrive {o.attr('bar')}")
+
+
+def _wait_drained(pr, o: Op):
+    """In the enclosing loop's first trip only: the k-th wait (k: this partition's waits so far) passes once ``bar``
+    has completed k phases (the stores of the CTA's previous k tiles; parity ``(k & 1) ^ 1``, so a fresh barrier
+    passes the first). It passing with another count is a ``wrong-phase``."""
+    if not pr.loops:
+        raise InterpError("interp: wait_drained outside a loop (it waits in the filling loop's first trip)")
+    var, lb = pr.loops[-1]
+    if pr.scalars[var] != lb:
+        pr.log(o, "not the loop's first trip")
+        return
+    name, k = o.attr("bar"), pr.counters[o.attr("bar")]
+    bar = pr.cta.meeting(name, o)
+    yield from pr.wait(bar, (k & 1) ^ 1, o, name, 0, k)
+    if bar.completed != k:
+        pr.fail("wrong-phase", f"{pr.name} waited for the stores of {k} tiles on {bar.name} but the wait passed with "
+                f"{bar.completed} phases: the parity matched a different tile", o)
+    pr.log(o, f"{bar.name} passed: the stores of {k} tiles drained")
+    pr.counters[name] += 1

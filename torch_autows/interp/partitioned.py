@@ -24,6 +24,8 @@ every op and whenever an mbarrier wait cannot pass yet. Mirrored from the genera
                  Program.turns', one per turn-taking partition)
     turn_pass    arrive turn[to]; turn_n += 1
     chain_sync   arrive bar (count arrivals a phase), wait bar with parity (bar_n & 1); bar_n += 1
+    store_drained  store_wait(0); arrive bar (count arrivals a phase)
+    wait_drained   in the loop's first trip: wait bar with parity (bar_n & 1) ^ 1; bar_n += 1
     smem_view    another chain's smem_store tile: its slot of fill n, n = the partition's own stores so far - 1
     slice        a view of a slot's columns (read at the use, as ``trans``)
     seek         n = j * per_tile for the CTA's j-th tile (a tile consumer: tile_loop ``share``)
@@ -53,8 +55,10 @@ from .barriers import (
     _load,
     _release,
     _release_tail,
+    _store_drained,
     _turn_pass,
     _turn_wait,
+    _wait_drained,
     _wait_ready,
 )
 from .cta import CTA, SlotRef
@@ -252,4 +256,5 @@ HANDLERS = {"tile_loop": tiles.tile_loop, "tile_next": tiles.tile_next, "turn_wa
             "release": _release,
             "release_tail": _release_tail, "advance": _advance, "seek": tiles.seek, "trans": _trans, "mma": _mma,
             "mma_wait": _mma_wait, "store": _store, "tma_reduce_add": _store, "smem_store": _smem_store,
-            "chain_sync": _chain_sync, "smem_view": _smem_view, "slice": _slice}
+            "chain_sync": _chain_sync, "smem_view": _smem_view, "slice": _slice, "store_drained": _store_drained,
+            "wait_drained": _wait_drained}

@@ -147,6 +147,12 @@ OPS: dict[str, OpKind] = _kinds(
     # made by code_partition for a consumer that shares the tiles (Partition.tiles): the group's counter jumps to this
     # tile's first fill, ``n = j * per_tile`` for the CTA's j-th tile (the fills of the tiles other consumers ran)
     OpKind("seek", _NONE, _NONE, phase="partitioned"),
+    # made by code_partition for stores staged in a ring's bytes (Options.store_in_ring): a consumer waits until TMA
+    # has read its staging tiles (tma.store_wait(0)) and arrives on ``bar`` (``count`` arrivals a phase, one per
+    # storing consumer: a phase per tile); the ring's producer, in the filling loop's first trip, waits for the
+    # previous tile's phase (the k-th wait for k phases: a fresh barrier passes the first) before its first fill
+    OpKind("store_drained", _NONE, _NONE, phase="partitioned", blocking=True),
+    OpKind("wait_drained", _NONE, _NONE, phase="partitioned", blocking=True),
     OpKind("turn_wait", _NONE, _NONE, phase="partitioned", blocking=True),
     OpKind("turn_pass", _NONE, _NONE, phase="partitioned"),
     # made by passes/tile_loop: a partition's whole body, run once per output tile its CTA walks (the grid's

@@ -90,6 +90,12 @@ class Options:
     # dP^T = V dO^T take A from registers and a step reads only Q and dO for them (K and V stay in SMEM for dQ's mma
     # and the dK/dV stores)
     kv_regs: bool = False
+    # a persistent kernel's top-level TMA stores stage in the bytes of the ring its consumers read last in a tile
+    # (attention's V: FlashAttention-3's O in V's SMEM) instead of a per-tile slot they hold (stage_in_slots: Q), so
+    # that slot is released after its last reader and the next tile's loads start under this tile's end; the consumer
+    # chains meet before staging, and the producer's first fill of that ring in a tile waits until the previous
+    # tile's stores have read their staging tiles (passes/memory_plan, passes/code_partition)
+    store_in_ring: bool = False
 
     def items(self) -> list[tuple[str, Any]]:
         return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]

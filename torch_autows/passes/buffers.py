@@ -6,7 +6,8 @@ has a staging Buffer ``<value>_stage`` (TMA stores and reduces read SMEM; a ``tm
 ``buffer`` attribute, as later passes rename the operand; a ``transposed`` one's is the transposed shape), but a
 top-level ``store`` that stages in a slot it may take (``stage_in_slots``: the tile type of a per-tile TMA load
 only its partition reads, all before the store; attention's O in its chain's Q slot; not with ``store_buffers`` > 1,
-whose stores drain from their own copies under the next tile, the slot released once read); each
+whose stores drain from their own copies under the next tile, the slot released once read; nor with
+``store_in_ring``, whose staging tiles memory_plan puts in the bytes of the ring read last, ``stage_hosts``); each
 ``smem_store`` result has a Buffer its partition alone writes (another chain may view it: data_partition's dq_split);
 every value used in a partition other than its producer's goes through a Channel (value, src, dsts, buffer), but
 the tile an ``smem_view`` reads (no ring: the chains' ``chain_sync`` orders the owner's store before the view).
@@ -77,15 +78,64 @@ def slots_held(program: Program) -> dict[str, int]:
 def channel_groups(program: Program, counts: dict[str, int] | None = None) -> list[list[Channel]]:
     """Channels that share one mbarrier ring: those filled in the same loop (or at top level) by the same
     partition into buffers of the same depth (``counts``, default the buffers' ``count``), in channel
-    order. memory_plan sets the depths (it makes a ring read a stage later, attention's V under
-    defer_mma, deeper than the others only when one shared depth does not fit); code_partition lowers
-    the rings."""
+    order, but the rings that host the stores' staging tiles (``stage_hosts``) apart from the others (their
+    producer's first fill a tile waits for the previous tile's stores; the others' fills must not). memory_plan
+    sets the depths (it makes a ring read a stage later, attention's V under defer_mma, deeper than the others
+    only when one shared depth does not fit); code_partition lowers the rings."""
     loop_of = _loops_of(program)
     depth = counts or {b.name: b.count for b in program.buffers}
+    hosts = set(stage_hosts(program))
     keyed: dict[tuple, list[Channel]] = {}
     for c in program.channels:
-        keyed.setdefault((id(loop_of[c.value]), c.src, depth[c.buffer]), []).append(c)
+        keyed.setdefault((id(loop_of[c.value]), c.src, depth[c.buffer], c.buffer in hosts), []).append(c)
     return list(keyed.values())
+
+
+def ring_stages(program: Program) -> list[Buffer]:
+    """The staging buffers of the top-level TMA stores that stage in a buffer of their own (not in a slot:
+    ``stage_in_slots``)."""
+    names = {f"{o.operands[0]}_stage" for o in program.body if o.kind == "store" and not o.attr("stage")}
+    return [b for b in program.buffers if b.name in names]
+
+
+def stage_hosts(program: Program) -> tuple[str, ...]:
+    """With ``Options.store_in_ring`` in a persistent kernel whose top-level stores stage in buffers of their own: the
+    ring buffers of the tile's last reading phase, whose bytes take the staging tiles (passes/memory_plan). The
+    rings filled in the one loop are ordered by their first reader in its body; a split point is where every ring
+    before it has had its last reader before the first reader of every ring after it (attention: K's Q K^T before
+    V's P V). The hosts are the rings after the latest split whose slots (at ``Options.stages`` copies, at least
+    the slots their readers hold, as memory_plan plans them) hold every staging tile: the fewest rings, read
+    last. () where the option is off, the tiles are shared out among consumers, or no split has room."""
+    stages = ring_stages(program)
+    opts = program.options
+    # tile consumers (tile_consumers > 1) run a tile each: one storer a tile, which the per-tile drain count is not
+    if not (opts.store_in_ring and program.grid.persistent and stages and opts.tile_consumers == 1):
+        return ()
+    held = slots_held(program)
+    bufs = {b.name: b for b in program.buffers}
+    ring_of = {bufs[n].value: n for n in held}
+    loops = [o for o in program.body if o.kind == "loop"
+             and any(r.name in ring_of for x in walk(o.body) for r in x.results)]
+    if len(loops) != 1 or int(loops[0].attr("min_trip", 0)) < 1:  # the gate is waited in the loop's first trip
+        return ()
+    span: dict[str, tuple[int, int]] = {}  # ring buffer -> (first, last) reader's index in the loop body
+    for i, o in enumerate(loops[0].body):
+        for x in o.operands:
+            if x not in ring_of:
+                continue
+            if o.kind in ("trans", "slice"):  # a view: its readers read the ring
+                ring_of[o.results[0].name] = ring_of[x]
+                continue
+            lo, hi = span.get(ring_of[x], (i, i))
+            span[ring_of[x]] = (min(lo, i), max(hi, i))
+    rings = sorted(span, key=lambda n: (span[n][0], n))
+    need = sum(b.type.nbytes for b in stages)
+    for i in range(len(rings) - 1, 0, -1):
+        if max(span[n][1] for n in rings[:i]) < min(span[n][0] for n in rings[i:]):
+            room = sum(bufs[n].type.nbytes * max(program.options.stages, held[n] + 1) for n in rings[i:])
+            if room >= need:
+                return tuple(rings[i:])
+    return ()
 
 
 def stage_in_slots(body: tuple[Op, ...]) -> tuple[Op, ...]:
@@ -124,7 +174,9 @@ def stage_in_slots(body: tuple[Op, ...]) -> tuple[Op, ...]:
 
 
 def run(program: Program, options=None) -> Program:
-    if program.options.store_buffers == 1:  # with more, a store drains under the next tile from its own copies
+    # with more copies a store drains under the next tile from its own; with store_in_ring it stages in the bytes of
+    # the ring read last (memory_plan), so the per-tile slot is released after its last reader
+    if program.options.store_buffers == 1 and not program.options.store_in_ring:
         program = replace(program, body=stage_in_slots(program.body))
     dmap = defs(program.body)
     users: dict[str, set[str]] = {}

@@ -24,6 +24,13 @@ one CTA an SM, 113 KB each for two), lowering
 the ring depth until it fits, then the per-tile copies, then the staging copies (each time the ring
 depth again from the top), else PassError.
 
+With ``Options.store_in_ring`` (a persistent kernel whose top-level stores stage in buffers of their own, one copy
+each) the staging tiles take no bytes of their own: they lie inside the rings of the tile's last reading phase
+(``buffers.stage_hosts``: attention's V), largest first, each at a multiple of its size from its ring's start
+(``hosted_stages`` lists them); code_partition orders them with the ring's fills (the chains meet before staging,
+the producer's first fill of the ring a tile waits for the stores), and where the rings are too small at a depth
+the staging tiles get bytes of their own.
+
 Reuse rule (interval colouring, greedy by size): buffers X and Y may share bytes when their live
 ranges in program order are disjoint and the order is guaranteed: both are touched by one partition
 only, or (one tile per CTA) X is a ring only partition P reads, and Y is P's own buffer used after
@@ -37,7 +44,7 @@ from dataclasses import replace
 
 from ..ir import Op, Program, walk
 from . import PassError
-from .buffers import channel_groups, slots_held
+from .buffers import channel_groups, ring_stages, slots_held, stage_hosts
 
 ALIGN = 1024  # 128-byte-swizzled NVMMA tiles need 1024-byte alignment
 
@@ -137,10 +144,14 @@ def plan(program: Program, depth: int, store_copies: int, tile_copies: int = 1, 
         return store_copies if b.value in stored else 2 if b.value in viewed else 1
 
     bufs = [replace(b, count=count(b)) for b in program.buffers]
+    hosts = stage_hosts(program)
+    hosted = {b.name for b in ring_stages(program)} if hosts and store_copies == 1 else set()
     roots: list = []  # buffers that start a region; later ones may reinterpret a root's bytes
     placed: list = []
     top = 0
     for b in sorted(bufs, key=lambda b: (-b.nbytes, b.name)):
+        if b.name in hosted:
+            continue
         off = None
         for root in roots:
             sharers = [p for p in placed if p.offset == root.offset]
@@ -152,12 +163,53 @@ def plan(program: Program, depth: int, store_copies: int, tile_copies: int = 1, 
             off, top = top, _align(top + b.nbytes)
             roots.append(replace(b, offset=off))
         placed.append(replace(b, offset=off))
+    inside = _in_hosts([b for b in placed if b.name in hosts], [b for b in bufs if b.name in hosted])
+    if inside is None:  # the hosts at this depth are too small: the staging tiles get bytes of their own
+        for b in sorted((b for b in bufs if b.name in hosted), key=lambda b: (-b.nbytes, b.name)):
+            placed.append(replace(b, offset=top))
+            top = _align(top + b.nbytes)
+    else:
+        placed += inside
     by_name = {b.name: b for b in placed}
     bufs = [by_name[b.name] for b in program.buffers]
     # a ready and an empty mbarrier (8 B each) per slot of every ring (see buffers.channel_groups)
     counts = {b.name: b.count for b in bufs}
     barriers = sum(16 * counts[cs[0].buffer] for cs in channel_groups(program, counts))
     return bufs, top + barriers
+
+
+def _in_hosts(hosts: list, stages: list) -> list | None:
+    """``stages`` (one copy each) placed inside the bytes of the ``hosts`` (placed ring buffers), largest first into
+    the first host with room, each at a multiple of its own size from its host's start (codegen views it as a slot
+    of the host's bytes); None if one does not fit."""
+    used = {h.name: 0 for h in hosts}
+    out = []
+    for b in sorted(stages, key=lambda b: (-b.nbytes, b.name)):
+        for h in sorted(hosts, key=lambda h: (-h.nbytes, h.name)):
+            at = -(-used[h.name] // b.nbytes) * b.nbytes
+            if at + b.nbytes <= h.nbytes:
+                out.append(replace(b, offset=h.offset + at))
+                used[h.name] = at + b.nbytes
+                break
+        else:
+            return None
+    return out
+
+
+def hosted_stages(program: Program) -> dict[str, str]:
+    """Staging buffer -> the ring buffer whose bytes it lies in: the stores' staging tiles
+    ``Options.store_in_ring`` placed in the ring read last (code_partition gates that ring's fills on the stores,
+    codegen views the tile in the ring's bytes)."""
+    if not program.options.store_in_ring:
+        return {}
+    rings = [b for b in program.buffers if b.name in set(stage_hosts(program))]
+    out = {}
+    for b in ring_stages(program):
+        for h in rings:
+            if b.offset is not None and h.offset is not None and \
+                    h.offset <= b.offset and b.offset + b.nbytes <= h.offset + h.nbytes:
+                out[b.name] = h.name
+    return out
 
 
 def run(program: Program, options=None) -> Program:

@@ -119,6 +119,14 @@ CONFIGS.update({f"{name}_qr": replace(CONFIGS[name], q_regs=True) for name in (
     "ws_p_128x128_q2_rm_g16", "ws_p_128x128_q2_rm_g16_sdb", "ws_p_128x64_rm_g16_sdb_dm_s3_lc",
     "ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2", "ws_p3_192x128_q2_rm_g8")})
 
+# O staged in the bytes of V's ring instead of the (one) Q slot (store_in_ring, FlashAttention-3's epilogue): Q is
+# released after its last reader, so the next tile's Q and first K load under this tile's last P V and epilogue,
+# and only the producer's first V fill of the next tile waits for O's store (passes/README.md "The tile turn").
+# d=256 (Q 64 KB, one copy) and d=192's one-Q-copy pick with Q in registers (its Q slot then frees at the tile's
+# start). Not measured yet.
+CONFIGS.update({f"{name}_sr": replace(CONFIGS[name], store_in_ring=True) for name in (
+    "ws_p_128x64_rm_g16_dm_s3", "ws_p_128x64_rm_g16_sdb_dm_s3_lc_qr")})
+
 #: Head dims each config serves (every config is listed). 96 runs in the 128-column tiles of 128, 192 in the
 #: 256-column tiles of 256 (templates.attention.tile_d), so a config serves both or neither.
 HEAD_DIMS: dict[str, tuple[int, ...]] = {
@@ -135,6 +143,7 @@ HEAD_DIMS: dict[str, tuple[int, ...]] = {
     "ws_p_128x128_q2_rm_g16_qr": (64,), "ws_p_128x128_q2_rm_g16_sdb_qr": (96,),
     "ws_p_128x64_rm_g16_sdb_dm_s3_lc_qr": (192,), "ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2_qr": (192,),
     "ws_p3_192x128_q2_rm_g8_qr": (),
+    "ws_p_128x64_rm_g16_dm_s3_sr": (256,), "ws_p_128x64_rm_g16_sdb_dm_s3_lc_qr_sr": (192,),
 }
 
 #: Head dims a config serves only without the causal mask, besides ``HEAD_DIMS``: Q in registers beside the mask's

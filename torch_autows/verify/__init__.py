@@ -10,7 +10,8 @@ balance); from data_partition on: chains are independent and split-K sums what i
 partition_schedule, buffers and memory_plan on: partitions, channels and SMEM fit (``resources``). From
 code_partition on: rings balance (``sync._check_code``), ping-pong turns are consistent (``sync._check_turns``:
 none before ping_pong makes Program.turns, but the tile consumers' main-loop turns, which code_partition makes) and
-no wait reads an accumulator a wgmma in flight writes (``sync._check_waits``: ptxas would serialize every wgmma);
+no wait reads an accumulator a wgmma in flight writes (``sync._check_waits``: ptxas would serialize every wgmma)
+and stores staged in a ring's bytes meet, drain and gate its fills (``sync._check_drains``);
 from software_pipeline on: a partition loop whose ops span two stages runs its late ops one step behind
 (``schedule._check_pipelined``); from tile_loop on: every partition body is one ``tile_loop`` walking
 ``Program.grid`` (``tiles._check_tile_loops``); from cross_tile on: a ``cross_tile`` walk's carried values are
@@ -29,7 +30,7 @@ from .dataflow import _check_accumulate, _check_chains, _check_smem_reads, _chec
 from .resources import _check_channels, _check_memory, _check_partitions
 from .schedule import _check_pipelined, _check_schedule
 from .ssa import _check_ssa
-from .sync import _check_code, _check_meetings, _check_turns, _check_waits
+from .sync import _check_code, _check_drains, _check_meetings, _check_turns, _check_waits
 from .tiles import _check_cross_tile, _check_tile_loops
 
 __all__ = ["VerifyError", "check"]
@@ -52,6 +53,7 @@ _FROM_STAGE = (("template", (_check_accumulate, _check_meetings, _check_smem_rea
                ("data_partition", (_check_chains, _check_split)),
                ("loop_schedule", (_check_schedule,)),
                ("partition_schedule", (_check_partitions,)), ("buffers", (_check_channels,)),
-               ("memory_plan", (_check_memory,)), ("code_partition", (_check_code, _check_turns, _check_waits)),
+               ("memory_plan", (_check_memory,)),
+               ("code_partition", (_check_code, _check_turns, _check_waits, _check_drains)),
                ("software_pipeline", (_check_pipelined,)), ("tile_loop", (_check_tile_loops,)),
                ("cross_tile", (_check_cross_tile,)))

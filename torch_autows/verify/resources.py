@@ -2,13 +2,14 @@
 partitions' registers fit the SM and setmaxnreg, and tile consumers share out the tiles (``_check_partitions``,
 ``_check_tile_shares``); from buffers on, a value crosses partitions only through a channel
 (``_check_channels``); from memory_plan on, buffers are placed within the SMEM limit without partial overlaps, and a
-TMA reduce-add's staging tile shares no bytes (``_check_memory``)."""
+TMA reduce-add's staging tile shares no bytes (``_check_memory``), but a store's staging tile may lie inside the ring
+``Options.store_in_ring`` hosts it in (``memory_plan.hosted_stages``; verify.sync checks the gate that orders them)."""
 from __future__ import annotations
 
 from ..ir import Program, defs, walk
 from ..ir.kinds import STRUCTURAL
 from ..passes.buffers import value_partition
-from ..passes.memory_plan import reduce_stages
+from ..passes.memory_plan import hosted_stages, reduce_stages
 from .base import _fail
 
 
@@ -72,9 +73,14 @@ def _check_memory(p: Program, stage: str):
     for name in sorted({n for n in named if named.count(n) > 1}):
         _fail(stage, f"{named.count(name)} TMA reduce-adds stage in {name}: one op's reduce may still read it while "
               f"another (another chain's store_wait does not wait for it) overwrites it; give each its own tile")
+    hosted = hosted_stages(p)  # store_in_ring: a store's staging tile inside the ring read last (at its own offset)
     for i, a in enumerate(p.buffers):
         for b in p.buffers[i + 1:]:
             overlap = a.offset < b.offset + b.nbytes and b.offset < a.offset + a.nbytes
+            if overlap and a.name in hosted and b.name in hosted:
+                _fail(stage, f"staging tiles {a.name} and {b.name} share bytes inside {hosted[a.name]}")
+            if overlap and (hosted.get(a.name) == b.name or hosted.get(b.name) == a.name):
+                continue  # the producer's first fill of the ring a tile waits for the stores (verify.sync)
             if overlap and a.offset != b.offset:
                 _fail(stage, f"buffers {a.name} and {b.name} overlap at different offsets")
             if overlap and {a.name, b.name} & reduced:

@@ -5,7 +5,7 @@ barrier, passes to the next and takes the same turns per tile as the others (``_
 from data_partition on: each barrier met by exactly ``count`` chains, each the same times per tile in loops of equal
 bounds, so no chain waits for a phase the others never complete); a slot read by ``smem_read`` last is released with
 ``sync`` (``_check_release_sync``); no ``mma_wait`` reads an accumulator that a wgmma
-in flight writes (``_check_waits``)."""
+in flight writes (``_check_waits``); stores staged in a ring's bytes are ordered with its fills (``_check_drains``)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -284,3 +284,67 @@ def _check_waits(p: Program, stage: str):
                 retired = max(retired, at)
     for pt in p.partitions:
         seq(pt.body)
+
+
+def _check_drains(p: Program, stage: str):
+    """From code_partition on, for stores staged in a ring's bytes (``Options.store_in_ring``,
+    memory_plan.hosted_stages): each storing partition signals ``store_drained`` after its last staged store and, where
+    several partitions read the ring, meets them (``chain_sync``) before its first, in the same op list (a tile's
+    body); the ring's producer waits (``wait_drained`` on the same barrier) in the loop that fills the ring, before
+    the loop's first acquire of it. Without the meeting a chain's staging write lands on V another still reads;
+    without the wait the next tile's fills land under a store TMA has not read (the interpreter's ``overwrite``)."""
+    from ..passes.memory_plan import hosted_stages
+
+    hosted = hosted_stages(p)
+    if not hosted:
+        return
+    hosts = set(hosted.values())
+    groups = {c.group for c in p.channels if c.buffer in hosts}
+    readers = {d for c in p.channels if c.group in groups for d in c.dsts}
+    bars = set()
+
+    def staged(o) -> bool:
+        return o.kind == "store" and f"{o.operands[0]}_stage" in hosted
+
+    def check_storer(ops, name):
+        at = [i for i, o in enumerate(ops) if staged(o)]
+        if not at:
+            for o in ops:
+                if o.body:
+                    check_storer(o.body, name)
+            return
+        drained = [o for o in ops[at[-1] + 1:] if o.kind == "store_drained"]
+        if not drained:
+            _fail(stage, f"{name} stores from a staging tile in {sorted(hosts)}'s bytes without a store_drained after "
+                  f"its last such store: the producer would refill the ring under the store", ops[at[-1]])
+        bars.add(drained[0].attr("bar"))
+        if len(readers) > 1 and not any(o.kind == "chain_sync" for o in ops[:at[0]]):
+            _fail(stage, f"{name} stages a store in {sorted(hosts)}'s bytes without meeting the ring's other readers "
+                  f"(chain_sync) first: one may still read the ring there", ops[at[0]])
+
+    storers = [pt for pt in p.partitions if any(staged(o) for o in walk(pt.body))]
+    for pt in storers:
+        check_storer(pt.body, pt.name)
+
+    def gated(ops) -> bool:
+        for o in ops:
+            if o.kind in ("loop", "tile_next"):
+                inner = list(o.body)
+                first = next((i for i, x in enumerate(inner) if x.kind == "acquire" and x.attr("group") in groups),
+                             None)
+                if first is not None:
+                    return any(x.kind == "wait_drained" and x.attr("bar") in bars for x in inner[:first])
+            if o.body and gated(o.body):
+                return True
+        return False
+
+    for pt in p.partitions:
+        fills = any(o.kind == "acquire" and o.attr("group") in groups for o in walk(pt.body))
+        if fills and not gated(pt.body):
+            _fail(stage, f"{pt.name} fills ring(s) {sorted(groups)}, which host staging tiles, without a wait_drained "
+                  f"({sorted(bars)}) before its first acquire in the filling loop: a fill could land under a store")
+    counts = {o.attr("count") for pt in p.partitions for o in walk(pt.body)
+              if o.kind in ("store_drained", "wait_drained")}
+    if counts != {len(storers)}:
+        _fail(stage, f"store_drained/wait_drained count {sorted(counts)}, but {len(storers)} partitions store from "
+              f"the ring's bytes (one arrival each a tile)")

@@ -152,9 +152,14 @@ def earlyq(src):
 TILE = [("d256", "ws_p_128x64_rm_g16_dm_s3", (), 256), ("d256_nostore", "ws_p_128x64_rm_g16_dm_s3", (nostore,), 256),
         ("d256_earlyq", "ws_p_128x64_rm_g16_dm_s3", (earlyq,), 256),
         ("d256_earlyq_nostore", "ws_p_128x64_rm_g16_dm_s3", (earlyq, nostore), 256),
+        # O staged in V's bytes (store_in_ring, correct), and with Q's release moved before the last P V (earlyq:
+        # correct there, as O no longer stages in Q's slot)
+        ("d256_sr", "ws_p_128x64_rm_g16_dm_s3_sr", (), 256),
+        ("d256_sr_earlyq", "ws_p_128x64_rm_g16_dm_s3_sr", (earlyq,), 256),
         ("d192", "ws_p_128x64_rm_g16_sdb_dm_s3_lc_qr", (), 192),
-        ("d192_earlyq", "ws_p_128x64_rm_g16_sdb_dm_s3_lc_qr", (earlyq,), 192),
-        ("d192_earlyq_nostore", "ws_p_128x64_rm_g16_sdb_dm_s3_lc_qr", (earlyq, nostore), 192)]
+        ("d192_earlyq_nostore", "ws_p_128x64_rm_g16_sdb_dm_s3_lc_qr", (earlyq, nostore), 192),
+        ("d192_sr", "ws_p_128x64_rm_g16_sdb_dm_s3_lc_qr_sr", (), 192),
+        ("d192_q2", "ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2_qr", (), 192)]  # two Q copies: the pick up to 1024 keys
 
 
 def add_tile_variants() -> None:
