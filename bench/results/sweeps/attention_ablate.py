@@ -163,7 +163,11 @@ TILE = [("d256", "ws_p_128x64_rm_g16_dm_s3", (), 256), ("d256_nostore", "ws_p_12
 
 
 def add_tile_variants() -> None:
+    """``TILE`` into the runtime's tables (``TILE_ONLY=a,b`` in the environment: only those variants)."""
     from torch_autows.runtime import attention as fa
+    only = os.environ.get("TILE_ONLY")
+    if only:
+        TILE[:] = [t for t in TILE if t[0] in only.split(",")]
     for name, base, patches, d in TILE:
         tag = 300 + len(PATCH)
         fa.CONFIGS[name] = dataclasses.replace(fa.CONFIGS[base], block_k=tag)
