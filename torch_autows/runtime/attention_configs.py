@@ -122,8 +122,11 @@ CONFIGS.update({f"{name}_qr": replace(CONFIGS[name], q_regs=True) for name in (
 # O staged in the bytes of V's ring instead of the (one) Q slot (store_in_ring, FlashAttention-3's epilogue): Q is
 # released after its last reader, so the next tile's Q and first K load under this tile's last P V and epilogue,
 # and only the producer's first V fill of the next tile waits for O's store (passes/README.md "The tile turn").
-# d=256 (Q 64 KB, one copy) and d=192's one-Q-copy pick with Q in registers (its Q slot then frees at the tile's
-# start). Not measured yet.
+# Measured on an H100 (no H200 could be had; sweeps/2026-12-05-h100-attention-store-in-ring.json): d=256 with the
+# causal mask +1.0/+2.2/+0.7% at 512/1024/2048 keys (306/472/559 against 303/462/555 TFLOP/s, cuDNN 307/441/511),
+# picked there; without the mask 1.6-2.2% behind, with it at 4096 keys 3% behind. d=192 (Q in registers: its slot
+# frees at the tile's start) 6-10% behind from 4096 keys, also with the drain gate patched out (so not the gate:
+# its K and V rings split in two), and +1% at 1024 keys where two Q copies are 3-7% ahead: not picked.
 CONFIGS.update({f"{name}_sr": replace(CONFIGS[name], store_in_ring=True) for name in (
     "ws_p_128x64_rm_g16_dm_s3", "ws_p_128x64_rm_g16_sdb_dm_s3_lc_qr")})
 
@@ -199,6 +202,8 @@ def choose_config(d: int, causal: bool, seqlen_kv: int, d_v: int | None = None) 
       sequences not measured with it yet);
     * causal up to 512 keys, d=64 and 128: several CTAs an SM of 64-row tiles (ctas_per_sm: three at d=64, two at
       d=128), +15% / +5% over the picks above (2026-12-02-h200-attention-ctas*.json);
+    * causal d=256 up to 2048 keys: O staged in V's bytes (store_in_ring), +0.7-2.2% on an H100
+      (2026-12-05-h100-attention-store-in-ring.json; without the mask or longer, 1.6-3% behind);
     * d=192 up to 1024 keys: two Q copies, +5.7% with the mask (-ctas-2.json), +1.6% without (546 against 538
       TFLOP/s, cuDNN 569; at 4096 keys 4% behind: -d192-q2.json);
     * Q in registers (q_regs) at d=64 (128-row tiles), 96 and 192: +0.9-3.9% (-q-regs.json); without the mask at
@@ -218,7 +223,7 @@ def choose_config(d: int, causal: bool, seqlen_kv: int, d_v: int | None = None) 
     if d == 192:
         return "ws_p_128x64_rm_g16_sdb_dm_s3_lc_q2_qr" if seqlen_kv <= 1024 else "ws_p_128x64_rm_g16_sdb_dm_s3_lc_qr"
     if tile_d(d) > 128:
-        return "ws_p_128x64_rm_g16_dm_s3"
+        return "ws_p_128x64_rm_g16_dm_s3_sr" if causal and seqlen_kv <= 2048 else "ws_p_128x64_rm_g16_dm_s3"
     return "ws_p_128x128_q2_rm_g16_qr" if d == 64 or not causal else "ws_p_128x128_q2_rm_g16"
 
 
