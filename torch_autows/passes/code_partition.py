@@ -52,7 +52,7 @@ from dataclasses import replace
 from ..ir import BarrierGroup, Op, Program, TurnGroup, Value, check_expr, op, walk
 from . import PassError
 from .buffers import channel_groups, value_partition
-from .memory_plan import hosted_stages
+from .memory_plan import hosted_stages, hosted_store
 
 #: The turn barriers' name (as passes/ping_pong's; a Program has one TurnGroup).
 TURN_BAR = "turn_bar"
@@ -238,9 +238,8 @@ def run(program: Program, options=None) -> Program:
             dmap[n] = o
     parts = tuple(replace(p, body=_partition_body(prog, p.name, chans, dmap)) for p in program.partitions)
     if hosted_stages(program):
-        parts = _drain_gates(prog, parts)
-        bars = {o.attr("bar") for pt in parts for o in walk(pt.body) if o.kind in ("chain_sync", "store_drained")}
-        prog = replace(prog, smem_bytes=(prog.smem_bytes or 0) + 8 * len(bars))  # one-slot mbarriers, 8 B each
+        parts, bars = _drain_gates(prog, parts)
+        prog = replace(prog, smem_bytes=(prog.smem_bytes or 0) + 8 * bars)  # one-slot mbarriers, 8 B each
         if prog.smem_bytes > program.arch.smem_limit:
             raise PassError(f"code_partition: the stores' drain and meeting barriers do not fit ({prog.smem_bytes} B "
                             f"of SMEM); use fewer stages")
@@ -267,13 +266,14 @@ def _main_loop_turn(body: tuple[Op, ...], me: int, count: int) -> tuple[Op, ...]
             op("turn_pass", turns=count, to=(me + 1) % count), *body[last + 1:])
 
 
-def _drain_gates(program: Program, parts):
-    """The order that lets a store stage in a ring's bytes (``Options.store_in_ring``; memory_plan.hosted_stages): a
-    storing consumer meets the ring's other readers (``chain_sync``) before its first staged store, so none still
-    reads the ring there, and signals ``store_drained`` after its last (``tma.store_wait(0)``, then an arrive): TMA has
-    read the staging tiles. The ring's producer waits for that (``wait_drained``, in the filling loop's first trip,
-    before its first acquire of the ring: the previous tile's stores; a fresh barrier passes the first tile) so no
-    fill lands under a store, while Q and the other rings' fills of the next tile go ahead."""
+def _drain_gates(program: Program, parts) -> tuple[tuple, int]:
+    """(partitions, mbarriers made): the order that lets a store stage in a ring's bytes (``Options.store_in_ring``;
+    memory_plan.hosted_stages): a storing consumer meets the ring's other readers (``chain_sync``) before its first
+    staged store, so none still reads the ring there, and signals ``store_drained`` after its last
+    (``tma.store_wait(0)``, then an arrive): TMA has read the staging tiles. The ring's producer waits for that
+    (``wait_drained``, in the filling loop's first trip, before its first acquire of the ring: the previous tile's
+    stores; a fresh barrier passes the first tile) so no fill lands under a store, while Q and the other rings' fills
+    of the next tile go ahead."""
     hosted = hosted_stages(program)
     hosts = set(hosted.values())
     ring_groups = {c.group for c in program.channels if c.buffer in hosts}
@@ -282,11 +282,7 @@ def _drain_gates(program: Program, parts):
                         f"barrier rings; one ring gates on the stores (buffers.channel_groups keeps them together)")
     (g,) = ring_groups
     readers = sorted({d for c in program.channels if c.group == g for d in c.dsts})
-
-    def staged(o: Op) -> bool:
-        return o.kind == "store" and f"{o.operands[0]}_stage" in hosted
-
-    storers = [pt.name for pt in parts if any(staged(o) for o in pt.body)]
+    storers = [pt.name for pt in parts if any(hosted_store(o, hosted) for o in pt.body)]
     if not storers or not set(storers) <= set(readers):
         raise PassError(f"code_partition: stores staged in ring {g} are issued by {storers}, not by its readers "
                         f"{readers}: a staging write must follow its own partition's last read of the ring")
@@ -295,7 +291,7 @@ def _drain_gates(program: Program, parts):
     for pt in parts:
         body = list(pt.body)
         if pt.name in storers:
-            at = [i for i, o in enumerate(body) if staged(o)]
+            at = [i for i, o in enumerate(body) if hosted_store(o, hosted)]
             body.insert(at[-1] + 1, op("store_drained", bar=bar, count=len(storers)))
             if len(readers) > 1:  # the other readers may still read the ring (the tile's last P V)
                 body.insert(at[0], replace(op("chain_sync", bar=meet, count=len(readers)), chain=pt.body[at[0]].chain,
@@ -303,7 +299,7 @@ def _drain_gates(program: Program, parts):
         elif any(o.kind == "acquire" and o.attr("group") == g for o in walk(pt.body)):
             body = _gate_fills(body, g, bar, len(storers))
         out.append(replace(pt, body=tuple(body)))
-    return tuple(out)
+    return tuple(out), 1 + (len(readers) > 1)  # the drain signal, and the meeting where several read the ring
 
 
 def _gate_fills(body: list[Op], g: str, bar: str, count: int) -> list[Op]:

@@ -144,30 +144,34 @@ def plan(program: Program, depth: int, store_copies: int, tile_copies: int = 1, 
         return store_copies if b.value in stored else 2 if b.value in viewed else 1
 
     bufs = [replace(b, count=count(b)) for b in program.buffers]
+
+    def place(skip: set[str]):
+        """Greedy interval colouring of ``bufs`` but ``skip``: (placed buffers, bytes used)."""
+        roots: list = []  # buffers that start a region; later ones may reinterpret a root's bytes
+        placed: list = []
+        top = 0
+        for b in sorted(bufs, key=lambda b: (-b.nbytes, b.name)):
+            if b.name in skip:
+                continue
+            off = None
+            for root in roots:
+                sharers = [p for p in placed if p.offset == root.offset]
+                if b.nbytes <= root.nbytes and all(_compatible(p, b, program, iv, acc, loop_of, reduced)
+                                                 for p in sharers):
+                    off = root.offset
+                    break
+            if off is None:
+                off, top = top, _align(top + b.nbytes)
+                roots.append(replace(b, offset=off))
+            placed.append(replace(b, offset=off))
+        return placed, top
+
     hosts = stage_hosts(program)
     hosted = {b.name for b in ring_stages(program)} if hosts and store_copies == 1 else set()
-    roots: list = []  # buffers that start a region; later ones may reinterpret a root's bytes
-    placed: list = []
-    top = 0
-    for b in sorted(bufs, key=lambda b: (-b.nbytes, b.name)):
-        if b.name in hosted:
-            continue
-        off = None
-        for root in roots:
-            sharers = [p for p in placed if p.offset == root.offset]
-            if b.nbytes <= root.nbytes and all(_compatible(p, b, program, iv, acc, loop_of, reduced)
-                                             for p in sharers):
-                off = root.offset
-                break
-        if off is None:
-            off, top = top, _align(top + b.nbytes)
-            roots.append(replace(b, offset=off))
-        placed.append(replace(b, offset=off))
+    placed, top = place(hosted)
     inside = _in_hosts([b for b in placed if b.name in hosts], [b for b in bufs if b.name in hosted])
-    if inside is None:  # the hosts at this depth are too small: the staging tiles get bytes of their own
-        for b in sorted((b for b in bufs if b.name in hosted), key=lambda b: (-b.nbytes, b.name)):
-            placed.append(replace(b, offset=top))
-            top = _align(top + b.nbytes)
+    if inside is None:  # the hosts at this depth are too small: the staging tiles are placed as any other buffer
+        placed, top = place(set())
     else:
         placed += inside
     by_name = {b.name: b for b in placed}
@@ -210,6 +214,11 @@ def hosted_stages(program: Program) -> dict[str, str]:
                     h.offset <= b.offset and b.offset + b.nbytes <= h.offset + h.nbytes:
                 out[b.name] = h.name
     return out
+
+
+def hosted_store(o: Op, hosted: dict[str, str]) -> bool:
+    """Whether ``o`` is a TMA store from a staging tile of ``hosted`` (``hosted_stages``), in a ring's bytes."""
+    return o.kind == "store" and f"{o.operands[0]}_stage" in hosted
 
 
 def run(program: Program, options=None) -> Program:

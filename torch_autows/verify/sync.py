@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..ir import Program, walk
+from ..passes.memory_plan import hosted_stages, hosted_store
 from .base import _fail
 
 
@@ -293,8 +294,6 @@ def _check_drains(p: Program, stage: str):
     body); the ring's producer waits (``wait_drained`` on the same barrier) in the loop that fills the ring, before
     the loop's first acquire of it. Without the meeting a chain's staging write lands on V another still reads;
     without the wait the next tile's fills land under a store TMA has not read (the interpreter's ``overwrite``)."""
-    from ..passes.memory_plan import hosted_stages
-
     hosted = hosted_stages(p)
     if not hosted:
         return
@@ -303,11 +302,8 @@ def _check_drains(p: Program, stage: str):
     readers = {d for c in p.channels if c.group in groups for d in c.dsts}
     bars = set()
 
-    def staged(o) -> bool:
-        return o.kind == "store" and f"{o.operands[0]}_stage" in hosted
-
     def check_storer(ops, name):
-        at = [i for i, o in enumerate(ops) if staged(o)]
+        at = [i for i, o in enumerate(ops) if hosted_store(o, hosted)]
         if not at:
             for o in ops:
                 if o.body:
@@ -322,7 +318,7 @@ def _check_drains(p: Program, stage: str):
             _fail(stage, f"{name} stages a store in {sorted(hosts)}'s bytes without meeting the ring's other readers "
                   f"(chain_sync) first: one may still read the ring there", ops[at[0]])
 
-    storers = [pt for pt in p.partitions if any(staged(o) for o in walk(pt.body))]
+    storers = [pt for pt in p.partitions if any(hosted_store(o, hosted) for o in walk(pt.body))]
     for pt in storers:
         check_storer(pt.body, pt.name)
 
