@@ -27,11 +27,13 @@ for d, S, view, dlse in ((64, 37, True, True), (128, 5, False, False), (64, 130,
     lse = torch.randn(B, H, S, generator=g)
     lse[0, 1, S // 2] = float("-inf")
     gl = torch.randn(B, H, S, generator=g) if dlse else None
-    got = rows.preprocess(o, do, lse, gl, kernel=rows._delta_kernel())
     want = tmpl.preprocess(o, do, lse, gl)
-    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
-    assert torch.equal(got[1], want[1]), "lse2"
     sqp = -(-S // 64) * 64
+    for ws in (None, torch.full((B * H * S, d), float("nan")), torch.full((B * H * sqp, d), float("nan"))):
+        got = rows.preprocess(o, do, lse, gl, kernel=rows._delta_kernel(), workspace=ws)
+        torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+        assert torch.equal(got[1], want[1]), "lse2"
+        assert ws is None or torch.equal(ws, torch.zeros_like(ws)), "workspace not zeroed"
     acc = torch.randn(B * H * sqp, d, generator=g)
     q = torch.empty(B, H, S, d, dtype=torch.bfloat16)
     got = rows.postprocess(acc, 0.3, q, kernel=rows._dq_kernel())
@@ -44,20 +46,38 @@ print("ok")
 
 def test_kernels_interpreted_match_torch():
     """delta, lse2 (a -inf row gives 0) and dQ by the Triton kernels, interpreted on CPU, against the torch versions:
-    [B, S, H, D] views of O, head dims 64/128, with and without a gradient into lse, row counts off the block."""
+    [B, S, H, D] views of O, head dims 64/128, with and without a gradient into lse, row counts off the block; the
+    delta kernel without a workspace and zeroing a NaN-filled one of S or of padded rows per head (every row)."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     res = subprocess.run([sys.executable, "-c", _INTERPRETED], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-3000:]
 
 
-@pytest.mark.parametrize("which", ["delta", "dq"])
+@pytest.mark.parametrize("which", ["delta", "delta_nozero", "dq"])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("d", [64, 128])
 def test_kernels_compile_for_sm90a(which, dtype, d):
-    """Each kernel compiles offline for sm_90a with no local memory (no spills)."""
-    k = rows.compile_offline(which, dtype, d)
+    """Each kernel compiles offline for sm_90a with no local memory (no spills); the delta kernel has stores beside
+    delta's and lse2's only where it zeroes a workspace."""
+    k = rows.compile_offline(which.split("_")[0], dtype, d, zero=which == "delta")
     ptx = k.asm["ptx"]
     assert ".target sm_90a" in ptx and ".local" not in ptx
+    if which == "delta":  # the zero stores: the workspace's [BLOCK, D] tile beside delta's and lse2's rows
+        plain = rows.compile_offline("delta", dtype, d, zero=False).asm["ptx"]
+        assert ptx.count("st.global") > plain.count("st.global") >= 2
+
+
+def test_workspace_checked():
+    """A workspace of the wrong dtype, width or row count is refused with what to pass instead."""
+    o = torch.randn(1, 2, 9, 64).to(torch.bfloat16)
+    lse = torch.randn(1, 2, 9)
+    bads = (torch.empty(18, 64, dtype=torch.float16), torch.empty(18, 32), torch.empty(19, 64), torch.empty(16, 64))
+    for bad in bads:
+        with pytest.raises(ValueError, match="workspace"):
+            rows.preprocess(o, o, lse, workspace=bad)
+    ws = torch.full((2 * 64, 64), float("nan"))
+    rows.preprocess(o, o, lse, workspace=ws)  # off CUDA: the torch versions, the workspace zeroed
+    assert torch.equal(ws, torch.zeros_like(ws))
 
 
 def test_off_cuda_the_torch_versions_run():

@@ -105,7 +105,8 @@ def test_backward_random(c, poisoned):
 @pytest.mark.parametrize("d", [64, 128])
 def test_row_kernels_match_torch(d):
     """The preprocess and dQ-convert Triton kernels (runtime/attention_bwd_rows.py) against the torch versions on
-    the GPU: delta to fp32 summation order, lse2 and dQ bitwise; O as a [B, S, H, D] view, a -inf lse row."""
+    the GPU: delta to fp32 summation order, lse2 and dQ bitwise; O as a [B, S, H, D] view, a -inf lse row; the
+    preprocess also zeroing a NaN-filled dQ workspace of padded rows."""
     from torch_autows.runtime import attention_bwd_rows as rows
     from torch_autows.templates import attention_bwd as tmpl
 
@@ -115,14 +116,17 @@ def test_row_kernels_match_torch(d):
     lse, dlse = (torch.randn(2, 5, 333, device="cuda") for _ in range(2))
     lse[1, 2, 7] = float("-inf")
     for _ in range(2):  # the second call with new tensors: through the bound launch (launch.JitLaunches)
-        got, want = rows.preprocess(o, do, lse, dlse), tmpl.preprocess(o, do, lse, dlse)
-        torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
-        assert torch.equal(got[1], want[1])
+        want = tmpl.preprocess(o, do, lse, dlse)
+        ws = torch.full((2 * 5 * 384, d), float("nan"), device="cuda")  # the reduce form's padded dQ workspace
+        for got in (rows.preprocess(o, do, lse, dlse), rows.preprocess(o, do, lse, dlse, workspace=ws)):
+            torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+            assert torch.equal(got[1], want[1])
+        assert torch.count_nonzero(ws).item() == 0, "the workspace zeroed, every row"
         acc = torch.randn(2 * 5 * 384, d, device="cuda")
         q = torch.empty(2, 5, 333, d, device="cuda", dtype=torch.float16)
         assert torch.equal(rows.postprocess(acc, 0.3, q), tmpl.postprocess(acc, 0.3, q))
         o, do, lse, dlse = (t.clone() + 0.5 for t in (o, do, lse, dlse))
-    assert len(rows._LAUNCHES._bound) >= 2
+    assert len(rows._LAUNCHES._bound) >= 3
 
 
 def test_repeated_calls_take_the_bound_launch():

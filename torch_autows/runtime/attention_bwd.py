@@ -2,7 +2,8 @@
 (templates/attention_bwd.py, templates/attention_bwd_dq.py; passes/BACKWARD.md).
 
 ``backward(grad_out, grad_lse, q, k, v, out, lse, is_causal, scale, config=None, dq_mode=None, dq_config=None)
--> (dq, dk, dv)`` runs the preprocess (delta, lse2: ``attention_bwd_rows``, one Triton kernel) and then one of three
+-> (dq, dk, dv)`` runs the preprocess (delta, lse2: ``attention_bwd_rows``, one Triton kernel, which also zeroes the
+atomic and reduce forms' fp32 dQ workspace, as cuDNN's and FlashAttention-3's preprocess do) and then one of three
 forms (``dq_mode``):
 
 * "atomic": the main kernel computes dK, dV and adds each step's dQ into a zeroed fp32 workspace with fp32 atomics;
@@ -38,7 +39,15 @@ import torch
 
 from ..ir import Options, walk
 from ..templates import attention_bwd_dq as dq_host
-from ..templates.attention_bwd import HEAD_DIMS, AttentionBwdRequest, gradients, kernel_values, kv_buffers, kv_gradients
+from ..templates.attention_bwd import (
+    HEAD_DIMS,
+    AttentionBwdRequest,
+    gradients,
+    kernel_values,
+    kv_buffers,
+    kv_gradients,
+    workspace_rows,
+)
 from ..templates.attention_bwd_dq import AttentionBwdDqRequest
 from . import attention_bwd_rows as rows
 from . import choice
@@ -205,12 +214,12 @@ class _Plan:
         self.main, self.dq = main, dq
 
     def run(self, grad_out, grad_lse, q, k, v, out, lse):
-        delta, lse2 = rows.preprocess(out, grad_out, lse, grad_lse)
+        acc = torch.empty(self.ws, self.shape_q[3], dtype=torch.float32, device=q.device) if self.ws else None
+        delta, lse2 = rows.preprocess(out, grad_out, lse, grad_lse, workspace=acc)
         dk, dv = kv_buffers(k, self.launched)
         addr = {"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "do": grad_out.data_ptr(),
                 "lse2": lse2.data_ptr(), "delta": delta.data_ptr(), "dk": dk.data_ptr(), "dv": dv.data_ptr()}
         if self.ws:
-            acc = torch.zeros(self.ws, self.shape_q[3], dtype=torch.float32, device=q.device)
             addr["dq_acc"] = acc.data_ptr()
         if not self.main[0](*(addr[n] for n in self.main[1])):
             return None
@@ -221,6 +230,15 @@ class _Plan:
         if not self.dq[0](*(addr[n] for n in self.dq[1])):
             return None
         return dq, dk, dv
+
+
+def _workspace(q, rows_per_head: int) -> torch.Tensor | None:
+    """The dQ workspace of the atomic and reduce forms, [B*Hq*rows_per_head, D] f32, left uninitialised: the
+    preprocess kernel zeroes it beside delta (``attention_bwd_rows.preprocess``); None where the form has none."""
+    if not rows_per_head:
+        return None
+    B, Hq, _, D = q.shape
+    return torch.empty(B * Hq * rows_per_head, D, dtype=torch.float32, device=q.device)
 
 
 #: (a call's metadata, its config arguments, deterministic mode) -> _Plan. The choice tables are read once per key.
@@ -304,9 +322,10 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: floa
         raise ValueError(f"dq_config={dq_config!r} is for the separate form; pass dq_mode='separate' with it")
     opts = CONFIGS[config]
     form = "none" if dq_mode == "separate" else dq_mode
-    delta, lse2 = rows.preprocess(out, grad_out, lse, grad_lse)
+    acc = _workspace(q, workspace_rows(form, q.shape[2], opts.block_m))
+    delta, lse2 = rows.preprocess(out, grad_out, lse, grad_lse, workspace=acc)
     values = kernel_values(q, k, v, grad_out, delta, lse2, causal, scale, opts.block_n, POISON, dq=form,
-                           block_m=opts.block_m, fold=opts.fold_rows)
+                           block_m=opts.block_m, fold=opts.fold_rows, dq_acc=acc)
     in_place = grad_out is not None and all(values[n].data_ptr() == t.data_ptr() for n, t in zip(_VIEWS,
                                                                                                  (q, k, v, grad_out)))
     call = plan_key[0]

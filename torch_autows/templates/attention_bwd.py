@@ -321,27 +321,39 @@ def kv_buffers(k: torch.Tensor, launched: int, fill: float | None = None) -> tup
     return dk, dv
 
 
+def workspace_rows(dq: str, Sq: int, block_m: int | None = None) -> int:
+    """Rows per head of the dQ workspace of form ``dq`` (``DQ_FORMS``): Sq ("atomic"), ``padded_rows(Sq, block_m)``
+    ("reduce", which needs ``block_m``), 0 ("none": no workspace)."""
+    if dq not in DQ_FORMS:
+        raise ValueError(f"kernel_values: dq={dq!r}; use one of {DQ_FORMS}")
+    if dq == "reduce" and block_m is None:
+        raise ValueError("kernel_values: the reduce form's workspace is padded to the Q block; pass block_m")
+    return {"atomic": Sq, "reduce": padded_rows(Sq, block_m or 1), "none": 0}[dq]
+
+
 def kernel_values(q, k, v, grad_out, delta, lse2, causal: bool, scale: float, block_n: int,
                   fill: float | None = None, dq: str = "atomic", block_m: int | None = None,
-                  fold: bool = False) -> dict:
+                  fold: bool = False, dq_acc: torch.Tensor | None = None) -> dict:
     """A value per argument name of the attention_bwd template. dK/dV are new [B, Hkv, Skv, D] tensors (their
     2-D views under "dk"/"dv"), left uninitialised (``fill``: filled, as the interpreter's poison) except the rows
     of the KV blocks the kernel is not launched for (causal, keys at or past Sq), which are zero; the dQ
     workspace is zero: [B*Hq*Sq, D] (``dq="atomic"``) or [B*Hq*padded_rows(Sq, block_m), D] (``dq="reduce"``, which
     needs ``block_m``); ``dq="none"``: the kernel without dQ, no workspace. ``grad_out`` None: zeros (only a
     gradient into lse flows). ``fold``: the folded step's scalars too (``qk_fold``, ``lse_fold``;
-    ``Options.fold_rows``)."""
+    ``Options.fold_rows``). ``dq_acc``: the workspace to use, already zero ([B*Hq*workspace_rows, D] f32: the
+    runtime's row kernel zeroes it beside delta, ``runtime.attention_bwd_rows.preprocess``); None: a new zeroed one."""
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
     NB = kv_blocks(Sq, Skv, block_n, causal)
     dk, dv = kv_buffers(k, NB * block_n, fill)
-    if dq not in DQ_FORMS:
-        raise ValueError(f"kernel_values: dq={dq!r}; use one of {DQ_FORMS}")
-    if dq == "reduce" and block_m is None:
-        raise ValueError("kernel_values: the reduce form's workspace is padded to the Q block; pass block_m")
-    ws_rows = {"atomic": Sq, "reduce": padded_rows(Sq, block_m or 1), "none": 0}[dq]
+    ws_rows = workspace_rows(dq, Sq, block_m)
+    if ws_rows and dq_acc is None:
+        dq_acc = torch.zeros(B * Hq * ws_rows, D, dtype=torch.float32, device=q.device)
+    elif ws_rows and (tuple(dq_acc.shape) != (B * Hq * ws_rows, D) or dq_acc.dtype != torch.float32):
+        raise ValueError(f"kernel_values: dq_acc is {tuple(dq_acc.shape)} {dq_acc.dtype}; the {dq} form needs "
+                         f"({B * Hq * ws_rows}, {D}) float32")
     vals = {**row_views(q, k, v, grad_out), "lse2": lse2, "delta": delta,
-            **({"dq_acc": torch.zeros(B * Hq * ws_rows, D, dtype=torch.float32, device=q.device)} if ws_rows else {}),
+            **({"dq_acc": dq_acc} if ws_rows else {}),
             "dk": dk.view(B * Hkv * Skv, D), "dv": dv.view(B * Hkv * Skv, D),
             "Sq": Sq, "Skv": Skv, "Hq": Hq, "Hkv": Hkv, "G": Hq // Hkv, "qk_scale": scale * LOG2E, "scale": scale,
             "BH": B * Hkv, "NB": NB}
