@@ -91,11 +91,14 @@ def test_dq_mode_choice_and_configs(monkeypatch):
     assert attention_bwd.choose_dq_mode("separate", 64) == "separate"
     # the measured default per head dim, mask and keys: reduce ahead of separate at d=64 from 1024 keys
     # (sweeps/...-attention-bwd-configs-7; without the mask with two CTAs an SM, -bwd-c2), at d=128 from 2048
-    # (-configs-6); other head dims: separate
+    # (-configs-6), from 1024 where the KV tiles are whole (dK/dV by TMA: -store-in-ring); other head dims: separate
     for causal in (False, True):
-        assert [attention_bwd.choose_dq_mode(None, d, 1024, causal) for d in (64, 128)] == ["reduce", "separate"]
+        assert [attention_bwd.choose_dq_mode(None, d, 1024, causal) for d in (64, 128)] == ["reduce", "reduce"]
         assert [attention_bwd.choose_dq_mode(None, d, 1023, causal) for d in (64, 128)] == ["separate", "separate"]
+        assert [attention_bwd.choose_dq_mode(None, d, 1152, causal) for d in (64, 128)] == ["reduce", "reduce"]
+        assert [attention_bwd.choose_dq_mode(None, d, 1100, causal) for d in (64, 128)] == ["reduce", "separate"]
         assert [attention_bwd.choose_dq_mode(None, d, 2048, causal) for d in (64, 128)] == ["reduce", "reduce"]
+        assert attention_bwd.choose_dq_mode(None, 128, 512, causal) == "separate"
         assert attention_bwd.choose_dq_mode(None, 64, None, causal) == "reduce"  # keys unknown: as for many
     assert attention_bwd.choose_dq_mode(None, 64, 1023) == "separate"
     assert attention_bwd.choose_dq_mode(None, 128, 2047) == "separate" and attention_bwd.choose_dq_mode(None, 96) == (
@@ -110,16 +113,16 @@ def test_dq_mode_choice_and_configs(monkeypatch):
             assert attention_bwd.dq_serves(attention_bwd.choose_dq_config(d, causal), d)
     # d=64's reduce form: two CTAs an SM with K and V in registers (REDUCE_PICKS) up to REDUCE_LONG's keys, then
     # 128-query steps with dQ split by query rows; not (yet) the separate form
-    c2, long = "bwd_64x64_dp1_c2_kvr", "bwd_128x128_dp2_dqsplit_fold"
+    c2, long = "bwd_64x64_dp1_c2_kvr", "bwd_128x128_dp2_dqsplit_fold_sr"
     assert attention_bwd.CONFIGS[c2].ctas_per_sm == 2 and attention_bwd.CONFIGS[c2].early_reduce_wait
     assert attention_bwd.CONFIGS[c2].kv_regs and not attention_bwd.serves(c2, 64, "separate")
     o = attention_bwd.CONFIGS[long]
     assert (o.block_m, o.block_n, o.data_partition, o.dq_split) == (128, 128, 2, True)
     for causal in (False, True):
         start = attention_bwd.REDUCE_LONG[64, causal][1]
-        assert {attention_bwd.choose_config(64, causal, "reduce", keys) for keys in (1, 1024, start - 1, None)} == {c2}
+        assert {attention_bwd.choose_config(64, causal, "reduce", keys) for keys in (1, 512, start - 1, None)} == {c2}
         assert {attention_bwd.choose_config(64, causal, "reduce", keys) for keys in (start, 8192)} == {long}
-        assert attention_bwd.choose_config(128, causal, "reduce", 8192) == "bwd_64x128_dp2_dqsplit_fold"
+        assert attention_bwd.choose_config(128, causal, "reduce", 8192) == "bwd_64x128_dp2_dqsplit_fold_sr"
     assert all(attention_bwd.choose_config(64, causal, "separate", 512) != c2 for causal in (False, True))
     assert attention_bwd.choose_config(64, True) != c2 and attention_bwd.choose_config(64, True, "atomic") != c2
     assert all(attention_bwd.choose_config(128, causal, mode, 512) != c2 for causal in (False, True)
@@ -133,15 +136,16 @@ def test_dq_mode_choice_and_configs(monkeypatch):
     assert [attention_bwd.choose_config(128, True, "separate", keys) for keys in (1, 512, 1024, 1025, None)] == [
         c2f, c2f, c2f, "bwd_64x128_dp2", "bwd_64x128_dp2"]
     assert attention_bwd.choose_config(128, False, "separate", 512) == "bwd_64x128_dp2"
-    assert attention_bwd.choose_config(128, True, "reduce", 512) == "bwd_64x128_dp2_dqsplit_fold"
+    assert attention_bwd.choose_config(128, True, "reduce", 512) == "bwd_64x128_dp2_dqsplit_fold_sr"
     assert not attention_bwd.serves("bwd_32x128_dp2", 128, "atomic")  # dQ's wgmma would have 32 rows
     # d=128 reduce: the split dQ only (the whole dQ^T partial sums spill); the separate form keeps plain options
     assert [c for c in attention_bwd.CONFIGS if attention_bwd.serves(c, 128, "reduce")] == [
-        "bwd_64x128_dp2_dqsplit_fold", "bwd_32x128_dp2_dqsplit"]
+        "bwd_64x128_dp2_dqsplit_fold", "bwd_32x128_dp2_dqsplit", "bwd_64x128_dp2_dqsplit_fold_sr"]
     configs = attention_bwd.CONFIGS
     assert configs["bwd_32x128_dp2_dqsplit"].dq_split and not configs["bwd_32x128_dp2"].dq_split
-    # the 64-query split with the folded rows: 1.13-1.17x the 32-query split (-configs-6)
-    assert attention_bwd.choose_config(128, True, "reduce") == "bwd_64x128_dp2_dqsplit_fold"
+    # the 64-query split with the folded rows: 1.13-1.17x the 32-query split (-configs-6); dK/dV by TMA out of the
+    # Q/dO ring (-store-in-ring)
+    assert attention_bwd.choose_config(128, True, "reduce") == "bwd_64x128_dp2_dqsplit_fold_sr"
 
 
 def test_not_sm90_or_not_cuda(monkeypatch):
@@ -380,6 +384,7 @@ def test_backward_refuses_a_config_of_the_other_form(monkeypatch):
     q, k, v = (torch.randn(1, 2, 9, 128, generator=g) for _ in range(3))
     monkeypatch.setitem(attention_bwd.CONFIG_HEAD_DIMS, "bwd_32x128_dp2_dqsplit", {})  # as before the split dQ
     monkeypatch.setitem(attention_bwd.CONFIG_HEAD_DIMS, "bwd_64x128_dp2_dqsplit_fold", {})
+    monkeypatch.setitem(attention_bwd.CONFIG_HEAD_DIMS, "bwd_64x128_dp2_dqsplit_fold_sr", {})
     with pytest.raises(Unsupported, match="no config serves head dim 128 in the reduce form.*'separate' does"):
         attention_bwd.backward(q, None, q, k, v, q, q[..., 0], False, 0.1, dq_mode="reduce")
     go, q, k, v, out, lse = _cpu_inputs()

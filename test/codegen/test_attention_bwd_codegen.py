@@ -54,7 +54,12 @@ REDUCE_SPILLS = {("bwd_64x128_dp2", 128, False): 532, ("bwd_64x128_dp2", 128, Tr
 # The 128-query steps at d=64 with dQ split by query rows: 24 (causal 104); with the runtime's specialisation 0 (96).
 REDUCE_SERVED_SPILLS = {("bwd_64x128_dp2_dqsplit_fold", 128, False): 8, ("bwd_64x128_dp2_dqsplit_fold", 128, True): 40,
                         ("bwd_128x128_dp2_dqsplit_fold", 64, False): 24,
-                        ("bwd_128x128_dp2_dqsplit_fold", 64, True): 104}
+                        ("bwd_128x128_dp2_dqsplit_fold", 64, True): 104,
+                        # dK/dV by TMA out of the Q/dO ring: scalars spilled (4-byte STL/LDL)
+                        ("bwd_64x128_dp2_dqsplit_fold_sr", 128, False): 64,
+                        ("bwd_64x128_dp2_dqsplit_fold_sr", 128, True): 164,
+                        ("bwd_128x128_dp2_dqsplit_fold_sr", 64, False): 144,
+                        ("bwd_128x128_dp2_dqsplit_fold_sr", 64, True): 216}
 REDUCE = [c for c in itertools.product(CONFIGS, (64, 128), (False, True), ("bf16", "fp16"))
           if serves(c[0], c[1], "reduce") or c[:3] in REDUCE_SPILLS]
 
@@ -80,7 +85,9 @@ def _compiled(config: str, d: int, causal: bool, dtype: str, kernel: str = "atom
     if kernel == "dq":
         program = pipeline.run(build_dq(AttentionBwdDqRequest(d, dtype, causal), DQ_CONFIGS[config]))
     else:
-        req = AttentionBwdRequest(d, dtype, causal, dq={"atomic": "atomic", "reduce": "reduce"}.get(kernel, "none"))
+        # store_in_ring configs as the runtime runs them on whole KV tiles: dK/dV by TMA out of the Q/dO ring
+        req = AttentionBwdRequest(d, dtype, causal, dq={"atomic": "atomic", "reduce": "reduce"}.get(kernel, "none"),
+                                  kv_tma=CONFIGS.get(config, Options()).store_in_ring and kernel != "dq")
         program = pipeline.run(build(req, CONFIGS[config]))
     compiled = compile_offline(program)
     return program, compiled, summary(program, compiled)
@@ -151,7 +158,7 @@ def test_choose_config_serves_every_head_dim():
         assert serves(choose_config(d, causal), d)  # the default form (separate)
         assert serves(choose_config(d, causal, "atomic"), d, "atomic")
         assert serves(choose_config(d, causal, "reduce"), d, "reduce")
-    assert choose_config(128, False, "reduce") == "bwd_64x128_dp2_dqsplit_fold"  # sweeps/...-configs-6
+    assert choose_config(128, False, "reduce") == "bwd_64x128_dp2_dqsplit_fold_sr"  # -configs-6, -store-in-ring
 
 
 @pytest.mark.parametrize("config,d,causal,dtype", CASES)
@@ -232,7 +239,8 @@ def test_only_fold_rows_configs_fold_their_row_vectors():
               if folds_rows(AttentionBwdRequest(d, "bf16", False, forms[f]), CONFIGS[c])}
     assert folded == {("bwd_64x128_dp2_fold", 128, "separate"), ("bwd_64x64_dp1_c2_fold", 128, "separate"),
                       ("bwd_64x128_dp2_dqsplit_fold", 128, "reduce"), ("bwd_64x128_dp2_p_fold", 64, "reduce"),
-                      ("bwd_128x128_dp2_dqsplit_fold", 64, "reduce")}
+                      ("bwd_128x128_dp2_dqsplit_fold", 64, "reduce"), ("bwd_64x128_dp2_dqsplit_fold_sr", 128, "reduce"),
+                      ("bwd_128x128_dp2_dqsplit_fold_sr", 64, "reduce")}
     src = gluon.generate(pipeline.run(build(AttentionBwdRequest(128, "bf16", True, dq="none"),
                                             CONFIGS["bwd_64x128_dp2_fold"])))
     consumer = src[src.index("def consumer0("):src.index("def consumer1(")]

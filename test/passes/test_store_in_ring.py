@@ -15,7 +15,10 @@ from torch_autows.interp import POLICIES, make_instance, run_partitioned, run_se
 from torch_autows.ir import walk
 from torch_autows.passes import buffers, memory_plan, pipeline
 from torch_autows.runtime.attention import CONFIGS
+from torch_autows.runtime.attention_bwd import CONFIGS as BWD_CONFIGS
 from torch_autows.templates.attention import AttentionRequest, build
+from torch_autows.templates.attention_bwd import AttentionBwdRequest
+from torch_autows.templates.attention_bwd import build as build_bwd
 
 D256 = "ws_p_128x64_rm_g16_dm_s3_sr"
 D192 = "ws_p_128x64_rm_g16_sdb_dm_s3_lc_qr_sr"
@@ -140,3 +143,68 @@ def test_compiles_for_sm90a_without_spills(config, d, causal):
 
     _, summary = compile_ws_cubin(_after(config, d, causal))
     assert summary["spills"] == 0
+
+
+# The attention backward (one tile a CTA): dK/dV after the walk over the queries, staged in the bytes of the Q/dO ring
+# the walk read last, stored by TMA; the chains meet first, and nothing fills the ring after the stores.
+BWD = [c for c in BWD_CONFIGS if BWD_CONFIGS[c].store_in_ring]
+
+
+def _bwd(config="bwd_64x128_dp2_dqsplit_fold_sr", d=128, causal=False, kv_tma=True):
+    return pipeline.run(build_bwd(AttentionBwdRequest(d, "bf16", causal, dq="reduce", kv_tma=kv_tma),
+                                  BWD_CONFIGS[config]), verify=True)
+
+
+def test_bwd_configs_are_the_reduce_picks():
+    assert sorted(BWD) == ["bwd_128x128_dp2_dqsplit_fold_sr", "bwd_64x128_dp2_dqsplit_fold_sr"]
+    for c in BWD:
+        assert BWD_CONFIGS[c] == replace(BWD_CONFIGS[_base(c)], store_in_ring=True)
+        assert not BWD_CONFIGS[c].persistent
+
+
+@pytest.mark.parametrize("config,d", [("bwd_64x128_dp2_dqsplit_fold_sr", 128), ("bwd_128x128_dp2_dqsplit_fold_sr", 64)])
+def test_bwd_dk_dv_lie_in_the_q_do_ring_and_only_meet(config, d):
+    p = _bwd(config, d)
+    hosts = buffers.stage_hosts(p)
+    assert set(hosts) <= {"q_smem", "do_smem"} and hosts
+    hosted = memory_plan.hosted_stages(p)
+    assert sorted(hosted) == sorted(f"{x}16_c{c}_stage" for x in ("dk", "dv") for c in (0, 1))
+    # no bytes of their own, and one barrier more than the pointer form: the chains' meeting (no drain, no gate)
+    assert p.smem_bytes == _bwd(_base(config), d, kv_tma=False).smem_bytes + 8
+    kinds = {o.kind for pt in p.partitions for o in walk(pt.body)}
+    assert "chain_sync" in kinds and not kinds & {"store_drained", "wait_drained"}
+    # the hosts keep their barrier ring (lse2/delta's too): nothing is filled after the stores
+    assert len({c.group for c in p.channels if c.buffer in ("q_smem", "do_smem", "lvs_smem", "dls_smem")}) == 1
+    for name in ("consumer0", "consumer1"):
+        top = [o.kind for o in p.partition(name).body[0].body]
+        after = top[top.index("loop") + 1:]
+        assert after.index("chain_sync") < after.index("store"), after
+        assert "tma_reduce_add" not in after  # the dQ reduces all precede the stores (codegen's bulk-group count)
+    src = gluon.generate(p)
+    assert "tma.async_copy_shared_to_global(dk_desc" in src and "gl.store(" not in src
+
+
+def test_bwd_pointer_form_without_whole_tiles():
+    p = _bwd(kv_tma=False)
+    assert buffers.stage_hosts(p) == () and not memory_plan.hosted_stages(p)
+
+
+@pytest.mark.parametrize("config,d,causal", [("bwd_64x128_dp2_dqsplit_fold_sr", 128, False),
+                                             ("bwd_64x128_dp2_dqsplit_fold_sr", 128, True),
+                                             ("bwd_128x128_dp2_dqsplit_fold_sr", 64, True)])
+def test_bwd_matches_torch_under_every_policy(config, d, causal):
+    after = _bwd(config, d, causal)
+    for seed in range(2):
+        inst = make_instance(after, seed, shape=(1, 2, 1 + seed, 128 + 64 * seed, 256))
+        for policy in POLICIES:
+            out = run_partitioned(after, inst.inputs(), policy=policy, seed=seed, nprog=2)
+            assert inst.matches(out), (policy, inst.desc, inst.error(out))
+
+
+def test_bwd_meeting_dropped_is_caught():
+    mutated = _drop(_bwd(), "chain_sync")
+    with pytest.raises(verify.VerifyError, match="chain_sync"):
+        verify.check(mutated)
+    # a chain's staging write lands on the Q/dO slot the other still reads: it reads bytes no fill left there
+    kinds = violation_kinds(mutated, 3, POLICIES, shape=(1, 2, 1, 128, 256))
+    assert set(kinds) - {"ok"} and set(kinds) <= {"ok", "overwrite", "unfilled-read"}, kinds

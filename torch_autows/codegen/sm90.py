@@ -17,6 +17,7 @@ A new generation (``codegen/sm100.py``) provides the same three names.
 from __future__ import annotations
 
 from ..ir import value_types, walk
+from ..passes.memory_plan import hosted_stages
 from .context import dot_a_layout, expr, v
 from .emit_base import _as, emitter
 from .emit_math import zeros_expr
@@ -273,7 +274,11 @@ def _store(ctx, o, indent):
                 f"tma.async_copy_shared_to_global({o.attr('arg')}_desc, [{coords}], {slot})",
                 "tma.store_wait(0)  # TMA has read the slot: its release may hand it back to the producer"]
     b = ctx.stage_buf[o.operands[0]]
-    if b.count == 1:
+    if b.count == 1 and not ctx.program.grid.persistent and not ctx.loop_stack and b.name in hosted_stages(ctx.program):
+        # one tile a CTA, the store issued once, its staging tile in a ring's bytes no other store uses: no store
+        # before it out of this tile (the chains met before it: no read of the ring is left either)
+        wait, buf, step = None, b.name, []
+    elif b.count == 1:
         wait = "tma.store_wait(0)  # the previous TMA store out of this staging tile has finished reading it"
         buf, step = b.name, []
     else:
@@ -285,11 +290,27 @@ def _store(ctx, o, indent):
         wait = (f"tma.store_wait({b.count - 1})  # at most {b.count - 1} stores in flight: "
                 f"slot {b.name}_n % {b.count} is free")
         buf, step = f"{b.name}.index({b.name}_n % {b.count})", [f"{b.name}_n += 1"]
-    lines = [wait, f"{buf}.store({v(o.operands[0])})", "fence_async_shared()",
+    lines = [*([wait] if wait else []), f"{buf}.store({v(o.operands[0])})", "fence_async_shared()",
              f"tma.async_copy_shared_to_global({o.attr('arg')}_desc, [{coords}], {buf})", *step]
     if o.attr("pred"):  # after a split_reduce: only the CTA that summed the parts stores the tile
         return [f"if {v(o.attr('pred'))}_last:"] + ["    " + ln for ln in lines]
     return lines
+
+
+def _reduces_before_stores(ctx) -> bool:
+    """Whether the partition's TMA reduces and its TMA stores (a staged one waits at once: not counted) cannot
+    interleave in its bulk groups: no stores, or one tile a CTA and every store after every reduce (the attention
+    backward's dK/dV after its walk's dQ reduces), so a reduce's wait never counts a store and a store's wait counts
+    only groups issued before it, which must have completed anyway."""
+    seen_store = False
+    for x in walk(ctx.part.body):
+        if x.kind == "store" and not x.attr("stage"):
+            if ctx.program.grid.persistent:  # the next tile's reduces follow this tile's stores
+                return False
+            seen_store = True
+        elif x.kind == "tma_reduce_add" and seen_store:
+            return False
+    return True
 
 
 @_sm90("tma_reduce_add")
@@ -303,7 +324,7 @@ def _tma_reduce_add(ctx, o, indent):
     if b.count != 1:
         raise ValueError(f"codegen: tma_reduce_add stages in {b.count} copies of {b.name}; only one is lowered "
                          f"(memory_plan gives 1)")
-    if any(x.kind == "store" and not x.attr("stage") for x in walk(ctx.part.body)):  # a staged one waits at once
+    if not _reduces_before_stores(ctx):
         raise ValueError(f"codegen: partition {ctx.part.name} issues TMA stores and reduces; store_wait counts them "
                          f"together, so the reduce's wait would be wrong: keep them in separate partitions")
     coords = ", ".join(expr(c) for c in o.attr("coords"))

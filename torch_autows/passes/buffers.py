@@ -78,13 +78,14 @@ def slots_held(program: Program) -> dict[str, int]:
 def channel_groups(program: Program, counts: dict[str, int] | None = None) -> list[list[Channel]]:
     """Channels that share one mbarrier ring: those filled in the same loop (or at top level) by the same
     partition into buffers of the same depth (``counts``, default the buffers' ``count``), in channel
-    order, but the rings that host the stores' staging tiles (``stage_hosts``) apart from the others (their
-    producer's first fill a tile waits for the previous tile's stores; the others' fills must not). memory_plan
+    order, but in a persistent kernel the rings that host the stores' staging tiles (``stage_hosts``) apart from the
+    others (their producer's first fill a tile waits for the previous tile's stores; the others' fills must not;
+    with one tile a CTA nothing is filled after the stores, and the hosts keep their ring). memory_plan
     sets the depths (it makes a ring read a stage later, attention's V under defer_mma, deeper than the others
     only when one shared depth does not fit); code_partition lowers the rings."""
     loop_of = _loops_of(program)
     depth = counts or {b.name: b.count for b in program.buffers}
-    hosts = set(stage_hosts(program))
+    hosts = set(stage_hosts(program)) if program.grid.persistent else set()
     keyed: dict[tuple, list[Channel]] = {}
     for c in program.channels:
         keyed.setdefault((id(loop_of[c.value]), c.src, depth[c.buffer], c.buffer in hosts), []).append(c)
@@ -99,24 +100,29 @@ def ring_stages(program: Program) -> list[Buffer]:
 
 
 def stage_hosts(program: Program) -> tuple[str, ...]:
-    """With ``Options.store_in_ring`` in a persistent kernel whose top-level stores stage in buffers of their own: the
-    ring buffers of the tile's last reading phase, whose bytes take the staging tiles (passes/memory_plan). The
-    rings filled in the one loop are ordered by their first reader in its body; a split point is where every ring
+    """With ``Options.store_in_ring``, a kernel whose top-level stores stage in buffers of their own: the ring buffers
+    of the tile's last reading phase, whose bytes take the staging tiles (passes/memory_plan). The rings filled in the
+    one loop are ordered by their first reader in its body. In a persistent kernel a split point is where every ring
     before it has had its last reader before the first reader of every ring after it (attention: K's Q K^T before
-    V's P V). The hosts are the rings after the latest split whose slots (at ``Options.stages`` copies, at least
-    the slots their readers hold, as memory_plan plans them) hold every staging tile: the fewest rings, read
-    last. () where the option is off, the tiles are shared out among consumers, or no split has room."""
+    V's P V), so the next tile's fills of the rings before it go ahead of the stores; with one tile a CTA (the
+    attention backward: its dK/dV after the walk over the queries, Q's and dO's ring) nothing is filled after the
+    stores and any tail of that order will do. The hosts are the rings of the latest such split (a tail) whose slots
+    (at ``Options.stages`` copies, at least the slots their readers hold, as memory_plan plans them) hold every
+    staging tile: the fewest rings, read last. () where the option is off, the tiles are shared out among consumers,
+    or no split has room."""
     stages = ring_stages(program)
     opts = program.options
+    persistent = program.grid.persistent
     # tile consumers (tile_consumers > 1) run a tile each: one storer a tile, which the per-tile drain count is not
-    if not (opts.store_in_ring and program.grid.persistent and stages and opts.tile_consumers == 1):
+    if not (opts.store_in_ring and stages and opts.tile_consumers == 1):
         return ()
     held = slots_held(program)
     bufs = {b.name: b for b in program.buffers}
     ring_of = {bufs[n].value: n for n in held}
     loops = [o for o in program.body if o.kind == "loop"
              and any(r.name in ring_of for x in walk(o.body) for r in x.results)]
-    if len(loops) != 1 or int(loops[0].attr("min_trip", 0)) < 1:  # the gate is waited in the loop's first trip
+    # persistent: the gate on the next tile's fills is waited in the loop's first trip
+    if len(loops) != 1 or (persistent and int(loops[0].attr("min_trip", 0)) < 1):
         return ()
     span: dict[str, tuple[int, int]] = {}  # ring buffer -> (first, last) reader's index in the loop body
     for i, o in enumerate(loops[0].body):
@@ -130,8 +136,8 @@ def stage_hosts(program: Program) -> tuple[str, ...]:
             span[ring_of[x]] = (min(lo, i), max(hi, i))
     rings = sorted(span, key=lambda n: (span[n][0], n))
     need = sum(b.type.nbytes for b in stages)
-    for i in range(len(rings) - 1, 0, -1):
-        if max(span[n][1] for n in rings[:i]) < min(span[n][0] for n in rings[i:]):
+    for i in range(len(rings) - 1, 0 if persistent else -1, -1):
+        if not persistent or max(span[n][1] for n in rings[:i]) < min(span[n][0] for n in rings[i:]):
             room = sum(bufs[n].type.nbytes * max(program.options.stages, held[n] + 1) for n in rings[i:])
             if room >= need:
                 return tuple(rings[i:])

@@ -43,7 +43,7 @@ consumer's epilogue runs under the next one's main loop.
 Stores staged in a ring's bytes (``Options.store_in_ring``, memory_plan.hosted_stages): each storing consumer meets
 the ring's other readers (``chain_sync``) before its first such store and signals ``store_drained`` after its last;
 the ring's producer waits for it (``wait_drained``) in the filling loop's first trip, before its first acquire of
-the ring (``_drain_gates``).
+the ring (``_drain_gates``); with one tile a CTA only the meeting (nothing fills the ring after the stores).
 """
 from __future__ import annotations
 
@@ -273,7 +273,9 @@ def _drain_gates(program: Program, parts) -> tuple[tuple, int]:
     (``tma.store_wait(0)``, then an arrive): TMA has read the staging tiles. The ring's producer waits for that
     (``wait_drained``, in the filling loop's first trip, before its first acquire of the ring: the previous tile's
     stores; a fresh barrier passes the first tile) so no fill lands under a store, while Q and the other rings' fills
-    of the next tile go ahead."""
+    of the next tile go ahead. With one tile a CTA (a grid that is not persistent) nothing fills the ring after the
+    stores: the meeting alone (the partition's ``tma.store_wait(0)`` at its end keeps the CTA's SMEM until TMA has
+    read it)."""
     hosted = hosted_stages(program)
     hosts = set(hosted.values())
     ring_groups = {c.group for c in program.channels if c.buffer in hosts}
@@ -287,19 +289,21 @@ def _drain_gates(program: Program, parts) -> tuple[tuple, int]:
         raise PassError(f"code_partition: stores staged in ring {g} are issued by {storers}, not by its readers "
                         f"{readers}: a staging write must follow its own partition's last read of the ring")
     bar, meet = f"{g}_drained", f"{g}_meet"
+    gate = program.grid.persistent  # the next tile's fills wait for this tile's stores
     out = []
     for pt in parts:
         body = list(pt.body)
         if pt.name in storers:
             at = [i for i, o in enumerate(body) if hosted_store(o, hosted)]
-            body.insert(at[-1] + 1, op("store_drained", bar=bar, count=len(storers)))
+            if gate:
+                body.insert(at[-1] + 1, op("store_drained", bar=bar, count=len(storers)))
             if len(readers) > 1:  # the other readers may still read the ring (the tile's last P V)
                 body.insert(at[0], replace(op("chain_sync", bar=meet, count=len(readers)), chain=pt.body[at[0]].chain,
                                            partition=pt.name))
-        elif any(o.kind == "acquire" and o.attr("group") == g for o in walk(pt.body)):
+        elif gate and any(o.kind == "acquire" and o.attr("group") == g for o in walk(pt.body)):
             body = _gate_fills(body, g, bar, len(storers))
         out.append(replace(pt, body=tuple(body)))
-    return tuple(out), 1 + (len(readers) > 1)  # the drain signal, and the meeting where several read the ring
+    return tuple(out), gate + (len(readers) > 1)  # the drain signal, and the meeting where several read the ring
 
 
 def _gate_fills(body: list[Op], g: str, bar: str, count: int) -> list[Op]:

@@ -38,6 +38,7 @@ from dataclasses import replace
 import torch
 
 from ..ir import Options, walk
+from ..passes.memory_plan import hosted_stages, hosted_store
 from ..templates import attention_bwd_dq as dq_host
 from ..templates.attention_bwd import (
     HEAD_DIMS,
@@ -172,13 +173,17 @@ def _launch(template: str, request, opts: Options, values: dict, grid: int, key,
 @functools.lru_cache(maxsize=256)
 def _stages_in_slots(template: str, request, opts: Options) -> bool:
     """Whether ``request``'s program stages every TMA store in a slot its partition has finished reading
-    (passes/buffers.stage_in_slots): the gradients then go out by TMA with the SMEM plan of the pointer stores. Where
-    a store would need SMEM of its own (the dq_split configs' dV: K is read by both chains), the pointer form stays."""
+    (passes/buffers.stage_in_slots) or in the bytes of the ring it read last (``Options.store_in_ring``,
+    passes/memory_plan.hosted_stages): the gradients then go out by TMA without SMEM of their own. Where a store
+    would need SMEM of its own (the dq_split configs' dV without store_in_ring: K is read by both chains), the pointer
+    form stays. A program that does not compile (SMEM, an unlowered order) keeps the pointer form too."""
     try:
         program = compile_kernel(template, request, opts).program
     except OSError:  # no directory for the kernel source: _launch says so for the form it falls back to
         return False
-    return all(o.attr("stage") for pt in program.partitions for o in walk(pt.body) if o.kind == "store")
+    hosted = hosted_stages(program)
+    return all(o.attr("stage") or hosted_store(o, hosted) for pt in program.partitions for o in walk(pt.body)
+               if o.kind == "store")
 
 
 def tma_request(template: str, request, opts: Options, whole: bool, field: str):

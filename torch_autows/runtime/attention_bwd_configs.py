@@ -96,6 +96,21 @@ CONFIGS: dict[str, Options] = {
 # 356, 249); 286 / 282 and 196 / 193 at 512. Picked in its place (REDUCE_PICKS).
 CONFIGS["bwd_64x64_dp1_c2_kvr"] = replace(CONFIGS["bwd_64x64_dp1_c2"], kv_regs=True)
 
+# The reduce picks with dK/dV stored by TMA out of the bytes of the Q/dO ring (Options.store_in_ring with one tile a
+# CTA: the chains meet after their last step, then stage; passes/buffers.stage_hosts) instead of by pointer from the
+# accumulator's registers, where the KV tiles are whole (the runtime's kv_tma; else the same program as the base). On
+# the H200 a CTA's epilogue (from its last step to its end) took 5.6 us at d=128, 2.6 steps of 2.2 us, beside 1.3 us
+# waiting for K/V and 1.6 us between one CTA's end and the next one's start (%clock64 in consumer0,
+# sweeps/2026-12-05-h200-attention-bwd-timeline.json): the pointer stores write the accumulator's 16-byte row pieces.
+# On an H100 (whole backward, TFLOP/s, base / _sr / cuDNN; sweeps/2026-12-05-h100-attention-bwd-store-in-ring.json):
+# d=128 s1024 393 / 425 / 398 (main kernel 706 -> 618 us), s2048 473 / 496 / 471, s4096 525 / 552 / 525, s8192 565 /
+# 572 / 539, causal s1024 275 / 298 / 282, s2048 376 / 393 / 378, s4096 455 / 467 / 443, s8192 511 / 510 / 482; d=64
+# s1024 330 / 354 / 335, s2048 403 / 416 / 401, s4096 439 / 449 / 428, s8192 468 / 467 / 444, causal s4096 384 / 388
+# / 364, s8192 438 / 432 / 401 (the last two points within the rounds' spread, 10-17% there). Picked in their place
+# (REDUCE_PICKS, REDUCE_LONG). Offline (sm_90a as launched) they spill 60-208 bytes of scalars (the pointer forms 0-96).
+for _name in ("bwd_64x128_dp2_dqsplit_fold", "bwd_128x128_dp2_dqsplit_fold"):
+    CONFIGS[f"{_name}_sr"] = replace(CONFIGS[_name], store_in_ring=True)
+
 #: Head dims each main-kernel config serves, per form (what compiles at sm_90a; the separate and reduce forms: without
 #: spills, but for two measured exceptions). The reduce form's partial sums spill at d=128 (offline sm_90a, ptxas -v,
 #: bytes: bwd_64x128_dp2 532, causal 736; bwd_64x64_dp1 196, causal 164; test/codegen/test_attention_bwd_codegen.py
@@ -118,6 +133,8 @@ CONFIG_HEAD_DIMS: dict[str, dict[str, tuple[int, ...]]] = {
     "bwd_64x64_dp1_c2": {"atomic": (), "reduce": (64,), "separate": (64,)},
     "bwd_64x64_dp1_c2_fold": {"atomic": (), "reduce": (), "separate": (128,)},
     "bwd_64x64_dp1_c2_kvr": {"atomic": (), "reduce": (64,), "separate": ()},
+    "bwd_64x128_dp2_dqsplit_fold_sr": {"atomic": (), "reduce": (128,), "separate": ()},
+    "bwd_128x128_dp2_dqsplit_fold_sr": {"atomic": (), "reduce": (64,), "separate": ()},
 }
 
 #: Configs of the dQ kernel (separate form). One CTA per (batch, q-head, block of BM queries) (``_p``: persistent);
@@ -165,16 +182,18 @@ SHORT: dict[tuple[str, int, bool], tuple[str, int]] = {}
 
 #: Head dim -> the reduce form's main kernel (CONFIGS): d=64 two CTAs an SM of one consumer warpgroup (ahead of the
 #: one-CTA picks at 1024-8192 keys, causal or not: -c2.json, -erw.json); d=128 the 64-query split dQ with the folded
-#: row vectors. d=64 with K and V in registers (+1.8-2.3% at 1024 keys).
-REDUCE_PICKS: dict[int, str] = {64: "bwd_64x64_dp1_c2_kvr", 128: "bwd_64x128_dp2_dqsplit_fold"}
+#: row vectors, dK/dV by TMA out of the Q/dO ring (``_sr``). d=64 with K and V in registers (+1.8-2.3% at 1024 keys).
+REDUCE_PICKS: dict[int, str] = {64: "bwd_64x64_dp1_c2_kvr", 128: "bwd_64x128_dp2_dqsplit_fold_sr"}
 
 #: (head dim, causal) -> (config, keys): from ``keys`` keys a head the reduce form's main kernel is ``config``
 #: instead of ``REDUCE_PICKS``'s. d=64: FA3's tile, 128-query steps with the split dQ by query rows (see the config),
 #: half the dQ partials' L2 traffic a FLOP of the two-CTA pick. On the H200 (whole backward, TFLOP/s, against
 #: bwd_64x64_dp1_c2; sweeps/2026-12-02-h200-attention-bwd-rows.json, -rows-2048.json): 345 / 350 at 1024 keys, 397 /
-#: 392 at 2048, 443 / 411 at 4096; causal 244 / 278 at 1024, 328 / 343 at 2048, 398 / 382 at 4096.
-REDUCE_LONG: dict[tuple[int, bool], tuple[str, int]] = {(64, False): ("bwd_128x128_dp2_dqsplit_fold", 2048),
-                                                        (64, True): ("bwd_128x128_dp2_dqsplit_fold", 4096)}
+#: 392 at 2048, 443 / 411 at 4096; causal 244 / 278 at 1024, 328 / 343 at 2048, 398 / 382 at 4096. With dK/dV by TMA
+#: out of the Q/dO ring (``_sr``, on an H100, -store-in-ring.json): 354 against the two-CTA pick's 329 at 1024 keys
+#: without the mask, so from 1024 there; with it 324 / 328 at 2048, 388 / 383 at 4096 (the threshold stays).
+REDUCE_LONG: dict[tuple[int, bool], tuple[str, int]] = {(64, False): ("bwd_128x128_dp2_dqsplit_fold_sr", 1024),
+                                                        (64, True): ("bwd_128x128_dp2_dqsplit_fold_sr", 4096)}
 
 
 def choose_config(d: int, causal: bool, dq_mode: str = "separate", keys: int | None = None) -> str:
@@ -221,11 +240,19 @@ def choose_dq_config(d: int, causal: bool) -> str:
 REDUCE_FROM_KEYS: dict[tuple[int, bool], int] = {(64, False): 1024, (64, True): 1024, (128, False): 2048,
                                                  (128, True): 2048}
 
+#: ``REDUCE_FROM_KEYS`` where the key count is a multiple of ``WHOLE_KEYS`` (the KV tiles whole: dK/dV by TMA out of
+#: the Q/dO ring, the ``_sr`` picks). On an H100 (-store-in-ring.json, TFLOP/s, reduce / separate / cuDNN): d=128 at
+#: 1024 keys 425 / 410 / 398 without the mask, 298 / 269 / 282 with it; at 512 keys 317 / 333 / 294 and 179 / 188 / 169.
+REDUCE_FROM_WHOLE_KEYS: dict[tuple[int, bool], int] = {(128, False): 1024, (128, True): 1024}
+WHOLE_KEYS = 128
+
 
 def reduce_by_default(d: int | None, causal: bool, keys: int | None) -> bool:
-    """Whether a call's default form is "reduce" outside deterministic mode: ``REDUCE_FROM_KEYS`` (keys None: as
-    for many keys)."""
+    """Whether a call's default form is "reduce" outside deterministic mode: ``REDUCE_FROM_KEYS``, or
+    ``REDUCE_FROM_WHOLE_KEYS`` for a key count of whole KV tiles (keys None: as for many keys)."""
     start = REDUCE_FROM_KEYS.get((d, bool(causal)))
+    if keys is not None and keys % WHOLE_KEYS == 0:
+        start = REDUCE_FROM_WHOLE_KEYS.get((d, bool(causal)), start)
     return start is not None and (keys is None or keys >= start)
 
 
