@@ -94,7 +94,9 @@ class Options:
     # (attention's V: FlashAttention-3's O in V's SMEM) instead of a per-tile slot they hold (stage_in_slots: Q), so
     # that slot is released after its last reader and the next tile's loads start under this tile's end; the consumer
     # chains meet before staging, and the producer's first fill of that ring in a tile waits until the previous
-    # tile's stores have read their staging tiles (passes/memory_plan, passes/code_partition)
+    # tile's stores have read their staging tiles (passes/memory_plan, passes/code_partition). With one tile a CTA
+    # the stores stage in the ring's bytes after the chains' meeting alone (the attention backward's dK/dV in the
+    # Q/dO ring, where no slot of its own was free: TMA stores instead of pointer stores)
     store_in_ring: bool = False
 
     def items(self) -> list[tuple[str, Any]]:
