@@ -263,7 +263,9 @@ def test_explain_attention_backward_main_and_dq_kernels(capsys):
     assert "# form: separate, the main kernel (dK, dV)" in capsys.readouterr().out  # reduce from 1024
     assert main(["explain", "attention-bwd", "--d", "128", "--s", "4096", "--kernel", "dq"]) == 2
     assert "the reduce form has no dQ kernel" in capsys.readouterr().err
-    assert main(["explain", "attention-bwd", "--d", "128", "--s", "1024", "--kernel", "dq", "--gluon"]) == 0
+    assert main(["explain", "attention-bwd", "--d", "128", "--s", "1024", "--stage", "loop_schedule"]) == 0
+    assert "# form: reduce, the main kernel (dK, dV, dQ)" in capsys.readouterr().out  # whole KV tiles: from 1024
+    assert main(["explain", "attention-bwd", "--d", "128", "--s", "512", "--kernel", "dq", "--gluon"]) == 0
     out = capsys.readouterr().out
     assert "AttentionBwdDqRequest(d=128, dtype='bf16', causal=False, dq_tma=True)" in out
     assert f"config: {rt.choose_dq_config(128, False)}" in out and "def consumer0(" in out
