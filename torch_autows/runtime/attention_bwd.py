@@ -15,11 +15,13 @@ forms (``dq_mode``):
 * "separate": the main kernel without dQ (4 GEMMs a step), then the dQ kernel (one CTA per Q block, looping over
   the KV blocks; it recomputes S and dP). Every gradient element is written once by one CTA: deterministic.
 
-``dq_mode`` None picks by head dim, mask and keys (``choose_dq_mode``): "reduce" at d=64 from 1024 keys with the causal
-mask and 2048 without, at d=128 from 2048, "separate" elsewhere, "separate" always under deterministic algorithms.
-Measured on the H200 (bench/results/2026-12-01-h200-attention-bwd-2.json and -4; sweeps/2026-12-01-h200-attention-
-bwd-configs-6.json, -7 and 2026-12-02 -9): separate ran 1.18-1.53x the atomic form everywhere; reduce ran separate's
-0.91x (512 keys) to 1.09x (8192) at d=64, 0.97x (1024) to 1.13x (8192) at d=128. "atomic" must be asked for; with
+``dq_mode`` None picks by head dim, mask and keys (``choose_dq_mode``): "reduce" at d=64 from 1024 keys, at d=128 from
+1024 where the keys are whole KV tiles (dK/dV then go out by TMA: the ``_sr`` picks) and from 2048 otherwise,
+"separate" elsewhere, "separate" always under deterministic algorithms. Measured on the H200
+(bench/results/2026-12-01-h200-attention-bwd-2.json and -4; sweeps/2026-12-01-h200-attention-bwd-configs-6.json, -7
+and 2026-12-02 -9): separate ran 1.18-1.53x the atomic form everywhere; reduce ran separate's 0.91x (512 keys) to
+1.09x (8192) at d=64, 0.97x (1024) to 1.13x (8192) at d=128; with dK/dV by TMA 1.04-1.11x separate's at 1024 keys,
+d=128 (H100, sweeps/2026-12-05-h100-attention-bwd-store-in-ring.json). "atomic" must be asked for; with
 deterministic algorithms on, asking for "atomic" or "reduce" raises ``Unsupported``.
 ``config`` names the main kernel's config (``CONFIGS``), ``dq_config`` the dQ kernel's
 (``DQ_CONFIGS``, separate form only); None: ``choose_config`` / ``choose_dq_config``. It raises ``Unsupported``
