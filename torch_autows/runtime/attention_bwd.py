@@ -217,16 +217,16 @@ class _Plan:
         self.shape_q = tuple(q.shape)
         self.form, self.scale = form, scale
         self.launched = values["NB"] * block_n  # keys of the launched KV blocks (``kernel_values``)
-        self.ws = values["dq_acc"].shape[0] if "dq_acc" in values else 0
+        self.ws = values["dq_acc"].shape[0] // (q.shape[0] * q.shape[1]) if "dq_acc" in values else 0  # rows a head
         self.main, self.dq = main, dq
 
     def run(self, grad_out, grad_lse, q, k, v, out, lse):
-        acc = torch.empty(self.ws, self.shape_q[3], dtype=torch.float32, device=q.device) if self.ws else None
+        acc = _workspace(q, self.ws)
         delta, lse2 = rows.preprocess(out, grad_out, lse, grad_lse, workspace=acc)
         dk, dv = kv_buffers(k, self.launched)
         addr = {"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "do": grad_out.data_ptr(),
                 "lse2": lse2.data_ptr(), "delta": delta.data_ptr(), "dk": dk.data_ptr(), "dv": dv.data_ptr()}
-        if self.ws:
+        if acc is not None:
             addr["dq_acc"] = acc.data_ptr()
         if not self.main[0](*(addr[n] for n in self.main[1])):
             return None

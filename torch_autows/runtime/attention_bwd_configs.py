@@ -240,19 +240,21 @@ def choose_dq_config(d: int, causal: bool) -> str:
 REDUCE_FROM_KEYS: dict[tuple[int, bool], int] = {(64, False): 1024, (64, True): 1024, (128, False): 2048,
                                                  (128, True): 2048}
 
-#: ``REDUCE_FROM_KEYS`` where the key count is a multiple of ``WHOLE_KEYS`` (the KV tiles whole: dK/dV by TMA out of
-#: the Q/dO ring, the ``_sr`` picks). On an H100 (-store-in-ring.json, TFLOP/s, reduce / separate / cuDNN): d=128 at
-#: 1024 keys 425 / 410 / 398 without the mask, 298 / 269 / 282 with it; at 512 keys 317 / 333 / 294 and 179 / 188 / 169.
+#: ``REDUCE_FROM_KEYS`` where the key count is whole KV tiles of the reduce form's config (its block_n: the runtime's
+#: kv_tma, dK/dV by TMA out of the Q/dO ring, the ``_sr`` picks). On an H100 (-store-in-ring.json, TFLOP/s, reduce /
+#: separate / cuDNN): d=128 at 1024 keys 425 / 410 / 398 without the mask, 298 / 269 / 282 with it; at 512 keys
+#: 317 / 333 / 294 and 179 / 188 / 169.
 REDUCE_FROM_WHOLE_KEYS: dict[tuple[int, bool], int] = {(128, False): 1024, (128, True): 1024}
-WHOLE_KEYS = 128
 
 
 def reduce_by_default(d: int | None, causal: bool, keys: int | None) -> bool:
     """Whether a call's default form is "reduce" outside deterministic mode: ``REDUCE_FROM_KEYS``, or
     ``REDUCE_FROM_WHOLE_KEYS`` for a key count of whole KV tiles (keys None: as for many keys)."""
-    start = REDUCE_FROM_KEYS.get((d, bool(causal)))
-    if keys is not None and keys % WHOLE_KEYS == 0:
-        start = REDUCE_FROM_WHOLE_KEYS.get((d, bool(causal)), start)
+    key = (d, bool(causal))
+    start = REDUCE_FROM_KEYS.get(key)
+    if key in REDUCE_FROM_WHOLE_KEYS and keys is not None and \
+            keys % CONFIGS[choose_config(d, causal, "reduce", keys)].block_n == 0:
+        start = REDUCE_FROM_WHOLE_KEYS[key]
     return start is not None and (keys is None or keys >= start)
 
 

@@ -325,9 +325,9 @@ def workspace_rows(dq: str, Sq: int, block_m: int | None = None) -> int:
     """Rows per head of the dQ workspace of form ``dq`` (``DQ_FORMS``): Sq ("atomic"), ``padded_rows(Sq, block_m)``
     ("reduce", which needs ``block_m``), 0 ("none": no workspace)."""
     if dq not in DQ_FORMS:
-        raise ValueError(f"kernel_values: dq={dq!r}; use one of {DQ_FORMS}")
+        raise ValueError(f"workspace_rows: dq={dq!r}; use one of {DQ_FORMS}")
     if dq == "reduce" and block_m is None:
-        raise ValueError("kernel_values: the reduce form's workspace is padded to the Q block; pass block_m")
+        raise ValueError("workspace_rows: the reduce form's workspace is padded to the Q block; pass block_m")
     return {"atomic": Sq, "reduce": padded_rows(Sq, block_m or 1), "none": 0}[dq]
 
 
