@@ -10,11 +10,6 @@ read it, and the writes into it from registers must be made visible to the async
 (``fence_async_shared``). The attention backward's "reduce" dQ form (FlashAttention-3's dQ accumulation, passes/
 BACKWARD.md) is its user: codegen/sm90.py's ``tma_reduce_add`` emitter.
 
-``bulk_wait_complete()``: ``cp.async.bulk.wait_group 0`` (not ``.read``: the issuing thread's TMA stores and
-reduces have been performed in global memory, not only read from SMEM) and a generic-async proxy fence on global
-memory, so that a release after it publishes them to other CTAs' plain loads (``finish_reduce``: the last CTA of a
-cross-CTA sum reads what the others added).
-
 When a triton release exports an equivalent (e.g. ``tma.async_reduce_shared_to_global``), use it and drop this.
 """
 from __future__ import annotations
@@ -22,7 +17,7 @@ from __future__ import annotations
 from triton._C.libtriton import ir
 from triton.experimental.gluon.language._core import builtin
 
-__all__ = ["async_reduce_add_shared_to_global", "bulk_wait_read_only", "bulk_wait_complete"]
+__all__ = ["async_reduce_add_shared_to_global", "bulk_wait_read_only"]
 
 
 @builtin
@@ -41,14 +36,3 @@ def bulk_wait_read_only(_semantic=None):
     has anyway between the wait and the next write into the tile (``Options.early_reduce_wait``)."""
     b = _semantic.builder  # one dummy result: Triton lowers inline asm with results only; not pure, so it stays
     b.create_inline_asm("cp.async.bulk.wait_group.read 0;\n\tmov.u32 $0, 0;", "=r", [], [b.get_int32_ty()], False, 1)
-
-
-@builtin
-def bulk_wait_complete(_semantic=None):
-    """``cp.async.bulk.wait_group 0`` then ``fence.proxy.async.global``: the issuing thread's TMA stores and reduce-adds
-    have been written to global memory and are ordered before its later generic-proxy operations (a release atomic
-    that other CTAs acquire before plain loads of the same memory). Only the issuing thread's groups count; run it in
-    every thread of the partition and bar.sync before the release."""
-    b = _semantic.builder
-    b.create_inline_asm("cp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;\n\tmov.u32 $0, 0;", "=r", [],
-                        [b.get_int32_ty()], False, 1)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from ..ir import value_types, walk
 from ..passes.memory_plan import hosted_stages
-from .context import GL_DTYPE, dot_a_layout, expr, v
+from .context import dot_a_layout, expr, v
 from .emit_base import _as, emitter
 from .emit_math import zeros_expr
 from .emit_memory import _ago
@@ -30,8 +30,7 @@ IMPORTS = ("from triton.experimental.gluon.language.nvidia.hopper import ("
 #: Imports a generated module adds when it holds an op of the kind (``codegen.gluon.generate``): Gluon builtins of
 #: our own (``codegen/gluon_ext.py``) that triton's Hopper module lacks.
 KIND_IMPORTS = {"tma_reduce_add": "from torch_autows.codegen.gluon_ext import async_reduce_add_shared_to_global, "
-                                  "bulk_wait_read_only\n",
-                "finish_reduce": "from torch_autows.codegen.gluon_ext import bulk_wait_complete\n"}
+                                  "bulk_wait_read_only\n"}
 
 EMITTERS: dict = {}
 
@@ -340,58 +339,3 @@ def _tma_reduce_add(ctx, o, indent):
         wait = []
     return [*wait, f"{dst}.store({v(o.operands[0])})", "fence_async_shared()",
             f"async_reduce_add_shared_to_global({o.attr('arg')}_desc, [{coords}], {b.name})"]
-
-
-#: Elements a thread of the finishing partition holds per chunk of ``finish_reduce``'s copy (two chunks in flight).
-FINISH_CHUNK = 32
-
-
-@_sm90("finish_reduce")
-def _finish_reduce(ctx, o, indent):
-    # see ir/kinds.py: wait for this partition's reduce-adds to land, arrive, and the last arrival converts
-    cols, warps = o.attr("cols"), ctx.part.warps
-    if cols & (cols - 1) or cols < 4:
-        raise ValueError(f"codegen: finish_reduce of {cols} columns; a power of two >= 4 is lowered")
-    tc = min(32, cols // 4)  # threads along a row: 16-byte pieces
-    ch = max(1, FINISH_CHUNK * 32 * warps // cols)  # rows a chunk
-    L = "fin_L"
-    ctx.layout_defs[L] = f"gl.BlockedLayout([1, 4], [{32 // tc}, {tc}], [{warps}, 1], [1, 0])"
-    ctx.layout_defs[f"{L}_S0"] = f"gl.SliceLayout(0, {L})"
-    ctx.layout_defs[f"{L}_S1"] = f"gl.SliceLayout(1, {L})"
-    locks = f"{o.attr('locks')}_ptr + ({expr(o.attr('index'))})"
-    head0, seg = expr(o.attr("head0")), expr(o.attr("seg"))
-    src_p, dst_p = expr(o.attr("src_pitch")), expr(o.attr("dst_pitch"))
-    out_t = next(a.dtype for a in ctx.program.args if a.name == o.attr("out"))
-    target = f"({expr(o.attr('arrivals'))}) * {o.attr('parts')}"
-
-    def chunk(t: str) -> list[str]:  # chunk t: head g = t // fin_nch, rows (t % fin_nch) * ch + r
-        return [f"fin_g = {t} // fin_nch",
-                f"fin_s = ({t} % fin_nch) * {ch} + fin_r",
-                f"fin_m = ((fin_s < {seg}) & ({t} < fin_total))[:, None] & (fin_c < {cols})[None, :]",
-                f"fin_src = ((({head0}) + fin_g) * ({src_p}) + fin_s).to(gl.int64) * {cols}",
-                f"fin_dst = ((({head0}) + fin_g) * ({dst_p}) + fin_s).to(gl.int64) * {cols}"]
-
-    load = (f"gl.load({o.attr('ptr')}_ptr + fin_src[:, None] + fin_c[None, :], mask=fin_m, other=0.0, "
-            f"cache_modifier=\".cg\")  # from L2: other SMs added it")
-    return ["bulk_wait_complete()  # this partition's TMA reduce-adds (and stores) have landed in global memory",
-            "gl.thread_barrier()  # every thread past its wait before the arrival",
-            f"fin_seen = gl.atomic_add({locks}, 1, sem=\"acq_rel\", scope=\"gpu\")",
-            "gl.thread_barrier()  # the others' adds are visible to every thread after the acquire",
-            f"if fin_seen == {target} - 1:  # the last arrival: every add into these rows has landed",
-            f"    fin_r = gl.arange(0, {ch}, layout={L}_S1)",
-            f"    fin_c = gl.arange(0, {cols}, layout={L}_S0)",
-            f"    fin_nch = gl.cdiv({seg}, {ch})",
-            f"    fin_total = ({expr(o.attr('heads'))}) * fin_nch",
-            *(f"    {x}" for x in chunk("0")),
-            f"    fin_x = {load}",
-            "    fin_at = fin_dst",
-            "    fin_keep = fin_m",
-            "    for fin_t in range(1, fin_total + 1):  # the next chunk's loads in flight under this one's stores",
-            *(f"        {x}" for x in chunk("fin_t")),
-            f"        fin_y = {load}",
-            f"        gl.store({o.attr('out')}_ptr + fin_at[:, None] + fin_c[None, :], "
-            f"(fin_x * {o.attr('c')}).to({GL_DTYPE[out_t]}), mask=fin_keep)",
-            "        fin_x = fin_y",
-            "        fin_at = fin_dst",
-            "        fin_keep = fin_m",
-            f"    gl.atomic_xchg({locks}, 0, sem=\"relaxed\", scope=\"gpu\")  # zero for the next launch"]

@@ -314,11 +314,8 @@ def _attention_bwd(program: Program, seed: int, shape) -> Instance:
     ws = next((a for a in program.args if a.name == "dq_acc"), None)
     form = "none" if ws is None else "reduce" if ws.kind == "tensor" else "atomic"
     BM = program.options.block_m
-    finish = any(a.name == "locks" for a in program.args)  # finish_reduce: dQ itself too, counters back at zero
     vals = bwd.kernel_values(q, k, v, go, delta, lse2, causal, scale, program.options.block_n, fill=float("nan"),
-                             dq=form, block_m=BM, fold=program.options.fold_rows, finish=finish)
-    if finish:
-        grads = {**grads, "locks": torch.zeros_like(vals["locks"])}
+                             dq=form, block_m=BM, fold=program.options.fold_rows)
     if form == "reduce":  # the workspace has padded_rows per head; the rows past Sq get exact zeros
         B, Hq, Sq, D = q.shape
         ref = torch.zeros(B, Hq, bwd.padded_rows(Sq, BM), D)

@@ -367,34 +367,3 @@ def _reduce_max(ctx, o, args):
 @semantics("reduce_sum")
 def _reduce_sum(ctx, o, args):
     return torch.sum(args[0].float(), dim=o.attr("axis"))
-
-
-@semantics("finish_reduce")
-def _finish_reduce(ctx, o, args):
-    """The end of a cross-CTA sum (ir/kinds.py): one arrival on ``locks[index]``; the arrival that completes
-    ``arrivals * parts`` writes ``c * arg`` into ``out`` (``heads`` row blocks of ``seg`` rows from ``head0``) and
-    resets the counter. Sequentially every add before it has landed; the partitioned interpreter lands the
-    partition's own pending reduce-adds first (its handler), so an add still in flight elsewhere is missing from
-    what the last arrival reads, which the comparison with torch shows."""
-    locks = ctx.tensor(o.attr("locks"))
-    i = int(ctx.eval(o.attr("index")))
-    target = int(ctx.eval(o.attr("arrivals"))) * int(o.attr("parts"))
-    if not 0 <= i < locks.numel():
-        raise InterpError(f"interp: finish_reduce counter {i} outside {o.attr('locks')}'s {locks.numel()}")
-    seen = int(locks[i])
-    locks[i] = seen + 1
-    if seen >= target:
-        _split_order(ctx, f"arrival {seen + 1} on counter {i} past its target {target}: the counter's target does "
-                          f"not match the partitions that arrive", o)
-    if seen != target - 1:
-        return
-    locks[i] = 0
-    ws, out = ctx.tensor(o.attr("arg")), ctx.tensor(o.attr("out"))
-    cols, c = int(o.attr("cols")), float(ctx.eval(o.attr("c")))
-    head0, heads, seg = (int(ctx.eval(o.attr(a))) for a in ("head0", "heads", "seg"))
-    sp, dp = int(ctx.eval(o.attr("src_pitch"))), int(ctx.eval(o.attr("dst_pitch")))
-    for g in range(heads):
-        src, dst = (head0 + g) * sp, (head0 + g) * dp
-        out[dst:dst + seg, :cols] = (ws[src:src + seg, :cols].float() * c).to(out.dtype)
-        rows = torch.arange(dst, dst + seg)
-        note_write(ctx, o, o.attr("out"), (rows[:, None] * out.shape[1] + torch.arange(cols)[None, :]).reshape(-1))

@@ -25,7 +25,6 @@ every op and whenever an mbarrier wait cannot pass yet. Mirrored from the genera
     turn_pass    arrive turn[to]; turn_n += 1
     chain_sync   arrive bar (count arrivals a phase), wait bar with parity (bar_n & 1); bar_n += 1
     store_drained  store_wait(0); arrive bar (count arrivals a phase)
-    finish_reduce  store_wait(0) (the partition's reduce-adds land), then its meaning: arrive; the last converts
     wait_drained   in the loop's first trip: wait bar with parity (bar_n & 1) ^ 1; bar_n += 1
     smem_view    another chain's smem_store tile: its slot of fill n, n = the partition's own stores so far - 1
     slice        a view of a slot's columns (read at the use, as ``trans``)
@@ -252,17 +251,10 @@ class PartRun:
             st.reads.remove(rec)
 
 
-def _finish_reduce(pr, o: Op):
-    """``finish_reduce``: the partition's TMA reduce-adds land first (``bulk_wait_complete``), then the op's meaning
-    (ops.py: the arrival, and the last arrival's conversion)."""
-    pr.store_wait(0)
-    apply(pr, o, [])
-
-
 HANDLERS = {"tile_loop": tiles.tile_loop, "tile_next": tiles.tile_next, "turn_wait": _turn_wait,
             "turn_pass": _turn_pass, "acquire": _acquire, "wait_ready": _wait_ready, "get": _get, "load": _load,
             "release": _release,
             "release_tail": _release_tail, "advance": _advance, "seek": tiles.seek, "trans": _trans, "mma": _mma,
             "mma_wait": _mma_wait, "store": _store, "tma_reduce_add": _store, "smem_store": _smem_store,
             "chain_sync": _chain_sync, "smem_view": _smem_view, "slice": _slice, "store_drained": _store_drained,
-            "wait_drained": _wait_drained, "finish_reduce": _finish_reduce}
+            "wait_drained": _wait_drained}

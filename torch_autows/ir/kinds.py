@@ -87,14 +87,6 @@ OPS: dict[str, OpKind] = _kinds(
     # clipped at the tensor's bounds): registers -> the partition's own SMEM staging tile -> async reduce, which reads
     # the tile until a later store_wait (attention backward's dQ in the "reduce" form, FlashAttention-3's)
     OpKind("tma_reduce_add", _UNARY, _NONE, output=True, accumulates=True, blocking=True),
-    # the end of a cross-CTA sum into ``arg`` (the f32 tensor the partition's ``tma_reduce_add`` ops add into): the
-    # partition waits until its adds have landed, arrives once on the i32 counter ``locks[index]``, and the arrival
-    # that completes ``arrivals * parts`` of them (``parts``: arriving partitions a CTA, set by data_partition) writes
-    # ``c * arg`` in ``out``'s dtype: for each of ``heads`` row blocks g from ``head0``, its first ``seg`` rows
-    # (arg rows (head0+g)*src_pitch + s, out rows (head0+g)*dst_pitch + s, ``cols`` columns), then resets the counter
-    # (zero between launches). Nobody waits for anybody (attention backward's dQ convert, fused: FA3's postprocess
-    # kernel done by the last CTA of each KV group instead)
-    OpKind("finish_reduce", _NONE, _NONE, output=True, blocking=True),
     # a register tile into a partition-private SMEM slot (the result is that slot: an A operand an mma reads
     # transposed, attention backward's dS)
     OpKind("smem_store", _UNARY, _ONE, axes="elementwise"),

@@ -54,8 +54,7 @@ from .code_partition import renamed_after_waits
 log = logging.getLogger("torch_autows")
 
 _SYNC = ("acquire", "wait_ready", "get", "release", "release_tail", "advance")
-_REFUSED = ("turn_wait", "turn_pass", "release_tail", "store", "tma_reduce_add", "split_reduce", "finish_reduce",
-            "tile_next")
+_REFUSED = ("turn_wait", "turn_pass", "release_tail", "store", "tma_reduce_add", "split_reduce", "tile_next")
 
 
 def _defined(ops) -> list[str]:

@@ -13,9 +13,6 @@ the ops (mma: rows come from A and the accumulator, not B; trans swaps axes; exp
 them; loops tie results, yields, inits and iter_args together) to a fixpoint, then rebuild the body,
 cloning every split or needed op once per chain.
 
-An output with no operands (``finish_reduce``, the end of a cross-CTA sum) is cloned into every chain with its
-``parts`` (arrivals a CTA) multiplied by f: each chain's partition waits for its own adds and arrives.
-
 An output that accumulates (``atomic_add_ptr``, ``tma_reduce_add``: adds into memory) whose value is an mma with its
 contraction axis split on both operands (A along axis 1, B along axis 0; through unary ops and ``trans``: attention
 backward's dQ = dS K, with dS and K split by the dK/dV rows) takes a *partial*: the mma and the ops after it keep
@@ -213,8 +210,7 @@ def _split_axes(body: tuple[Op, ...]) -> tuple[dict[str, int], set[str]]:
     accumulating output either a partial (``_partial_chain``) or a row split as well."""
     dmap = defs(body)
     split: dict[str, int] = {}
-    _propagate(body, [(o.operands[0], 0) for o in walk(body) if _output(o) and o.operands and not _accumulates(o)],
-               split)
+    _propagate(body, [(o.operands[0], 0) for o in walk(body) if _output(o) and not _accumulates(o)], split)
     users: dict[str, list[Op]] = {}
     for o in walk(body):
         for x in o.operands:
@@ -360,8 +356,6 @@ def run(program: Program, options=None) -> Program:
             step = types[o.operands[0]].shape[ax] // f
             coords = tuple(add_offset(c, i * step) if j == ax else c for j, c in enumerate(o.attr("coords")))
             new = new.with_attrs(coords=coords)
-        if not o.operands and not o.results:  # finish_reduce: each chain's partition arrives on the counter
-            return new.with_attrs(parts=o.attr("parts") * f) if o.attr("parts") is not None else new
         rows = o.results[0].type.shape[0] if o.results else types[o.operands[0]].shape[0]
         step = i * (rows // f)
         if step and not any(x in partial for x in o.operands):  # row-indexed attrs follow the chain's rows

@@ -61,7 +61,6 @@ from .attention_bwd_configs import (  # noqa: F401  (re-exported: runtime.attent
     DQ_CONFIG_HEAD_DIMS,
     DQ_CONFIGS,
     DQ_MODES,
-    FUSED_CONVERT,
     NONDETERMINISTIC,
     REDUCE_FROM_KEYS,
     REDUCE_LONG,
@@ -219,26 +218,20 @@ class _Plan:
         self.form, self.scale = form, scale
         self.launched = values["NB"] * block_n  # keys of the launched KV blocks (``kernel_values``)
         self.ws = values["dq_acc"].shape[0] // (q.shape[0] * q.shape[1]) if "dq_acc" in values else 0  # rows a head
-        self.counters = values["locks"].numel() if "locks" in values else 0  # the fused convert's (finish)
         self.main, self.dq = main, dq
 
     def run(self, grad_out, grad_lse, q, k, v, out, lse):
-        ws = _workspace(q, self.ws, self.counters)
-        delta, lse2 = rows.preprocess(out, grad_out, lse, grad_lse, workspace=ws, rows_per_head=self.ws or None)
+        acc = _workspace(q, self.ws)
+        delta, lse2 = rows.preprocess(out, grad_out, lse, grad_lse, workspace=acc)
         dk, dv = kv_buffers(k, self.launched)
         addr = {"q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(), "do": grad_out.data_ptr(),
                 "lse2": lse2.data_ptr(), "delta": delta.data_ptr(), "dk": dk.data_ptr(), "dv": dv.data_ptr()}
-        if ws is not None:
-            addr["dq_acc"] = addr["dq_ws"] = ws.data_ptr()
-        if self.counters:
-            dq = torch.empty(self.shape_q, dtype=q.dtype, device=q.device)
-            addr.update(dq=dq.data_ptr(), locks=_locks(ws, q, self.ws, self.counters).data_ptr())
+        if acc is not None:
+            addr["dq_acc"] = acc.data_ptr()
         if not self.main[0](*(addr[n] for n in self.main[1])):
             return None
-        if self.counters:
-            return dq, dk, dv
         if self.form != "separate":
-            return rows.postprocess(ws, self.scale, q), dk, dv
+            return rows.postprocess(acc, self.scale, q), dk, dv
         dq = torch.empty(self.shape_q, dtype=q.dtype, device=q.device)
         addr["dq"] = dq.data_ptr()
         if not self.dq[0](*(addr[n] for n in self.dq[1])):
@@ -246,28 +239,20 @@ class _Plan:
         return dq, dk, dv
 
 
-def _workspace(q, rows_per_head: int, counters: int = 0) -> torch.Tensor | None:
-    """The dQ workspace of the atomic and reduce forms, [B*Hq*rows_per_head, D] f32 and, for ``counters`` (the fused
-    convert's, ``AttentionBwdRequest.finish``), the rows that hold that many i32 counters after it (``_locks``), left
-    uninitialised: the preprocess kernel zeroes all of it beside delta (``attention_bwd_rows.preprocess``); None where
-    the form has none."""
+def _workspace(q, rows_per_head: int) -> torch.Tensor | None:
+    """The dQ workspace of the atomic and reduce forms, [B*Hq*rows_per_head, D] f32, left uninitialised: the
+    preprocess kernel zeroes it beside delta (``attention_bwd_rows.preprocess``); None where the form has none."""
     if not rows_per_head:
         return None
     B, Hq, _, D = q.shape
-    return torch.empty(B * Hq * rows_per_head + -(-counters // D), D, dtype=torch.float32, device=q.device)
-
-
-def _locks(ws: torch.Tensor, q, rows_per_head: int, counters: int) -> torch.Tensor:
-    """The ``counters`` i32 arrival counters in the tail of ``_workspace``'s tensor (zero bits: zero int32)."""
-    B, Hq = q.shape[:2]
-    return ws[B * Hq * rows_per_head:].view(torch.int32).reshape(-1)[:counters]
+    return torch.empty(B * Hq * rows_per_head, D, dtype=torch.float32, device=q.device)
 
 
 #: (a call's metadata, its config arguments, deterministic mode) -> _Plan. The choice tables are read once per key.
 _PLANS = BoundCache(256)
 
 #: The tensor arguments a plan can address (``_Plan.run``); a kernel with another one gets no plan.
-_PLANNED = {"q", "k", "v", "do", "lse2", "delta", "dk", "dv", "dq_acc", "dq", "dq_ws", "locks"}
+_PLANNED = {"q", "k", "v", "do", "lse2", "delta", "dk", "dv", "dq_acc", "dq"}
 
 
 def _remember_plan(key, q, k, form: str, values: dict, block_n: int, scale: float, main, dq=None) -> None:
@@ -300,7 +285,7 @@ def _decide(grad_out, grad_lse, q, k, v, out, lse, causal: bool, scale: float, v
 
 
 def backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: float, config: str | None = None,
-             dq_mode: str | None = None, dq_config: str | None = None, vendor=None, finish: bool | None = None):
+             dq_mode: str | None = None, dq_config: str | None = None, vendor=None):
     """(dq, dk, dv), [B, H, S, D] each (dk/dv with k's heads), of ``(out, lse) = attention(q, k, v, is_causal,
     scale)`` by the generated kernels; ``grad_out`` or ``grad_lse`` may be None (no gradient into it). ``dq_mode``
     "atomic", "reduce" or "separate" forces a form (None: ``choose_dq_mode``); ``config`` / ``dq_config`` name the main
@@ -310,10 +295,9 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: floa
     takes that call's plan (``_Plan``): no checks or choices again, only the allocations and bound launches.
     ``vendor`` (a function of the same arguments as ``attention_grad.vendor_backward``), with no config or form
     named: the call returns None where the measured choice (``_decide``) keeps the vendor's backward (the caller
-    runs it), remembered per call key. ``finish``: the reduce form converts dQ in the main kernel
-    (``AttentionBwdRequest.finish``) or in a row kernel after it (None: ``FUSED_CONVERT``)."""
+    runs it), remembered per call key."""
     choose = vendor is not None and config is None and dq_mode is None and dq_config is None
-    plan_key = (_key(grad_out, grad_lse, q, k, v, out, lse, is_causal, scale), config, dq_mode, dq_config, finish,
+    plan_key = (_key(grad_out, grad_lse, q, k, v, out, lse, is_causal, scale), config, dq_mode, dq_config,
                 torch.are_deterministic_algorithms_enabled(), choose and choice.mode())
     use = _CHOSEN.get(plan_key) if choose else True
     if use is False:
@@ -345,32 +329,25 @@ def backward(grad_out, grad_lse, q, k, v, out, lse, is_causal: bool, scale: floa
         raise ValueError(f"dq_config={dq_config!r} is for the separate form; pass dq_mode='separate' with it")
     opts = CONFIGS[config]
     form = "none" if dq_mode == "separate" else dq_mode
-    fin = form == "reduce" and (FUSED_CONVERT if finish is None else bool(finish))
-    ws_rows = workspace_rows(form, q.shape[2], opts.block_m)
-    counters = q.shape[0] * k.shape[1] if fin else 0  # one a (batch, kv-head)
-    ws = _workspace(q, ws_rows, counters)
-    delta, lse2 = rows.preprocess(out, grad_out, lse, grad_lse, workspace=ws, rows_per_head=ws_rows or None)
-    acc = None if ws is None else ws[:q.shape[0] * q.shape[1] * ws_rows]
+    acc = _workspace(q, workspace_rows(form, q.shape[2], opts.block_m))
+    delta, lse2 = rows.preprocess(out, grad_out, lse, grad_lse, workspace=acc)
     values = kernel_values(q, k, v, grad_out, delta, lse2, causal, scale, opts.block_n, POISON, dq=form,
-                           block_m=opts.block_m, fold=opts.fold_rows, dq_acc=acc, finish=fin,
-                           locks=_locks(ws, q, ws_rows, counters) if fin else None)
+                           block_m=opts.block_m, fold=opts.fold_rows, dq_acc=acc)
     in_place = grad_out is not None and all(values[n].data_ptr() == t.data_ptr() for n, t in zip(_VIEWS,
                                                                                                  (q, k, v, grad_out)))
     call = plan_key[0]
     Sq, Skv = q.shape[2], k.shape[2]
     # dK/dV by TMA where every KV tile is whole; not the atomic form (asked for only, never chosen): at d=128 its
     # registers are full at the stores and the staged stores spill more (540 against 440 bytes offline)
-    main = tma_request("attention_bwd", AttentionBwdRequest(D, DTYPES[q.dtype], causal, dq=form, finish=fin), opts,
+    main = tma_request("attention_bwd", AttentionBwdRequest(D, DTYPES[q.dtype], causal, dq=form), opts,
                        Skv % opts.block_n == 0 and form != "atomic", "kv_tma")
     # one CTA per (batch, kv-head) and launched KV block
     _launch("attention_bwd", main, opts, values,
-            values["BH"] * values["NB"], call + ("main", config, form, fin), in_place, q.device)
-    main_bound = _BOUND.get(call + ("main", config, form, fin))
+            values["BH"] * values["NB"], call + ("main", config, form), in_place, q.device)
+    main_bound = _BOUND.get(call + ("main", config, form))
     if dq_mode != "separate":
         if in_place and POISON is None:
             _remember_plan(plan_key, q, k, dq_mode, values, opts.block_n, scale, main_bound)
-        if fin:  # dQ written by the kernel (finish_reduce)
-            return (values["dq"].view(q.shape), *kv_gradients(values, k))
         return gradients(values, scale, q, k, post=rows.postprocess)
     dq_opts = DQ_CONFIGS[dq_config]
     dq_values = dq_host.kernel_values(q, k, v, grad_out, delta, lse2, causal, scale, POISON, views=values)

@@ -247,12 +247,6 @@ REDUCE_FROM_KEYS: dict[tuple[int, bool], int] = {(64, False): 1024, (64, True): 
 REDUCE_FROM_WHOLE_KEYS: dict[tuple[int, bool], int] = {(128, False): 1024, (128, True): 1024}
 
 
-#: Whether the reduce form converts dQ in the main kernel (``AttentionBwdRequest.finish``: the last CTA of each
-#: (batch, kv-head) turns the group's fp32 workspace rows into dQ, no postprocess kernel) rather than in the row kernel
-#: after it (``attention_bwd_rows.postprocess``). ``backward(finish=)`` overrides it per call.
-FUSED_CONVERT = True
-
-
 def reduce_by_default(d: int | None, causal: bool, keys: int | None) -> bool:
     """Whether a call's default form is "reduce" outside deterministic mode: ``REDUCE_FROM_KEYS``, or
     ``REDUCE_FROM_WHOLE_KEYS`` for a key count of whole KV tiles (keys None: as for many keys)."""

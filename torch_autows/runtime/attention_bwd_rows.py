@@ -39,39 +39,33 @@ def _rows(d: int) -> int:
 
 def preprocess(out: torch.Tensor, grad_out: torch.Tensor | None, lse: torch.Tensor,
                grad_lse: torch.Tensor | None = None, kernel=None,
-               workspace: torch.Tensor | None = None, rows_per_head: int | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+               workspace: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(delta, lse2), each [B*H, S] f32 with rows ``row_pitch(S)`` apart (``templates.attention_bwd.row_vectors``), as
     ``templates.attention_bwd.preprocess``; one Triton kernel on CUDA. ``workspace``: a contiguous f32 [B*H*SP, D]
     tensor (SP >= S rows per head: the dQ workspace, ``templates.attention_bwd.workspace_rows``) zeroed as well, every
-    row (the same kernel on CUDA); ``rows_per_head`` SP where the workspace has rows past B*H*SP (zeroed too: the fused
-    convert's arrival counters, ``AttentionBwdRequest.finish``); None: its rows / (B*H). ``kernel``: the kernel to
-    launch (tests pass the interpreted one)."""
+    row (the same kernel on CUDA). ``kernel``: the kernel to launch (tests pass the interpreted one)."""
     B, H, S, D = out.shape
-    if workspace is not None:
-        sp = workspace.shape[0] // (B * H) if rows_per_head is None else rows_per_head
-        if (workspace.dtype != torch.float32 or not workspace.is_contiguous() or workspace.dim() != 2
-                or workspace.shape[1] != D or sp < S or workspace.shape[0] < B * H * sp
-                or (rows_per_head is None and workspace.shape[0] % (B * H))):
-            raise ValueError(f"preprocess: workspace {tuple(workspace.shape)} {workspace.dtype}; pass a contiguous "
-                             f"float32 [B*H*SP (+ rows_per_head's tail), {D}] tensor with SP >= {S} rows per head")
+    if workspace is not None and (workspace.dtype != torch.float32 or not workspace.is_contiguous()
+                                  or workspace.dim() != 2 or workspace.shape[1] != D
+                                  or workspace.shape[0] % (B * H) or workspace.shape[0] < B * H * S):
+        raise ValueError(f"preprocess: workspace {tuple(workspace.shape)} {workspace.dtype}; pass a contiguous "
+                         f"float32 [B*H*SP, {D}] tensor with SP >= {S} rows per head")
     if (grad_out is None or out.stride(-1) != 1 or grad_out.stride(-1) != 1
             or (kernel is None and out.device.type != "cuda")):
         if workspace is not None:
             workspace.zero_()
         return tmpl.preprocess(out, grad_out, lse, grad_lse)
     n = B * H * S
-    sp = S if workspace is None else sp
-    nz = 0 if workspace is None else workspace.shape[0]  # rows zeroed (B*H*sp and the tail)
+    sp = S if workspace is None else workspace.shape[0] // (B * H)
     lse = lse.float().reshape(n).contiguous()
     dlse = None if grad_lse is None else grad_lse.float().reshape(n).contiguous()
     delta, lse2 = tmpl.row_vectors(B, H, S, out.device)
     block = _rows(D)
-    scalars = (B * H * sp, nz, H, S, sp, delta.stride(0), *out.stride()[:3], *grad_out.stride()[:3], D,
+    scalars = (B * H * sp, H, S, sp, delta.stride(0), *out.stride()[:3], *grad_out.stride()[:3], D,
                triton.next_power_of_2(D), block, dlse is not None, workspace is not None, tmpl.LOG2E)
     tensors = (out, grad_out, lse, lse if dlse is None else dlse, delta, lse2,
                delta if workspace is None else workspace)
-    grid = triton.cdiv(max(B * H * sp, nz), block)
+    grid = triton.cdiv(B * H * sp, block)
     if kernel is not None:  # tests: the interpreted kernel, as Triton's JIT launches it
         kernel[(grid,)](*tensors, *scalars)
     else:
@@ -102,14 +96,13 @@ def postprocess(dq_acc: torch.Tensor, scale: float, q: torch.Tensor, kernel=None
 def _delta_kernel():
     """delta[r] = sum_d fp32(O[r, d]) * fp32(dO[r, d]) (- dlse[r]); lse2[r] = lse[r] * log2 e, or 0 where lse[r] is
     -inf; row r = (b * H + h) * S + s of O and dO ([B, H, S, D], any strides but a unit one on D), stored at
-    (b * H + h) * SP + s (rows of the [B*H, S] outputs SP apart). The programs walk the rows w of the dQ workspace
-    [NZ, D] (n = B*H*SQP rows of heads, SQP >= S rows per head, then NZ - n rows of a tail; without one, ZERO False,
-    SQP = S): row w < n is head w // SQP's row s = w % SQP, live for delta and lse2 where s < S; (ZERO) every row
-    w < NZ is set to zero in the workspace."""
+    (b * H + h) * SP + s (rows of the [B*H, S] outputs SP apart). The programs walk the n = B*H*SQP rows w of the dQ
+    workspace [B*H*SQP, D] (SQP >= S rows per head; without one, ZERO False, SQP = S): row w is head w // SQP's
+    row s = w % SQP, live for delta and lse2 where s < S, and (ZERO) set to zero in the workspace."""
     import triton.language as tl
 
     @triton.jit
-    def attention_bwd_delta(o_ptr, do_ptr, lse_ptr, dlse_ptr, delta_ptr, lse2_ptr, ws_ptr, n, NZ, H, S, SQP, SP,
+    def attention_bwd_delta(o_ptr, do_ptr, lse_ptr, dlse_ptr, delta_ptr, lse2_ptr, ws_ptr, n, H, S, SQP, SP,
                             o_sb, o_sh, o_ss, do_sb, do_sh, do_ss, D: tl.constexpr, DP: tl.constexpr,
                             BLOCK: tl.constexpr, HAS_DLSE: tl.constexpr, ZERO: tl.constexpr, LOG2E: tl.constexpr):
         w = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -132,7 +125,7 @@ def _delta_kernel():
         tl.store(lse2_ptr + at, tl.where(lse == float("-inf"), 0.0, lse * LOG2E), mask=live)
         if ZERO:
             tl.store(ws_ptr + w[:, None] * D + d[None, :], tl.zeros([BLOCK, DP], tl.float32),
-                     mask=(w < NZ)[:, None] & (d < D)[None, :])
+                     mask=(w < n)[:, None] & (d < D)[None, :])
 
     return attention_bwd_delta
 
@@ -164,7 +157,7 @@ def compile_offline(which: str, dtype: str = "bf16", d: int = 128, zero: bool = 
         fn = _delta_kernel()
         sig = {"o_ptr": f"*{dtype}", "do_ptr": f"*{dtype}", **dict.fromkeys(("lse_ptr", "dlse_ptr", "delta_ptr",
                                                                              "lse2_ptr", "ws_ptr"), "*fp32"),
-               **dict.fromkeys(("n", "NZ", "H", "S", "SQP", "SP", "o_sb", "o_sh", "o_ss", "do_sb", "do_sh", "do_ss"),
+               **dict.fromkeys(("n", "H", "S", "SQP", "SP", "o_sb", "o_sh", "o_ss", "do_sb", "do_sh", "do_ss"),
                                "i32")}
         consts = {"D": d, "DP": triton.next_power_of_2(d), "BLOCK": _rows(d), "HAS_DLSE": True, "ZERO": zero,
                   "LOG2E": tmpl.LOG2E}

@@ -69,7 +69,6 @@ class AttentionBwdRequest:
     causal: bool = False
     dq: str = "atomic"  # DQ_FORMS
     kv_tma: bool = False  # dK/dV stored by TMA (Skv % block_n == 0: no tile row in another head; see build)
-    finish: bool = False  # dq="reduce": the last CTA of a KV group writes dQ itself (``finish_reduce``; see build)
 
     def __post_init__(self):
         if self.dq not in DQ_FORMS:
@@ -79,9 +78,6 @@ class AttentionBwdRequest:
             raise ValueError(f"attention_bwd template: dtype {self.dtype!r} not served; use one of {DTYPES}")
         if self.d not in HEAD_DIMS:
             raise ValueError(f"attention_bwd template: head dim {self.d} not served; use one of {HEAD_DIMS}")
-        if self.finish and self.dq != "reduce":
-            raise ValueError(f"attention_bwd template: finish=True with dq={self.dq!r}; the fused dQ convert ends the "
-                             f"reduce form's sum (dq='reduce')")
 
 
 def q_blocks(BM: int, BN: int, causal: bool) -> tuple[str, str]:
@@ -128,10 +124,6 @@ def build(req: AttentionBwdRequest, opts: Options) -> Program:
     dq_arg = {"atomic": (Arg("dq_acc", "ptr", "f32", ("BHSq", "D"), out=True),),
               "reduce": (Arg("dq_acc", "tensor", "f32", ("BHSqp", "D"), out=True),), "none": ()}[req.dq]
     kv_out = "tensor" if req.kv_tma else "ptr"
-    if req.finish:  # dQ itself and a counter per (batch, kv-head): the group's last arrival converts (finish_reduce)
-        # (the workspace again as a pointer: the last CTA reads it with plain loads; a descriptor has no address)
-        dq_arg += (Arg("dq_ws", "ptr", "f32", ("BHSqp", "D")), Arg("dq", "ptr", dt, ("BHSq", "D"), out=True),
-                   Arg("locks", "ptr", "i32", ("BH",), out=True))
     outs = (*dq_arg,
             Arg("dk", kv_out, dt, ("BHSkv", "D"), out=True), Arg("dv", kv_out, dt, ("BHSkv", "D"), out=True))
     args = backward_args(dt, outs, "dk", rows="tensor") + (Arg("NB", "scalar", "i32"),)
@@ -231,16 +223,10 @@ def build(req: AttentionBwdRequest, opts: Options) -> Program:
         *kv_store("dk16", "dk"),
         op("cast", [Value("dv16", T(dt, (BN, D)))], ["dv_f"]),
         *kv_store("dv16", "dv"),
-        # the fused postprocess: once every CTA of this (batch, kv-head) has added its dQ partials, the last one writes
-        # dQ = scale * dQ_acc for the group's G q-heads (their first Sq of padded_rows rows each)
-        *((op("finish_reduce", [], [], arg="dq_acc", ptr="dq_ws", out="dq", locks="locks", index="pid_bh",
-              arrivals="NB", parts=1, head0="%s*Hq+%s*G" % (b, kvh), heads="G", seg="Sq",
-              src_pitch="(cdiv(Sq,%d)*%d)" % (BM, BM), dst_pitch="Sq", cols=D, c="scale"),) if req.finish else ()),
     )
     name = (f"attn_bwd_{dt}_d{req.d}_{BM}x{BN}" + ("_causal" if req.causal else "") + ("_p" if opts.persistent else "")
             + ("_kvtma" if req.kv_tma else "")
-            + ("_fold" if opts.fold_rows else "") + {"atomic": "", "reduce": "_tmared", "none": "_nodq"}[req.dq]
-            + ("_fin" if req.finish else ""))
+            + ("_fold" if opts.fold_rows else "") + {"atomic": "", "reduce": "_tmared", "none": "_nodq"}[req.dq])
     # Causal: KV block n sees the Q blocks from the diagonal on (block 0 the longest). ``group_m`` > 1 walks them
     # grouped: ``group_m`` heads' block 0, then their block 1, ... (longest first within the group, and the group's
     # CTAs still share its Q/dO in L2; a walk with the block outermost lost 13-16% at d=64 for want of that sharing,
@@ -347,8 +333,7 @@ def workspace_rows(dq: str, Sq: int, block_m: int | None = None) -> int:
 
 def kernel_values(q, k, v, grad_out, delta, lse2, causal: bool, scale: float, block_n: int,
                   fill: float | None = None, dq: str = "atomic", block_m: int | None = None,
-                  fold: bool = False, dq_acc: torch.Tensor | None = None, finish: bool = False,
-                  locks: torch.Tensor | None = None) -> dict:
+                  fold: bool = False, dq_acc: torch.Tensor | None = None) -> dict:
     """A value per argument name of the attention_bwd template. dK/dV are new [B, Hkv, Skv, D] tensors (their
     2-D views under "dk"/"dv"), left uninitialised (``fill``: filled, as the interpreter's poison) except the rows
     of the KV blocks the kernel is not launched for (causal, keys at or past Sq), which are zero; the dQ
@@ -356,10 +341,7 @@ def kernel_values(q, k, v, grad_out, delta, lse2, causal: bool, scale: float, bl
     needs ``block_m``); ``dq="none"``: the kernel without dQ, no workspace. ``grad_out`` None: zeros (only a
     gradient into lse flows). ``fold``: the folded step's scalars too (``qk_fold``, ``lse_fold``;
     ``Options.fold_rows``). ``dq_acc``: the workspace to use, already zero ([B*Hq*workspace_rows, D] f32: the
-    runtime's row kernel zeroes it beside delta, ``runtime.attention_bwd_rows.preprocess``); None: a new zeroed one.
-    ``finish`` (the reduce form with ``AttentionBwdRequest.finish``): also dQ itself (a new [B, Hq, Sq, D] tensor in
-    q's dtype, contiguous, under "dq" as [B*Hq*Sq, D]; uninitialised, or ``fill``ed), the workspace again as "dq_ws"
-    and ``locks``, the B*Hkv zeroed i32 arrival counters (None: new ones)."""
+    runtime's row kernel zeroes it beside delta, ``runtime.attention_bwd_rows.preprocess``); None: a new zeroed one."""
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
     NB = kv_blocks(Sq, Skv, block_n, causal)
@@ -375,15 +357,6 @@ def kernel_values(q, k, v, grad_out, delta, lse2, causal: bool, scale: float, bl
             "dk": dk.view(B * Hkv * Skv, D), "dv": dv.view(B * Hkv * Skv, D),
             "Sq": Sq, "Skv": Skv, "Hq": Hq, "Hkv": Hkv, "G": Hq // Hkv, "qk_scale": scale * LOG2E, "scale": scale,
             "BH": B * Hkv, "NB": NB}
-    if finish:
-        if dq != "reduce":
-            raise ValueError(f"kernel_values: finish=True with dq={dq!r}; the fused dQ convert ends the reduce form")
-        make = torch.empty if fill is None else (lambda *s, **kw: torch.full(s, fill, **kw))
-        if locks is None:
-            locks = torch.zeros(B * Hkv, dtype=torch.int32, device=q.device)
-        elif locks.dtype != torch.int32 or locks.numel() < B * Hkv:
-            raise ValueError(f"kernel_values: locks is {locks.numel()} {locks.dtype}; pass >= {B * Hkv} int32 zeros")
-        vals.update(dq_ws=dq_acc, dq=make(B * Hq * Sq, D, dtype=q.dtype, device=q.device), locks=locks)
     if fold:
         c = fold_scale(scale)
         vals.update(qk_fold=c, lse_fold=-1.0 / c)

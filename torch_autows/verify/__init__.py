@@ -26,7 +26,7 @@ from __future__ import annotations
 from ..ir import Program
 from ..passes.pipeline import STAGES
 from .base import VerifyError
-from .dataflow import _check_accumulate, _check_chains, _check_finish, _check_smem_reads, _check_split
+from .dataflow import _check_accumulate, _check_chains, _check_smem_reads, _check_split
 from .resources import _check_channels, _check_memory, _check_partitions
 from .schedule import _check_pipelined, _check_schedule
 from .ssa import _check_ssa
@@ -49,7 +49,7 @@ def check(program: Program, stage: str = STAGES[-1]) -> None:
 
 
 #: The checks that hold from a stage on (after ``_check_ssa``, which holds at every stage), in pipeline order.
-_FROM_STAGE = (("template", (_check_accumulate, _check_finish, _check_meetings, _check_smem_reads)),
+_FROM_STAGE = (("template", (_check_accumulate, _check_meetings, _check_smem_reads)),
                ("data_partition", (_check_chains, _check_split)),
                ("loop_schedule", (_check_schedule,)),
                ("partition_schedule", (_check_partitions,)), ("buffers", (_check_channels,)),

@@ -1,8 +1,7 @@
 """What a program's values may flow into, from the template and data_partition on: accumulating outputs add
 f32 into an f32 out arg nothing else touches (``_check_accumulate``), data-partition chains read only their own
 values and read-only loads (``_check_chains``), split-K's parts, workspace and predicated stores agree
-(``_check_split``), a cross-CTA sum's end comes after its adds and counts its arrivals (``_check_finish``),
-and an ``smem_read`` reads an SMEM tile into registers of its shape (``_check_smem_reads``)."""
+(``_check_split``), and an ``smem_read`` reads an SMEM tile into registers of its shape (``_check_smem_reads``)."""
 from __future__ import annotations
 
 from ..ir import Program, defs, value_types, walk
@@ -56,7 +55,7 @@ def _check_accumulate(p: Program, stage: str):
             _fail(stage, f"tma_reduce_add of a {len(t.shape)}-D tile has coords {o.attr('coords')!r}: one per "
                   f"dimension", o)
     for o in walk(p.body):
-        if o.attr("arg") in targets and not OPS[o.kind].accumulates and o.kind != "finish_reduce":
+        if o.attr("arg") in targets and not OPS[o.kind].accumulates:
             _fail(stage, f"{o.kind} touches {o.attr('arg')!r}, which atomic adds accumulate into: only adds may "
                   f"touch it in the kernel (read the sum after it ends)", o)
 
@@ -107,46 +106,3 @@ def _check_split(p: Program, stage: str):
         if o.attr("pred") is not None and o.attr("pred") not in reduced:
             _fail(stage, f"{o.kind} is predicated on %{o.attr('pred')}, which is not a split_reduce result before it",
                   o)
-
-
-def _check_finish(p: Program, stage: str):
-    """``finish_reduce`` (the end of a cross-CTA sum; its last arrival reads the sum): it sits outside every loop,
-    after each add into its ``arg`` in the same chain (a sum read before the chain's last add misses it), in every
-    chain that adds (one arrival missing and the counter never reaches its target: dQ never written) and once a chain;
-    ``parts`` is the count of arriving chains; ``arg`` is an add target, ``ptr`` an f32 pointer arg of its shape,
-    ``out`` a pointer out arg and ``locks`` an i32 pointer out arg (the counters, zero again after the last arrival).
-    Partitioned programs are checked in each partition's code too: its finish after its adds."""
-    args = {a.name: a for a in p.args}
-    fins = [o for o in walk(p.body) if o.kind == "finish_reduce"]
-    if not fins:
-        return
-    nested = {id(x) for o in p.body if o.body for x in walk(o.body)}
-    for f in fins:
-        if id(f) in nested:
-            _fail(stage, "finish_reduce inside a loop: it ends the CTA's whole sum (after the loop)", f)
-        a, w, out, locks = (args.get(f.attr(k)) for k in ("arg", "ptr", "out", "locks"))
-        if a is None or w is None or w.kind != "ptr" or w.dtype != "f32" or w.dims != a.dims:
-            _fail(stage, f"finish_reduce reads {f.attr('arg')!r} through {f.attr('ptr')!r}: an f32 ptr arg of its "
-                  f"dims", f)
-        if out is None or out.kind != "ptr" or not out.out:
-            _fail(stage, f"finish_reduce writes {f.attr('out')!r}: a ptr out arg", f)
-        if locks is None or locks.kind != "ptr" or locks.dtype != "i32" or not locks.out:
-            _fail(stage, f"finish_reduce counts on {f.attr('locks')!r}: an i32 ptr out arg", f)
-        adders = {o.chain for o in walk(p.body) if OPS[o.kind].accumulates and o.attr("arg") == f.attr("arg")}
-        if not adders:
-            _fail(stage, f"finish_reduce of {f.attr('arg')!r}, which no add accumulates into", f)
-        same = [g for g in fins if g.attr("locks") == f.attr("locks")]
-        chains = [g.chain for g in same]
-        if sorted(chains, key=str) != sorted(adders, key=str) or f.attr("parts") != len(same):
-            _fail(stage, f"finish_reduce on {f.attr('locks')!r} arrives from chains {chains} with parts="
-                  f"{f.attr('parts')}; the chains that add into {f.attr('arg')!r} are {sorted(adders, key=str)}: one "
-                  f"finish each, parts their count", f)
-    bodies = [("body", p.body)] + [(pt.name, pt.body) for pt in p.partitions]
-    for where, body in bodies:
-        done: set = set()  # chains whose finish came
-        for o in walk(body):
-            if o.kind == "finish_reduce":
-                done.add(o.chain)
-            elif OPS[o.kind].accumulates and o.chain in done:
-                _fail(stage, f"{o.kind} into {o.attr('arg')!r} after the chain's finish_reduce ({where}): the last "
-                      f"arrival would read the sum without it", o)
