@@ -208,3 +208,27 @@ def test_bwd_meeting_dropped_is_caught():
     # a chain's staging write lands on the Q/dO slot the other still reads: it reads bytes no fill left there
     kinds = violation_kinds(mutated, 3, POLICIES, shape=(1, 2, 1, 128, 256))
     assert set(kinds) - {"ok"} and set(kinds) <= {"ok", "overwrite", "unfilled-read"}, kinds
+
+
+@pytest.mark.parametrize("config,d", [("bwd_64x128_dp2_dqsplit_fold_sr", 128), ("bwd_128x128_dp2_dqsplit_fold_sr", 64)])
+def test_bwd_persistent_walk_drains_gates_and_lowers(config, d):
+    """The ``_sr`` backward as a persistent walk (measured, not picked: sweeps/2026-12-05-h100-attention-bwd-
+    persistent-sr.json): the next tile's Q/dO fills wait for this tile's dK/dV stores out of their bytes (drain and
+    gate), codegen lets a consumer mix its dQ reduces with those one-copy stores (every wait on them is for all groups),
+    and the walk matches torch under every policy; a store staged in two copies beside reduces stays refused (its
+    ``store_wait(1)`` would count a reduce as the store in flight)."""
+    opts = replace(BWD_CONFIGS[config], persistent=True)
+    after = pipeline.run(build_bwd(AttentionBwdRequest(d, "bf16", False, dq="reduce", kv_tma=True), opts), verify=True)
+    kinds = {o.kind for pt in after.partitions for o in walk(pt.body)}
+    assert {"store_drained", "wait_drained", "tma_reduce_add", "store"} <= kinds
+    src = gluon.generate(after)
+    assert "tma.async_copy_shared_to_global(dk_desc" in src and "async_reduce_add_shared_to_global" in src
+    for seed in range(2):
+        inst = make_instance(after, seed, shape=(1, 2, 1 + seed, 128 + 64 * seed, 256))
+        for policy in POLICIES:
+            out = run_partitioned(after, inst.inputs(), policy=policy, seed=seed, nprog=2)
+            assert inst.matches(out), (policy, inst.desc, inst.error(out))
+    two = replace(after, buffers=tuple(replace(b, count=2) if b.name == "dk16_c0_stage" else b
+                                       for b in after.buffers))
+    with pytest.raises(ValueError, match="issues TMA stores and reduces"):
+        gluon.generate(two)

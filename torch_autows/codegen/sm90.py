@@ -298,17 +298,19 @@ def _store(ctx, o, indent):
 
 
 def _reduces_before_stores(ctx) -> bool:
-    """Whether the partition's TMA reduces and its TMA stores (a staged one waits at once: not counted) cannot
-    interleave in its bulk groups: no stores, or one tile a CTA and every store after every reduce (the attention
-    backward's dK/dV after its walk's dQ reduces), so a reduce's wait never counts a store and a store's wait counts
-    only groups issued before it, which must have completed anyway."""
+    """Whether the partition's TMA reduces and its TMA stores (a staged one waits at once: not counted) may share its
+    bulk groups: every wait on them is then ``store_wait(0)`` or ``bulk_wait_read_only`` (all groups read), which a
+    group of the other kind only makes wait longer, never less. That holds where no store stages in several copies
+    (the only ``store_wait(n > 0)``): one tile a CTA with every store after every reduce (the attention backward's
+    dK/dV after its walk's dQ reduces), or a persistent walk whose stores stage in one copy (the next tile's first
+    reduce then also waits for this tile's stores to have read their staging tiles, which they did steps before)."""
     seen_store = False
     for x in walk(ctx.part.body):
         if x.kind == "store" and not x.attr("stage"):
-            if ctx.program.grid.persistent:  # the next tile's reduces follow this tile's stores
-                return False
+            if ctx.program.grid.persistent and ctx.stage_buf[x.operands[0]].count != 1:
+                return False  # store_wait(count - 1) would count the reduces' groups as stores in flight
             seen_store = True
-        elif x.kind == "tma_reduce_add" and seen_store:
+        elif x.kind == "tma_reduce_add" and seen_store and not ctx.program.grid.persistent:
             return False
     return True
 
