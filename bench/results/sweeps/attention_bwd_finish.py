@@ -124,7 +124,11 @@ def kernel_us(f):
     return t
 
 
-def case(s, d, causal):
+def measure(s, d, causal, variants: dict):
+    """One grid point timed side by side: cuDNN's backward and ``variants`` (name -> ``backward`` keywords) on the
+    same inputs, each checked against cuDNN's gradients first (a variant that raises is left out, its error kept),
+    then ROUNDS interleaved ``do_bench`` rounds. (the row: case, TFLOP/s and spread per variant, errors; the timed
+    functions by name)."""
     import torch
     from triton.testing import do_bench
 
@@ -133,7 +137,7 @@ def case(s, d, causal):
     args = inputs(s, d, causal)
     q, k, v, go, out, lse, scale = args
     fns = {"cudnn": lambda: _cudnn_backward(go, q, k, v, out, lse, causal, scale)}
-    for n, kw in VARIANTS.items():
+    for n, kw in variants.items():
         fns[n] = fn(kw, args, causal)
     ref = fns["cudnn"]()
     err = {}
@@ -153,6 +157,11 @@ def case(s, d, causal):
     r = {"case": f"s{s}-d{d}{'-causal' * causal}",
          "tflops": {n: round(flops / statistics.median(x) / 1e9, 1) for n, x in t.items()},
          "spread": {n: round((max(x) - min(x)) / statistics.median(x), 3) for n, x in t.items()}, "err": err}
+    return r, fns
+
+
+def case(s, d, causal):
+    r, fns = measure(s, d, causal, VARIANTS)
     r["vs_cudnn"] = {n: round(v / r["tflops"]["cudnn"], 3) for n, v in r["tflops"].items()}
     if "fused" in r["tflops"] and "convert" in r["tflops"]:
         r["fused_vs_convert"] = round(r["tflops"]["fused"] / r["tflops"]["convert"], 3)

@@ -10,14 +10,12 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
-import statistics
 import sys
 import time
 
 sys.path.insert(0, os.getcwd())
 sys.path.insert(0, "bench/results/sweeps")
 OUT = os.environ.get("OUT", ".")
-ROUNDS = 5
 SEQS = (1024, 2048, 4096, 8192)
 BASE = {128: "bwd_64x128_dp2_dqsplit_fold_sr", 64: "bwd_128x128_dp2_dqsplit_fold_sr"}
 ODD = [(2, 4, 2, 1000, 1024, 128, False, "bf16"), (1, 8, 8, 1024, 2048, 64, True, "fp16"),
@@ -83,35 +81,8 @@ def numerics():
 
 
 def case(s, d, causal):
-    import torch
-    from attention_bwd_finish import fn, inputs, kernel_us, rel
-    from triton.testing import do_bench
-
-    from torch_autows.attention_grad import _cudnn_backward
-    torch.cuda.empty_cache()
-    args = inputs(s, d, causal)
-    q, k, v, go, out, lse, scale = args
-    fns = {"cudnn": lambda: _cudnn_backward(go, q, k, v, out, lse, causal, scale)}
-    for n, kw in variants(d).items():
-        fns[n] = fn(kw, args, causal)
-    ref = fns["cudnn"]()
-    err = {}
-    for n, f in list(fns.items()):
-        try:
-            err[n] = max(rel(x, y) for x, y in zip(f(), ref))
-        except Exception as e:
-            err[n] = f"{type(e).__name__}: {str(e)[:200]}"
-            del fns[n]
-    torch.cuda.synchronize()
-    t = {n: [] for n in fns}
-    for _ in range(ROUNDS):
-        for n, f in fns.items():
-            t[n].append(do_bench(f, warmup=10, rep=60))
-    B, H = 16384 // s, 2048 // d
-    flops = 2.5 * 4 * B * H * s * s * d / (2 if causal else 1)
-    r = {"case": f"s{s}-d{d}{'-causal' * causal}",
-         "tflops": {n: round(flops / statistics.median(x) / 1e9, 1) for n, x in t.items()},
-         "spread": {n: round((max(x) - min(x)) / statistics.median(x), 3) for n, x in t.items()}, "err": err}
+    from attention_bwd_finish import kernel_us, measure
+    r, fns = measure(s, d, causal, variants(d))
     if "persistent" in r["tflops"]:
         r["persistent_vs_pick"] = round(r["tflops"]["persistent"] / r["tflops"]["pick"], 3)
     if s == 1024 and not causal:
