@@ -33,8 +33,9 @@ INDUCTOR_LAYERS = [
     ["lowering", "attention_sites", "rewrite_attention", "rope_sites"],  # the ops' lowerings; the attention sites
                                                 # and their rewrite (Dynamo graph); RoPE sites (post-grad, matching)
     ["rewrite_gemm"],                           # the post-grad GEMM rewrite (uses the lowerings, val())
-    ["rewrite_swiglu", "rewrite_residual", "rewrite_activation", "rewrite_rope"],  # post-grad SwiGLU, residual,
-                                                # GELU and RoPE fusions
+    ["rewrite_swiglu", "rewrite_swiglu_bwd", "rewrite_residual", "rewrite_activation", "rewrite_rope"],
+                                                # post-grad SwiGLU (forward, backward), residual, GELU and RoPE
+                                                # fusions
     ["graph_passes"],                           # the CustomGraphPass objects and their cache key
     ["choices"],                                # the GEMM choices handler (acts while graph_passes are installed)
     ["backend", "explain"],                     # the torch.compile backend; the per-site report

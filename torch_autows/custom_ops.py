@@ -1,5 +1,5 @@
 """Custom ops that put the generated kernels into graphs: ``torch.ops.autows.{attention,attention_backward,gemm,
-gemm_residual,gemm_act,bmm,gemm_swiglu,gemm_rope}``.
+gemm_residual,gemm_act,bmm,gemm_swiglu,gemm_swiglu_bwd,gemm_rope}``.
 
 Registered by ``import torch_autows`` (so ``torch.export.load`` of a program using them works in a fresh
 process); only ``torch.library`` is used here, nothing of Inductor or Dynamo. The Inductor lowerings stay
@@ -18,8 +18,9 @@ an extern kernel and compiles everything around it. Each op
 * has a fake impl written with ``new_empty`` on the input sizes, so symbolic sizes flow through;
 * never syncs with the host, so it is safe inside CUDA graphs (``mode="reduce-overhead"``);
 * has a backward (``register_autograd``): the public ops route calls that need gradients through here;
-  except ``gemm_swiglu``, ``gemm_act`` and ``gemm_rope``, which their post-grad rewrites insert where the graph
-  keeps none of the values they fuse (after AOTAutograd: no autograd left to record).
+  except ``gemm_swiglu``, ``gemm_act``, ``gemm_rope`` and ``gemm_swiglu_bwd``, which their post-grad rewrites insert
+  where the graph keeps none of the values they fuse, or into a backward graph (after AOTAutograd: no autograd left
+  to record).
 """
 from __future__ import annotations
 
@@ -317,6 +318,58 @@ def gemm_rope_into(out: Tensor, a: Tensor, b: Tensor, cos: Tensor, sin: Tensor, 
 def _gemm_rope_fake(a, b, cos, sin, bias=None):
     _kernels.check_gemm_rope(a, b, cos, sin, bias, dtypes=(torch.float16, torch.bfloat16))
     return a.new_empty((a.shape[0], b.shape[1]))
+
+
+def _check_swiglu_bwd(dy: Tensor, w: Tensor, g: Tensor, u: Tensor) -> None:
+    """Raise TypeError/ValueError unless ``gemm_swiglu_bwd(dy [M, K], w [K, N], g [M, N], u [M, N])`` is a valid
+    call (shapes, dtypes and devices only: works on fake tensors)."""
+    for name, t in (("dy", dy), ("w", w), ("g", g), ("u", u)):
+        _kernels._check_tensor(name, t, 2, _kernels.OP_DTYPES)
+    if dy.shape[1] != w.shape[0] or g.shape != u.shape or tuple(g.shape) != (dy.shape[0], w.shape[1]):
+        raise ValueError(f"gemm_swiglu_bwd: dy {tuple(dy.shape)}, w {tuple(w.shape)}, g {tuple(g.shape)} and u "
+                         f"{tuple(u.shape)}; dy @ w must be [M, N] = g's and u's shape")
+    _kernels._check_same_device_dtype(("dy", dy), ("w", w), ("g", g), ("u", u))
+
+
+@torch.library.custom_op("autows::gemm_swiglu_bwd", mutates_args=())
+def gemm_swiglu_bwd(dy: Tensor, w: Tensor, g: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+    """The SwiGLU product's gradients from ``dh = dy [M, K] @ w [K, N]`` and the forward's saved gate and up
+    projections ``g``, ``u`` [M, N]: ``(dh * u * silu'(g), dh * silu(g))`` in one kernel (fp32 accumulation and
+    epilogue, one rounding each; runtime/swiglu_bwd.py), contiguous, in dy's dtype. No backward: the post-grad
+    rewrite (inductor/rewrite_swiglu_bwd.py) inserts it into backward graphs."""
+    _check_swiglu_bwd(dy, w, g, u)
+    dg, du = dy.new_empty(g.shape), dy.new_empty(g.shape)
+    op = "gemm_swiglu_bwd"
+    rt = _kernels.runtime_module("swiglu_bwd")
+    try:
+        if rt is None or not config.gemm:
+            raise Unsupported("the generated GEMM is off (config.gemm) or triton is missing")
+        served = rt.gemm_swiglu_bwd(dy, w, g.contiguous(), u.contiguous(), out=(dg, du))
+    except Unsupported as e:
+        note_fallback(op, str(e))
+        ref_dg, ref_du = _torch_swiglu_bwd(dy, w, g, u)
+        return dg.copy_(ref_dg), du.copy_(ref_du)
+    if served is not None:
+        note_served(op)
+    else:  # runtime.choice: the vendor's path is faster for this shape
+        note_vendor(op)
+        rt.vendor_swiglu_bwd(dy, w, g.contiguous(), u.contiguous(), dg, du)
+    return dg, du
+
+
+def _torch_swiglu_bwd(dy: Tensor, w: Tensor, g: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+    """The gradients by torch, in fp32 from the fp32 product, rounded once to dy's dtype (the kernel's numbers)."""
+    acc = torch.float64 if dy.dtype == torch.float64 else torch.float32
+    dh = dy.to(acc) @ w.to(acc)
+    gf = g.to(acc)
+    s = torch.sigmoid(gf)
+    return (dh * u.to(acc) * (s * (1 + gf * (1 - s)))).to(dy.dtype), (dh * gf * s).to(dy.dtype)
+
+
+@gemm_swiglu_bwd.register_fake
+def _gemm_swiglu_bwd_fake(dy, w, g, u):
+    _check_swiglu_bwd(dy, w, g, u)
+    return dy.new_empty(g.shape), dy.new_empty(g.shape)
 
 
 gemm.register_autograd(_gemm_backward, setup_context=_gemm_setup_context)

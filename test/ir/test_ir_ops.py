@@ -62,6 +62,14 @@ def _activation_cases():
             for c in ("ws_p_128x128", "dec_64x128_s2")]
 
 
+def _swiglu_bwd_cases():
+    from torch_autows.runtime.swiglu_bwd import CONFIGS
+    from torch_autows.templates.gemm import GemmRequest
+    from torch_autows.templates.gemm import build as build_gemm
+
+    return [(f"swiglu_bwd/{c}", build_gemm, GemmRequest(1, 1, 1, epilogue="swiglu_bwd"), o) for c, o in CONFIGS.items()]
+
+
 def _attention_bwd_cases():
     """The attention backward's main kernel (templates.attention_bwd; no runtime config yet), one and two chains."""
     from torch_autows.ir import Options
@@ -78,7 +86,7 @@ def _attention_bwd_cases():
 def test_every_kind_the_templates_and_passes_make_is_in_the_table():
     used: dict[str, set[str]] = {}
     for _, build, req, opts in (cases() + _swiglu_cases() + _residual_cases() + _activation_cases()
-                                + _attention_bwd_cases()):
+                                + _swiglu_bwd_cases() + _attention_bwd_cases()):
         trace: list = []
         pipeline.run(build(req, opts), verify=False, dump_dir="", trace=trace)
         for stage, p in trace:

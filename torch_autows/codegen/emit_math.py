@@ -1,6 +1,7 @@
 """Emitters of register math: constants (``zeros``, ``full``), elementwise ops (``add``, ``sub``, ``mul``,
-``max``, ``mulc``, ``exp2``, ``silu``, ``gelu``, ``neg``, ``where``, ``cast``), reductions (``reduce_max``,
-``reduce_sum``), the attention epilogue's guarded math (``fin0``, ``div0``, ``lse``) and ``expand``."""
+``max``, ``mulc``, ``exp2``, ``silu``, ``sigmoid``, ``silu_grad``, ``gelu``, ``neg``, ``where``, ``cast``),
+reductions (``reduce_max``, ``reduce_sum``), the attention epilogue's guarded math (``fin0``, ``div0``, ``lse``) and
+``expand``."""
 from __future__ import annotations
 
 from .context import GL_DTYPE, expr, v
@@ -87,6 +88,17 @@ def _exp2(ctx, o, indent):
 def _silu(ctx, o, indent):  # x * sigmoid(x) = x / (1 + e^-x); e^-x = 2^(-x log2 e): inf for very negative x -> -0
     x = v(o.operands[0])
     return [f"{v(o.results[0].name)} = {x} / (1.0 + gl.exp2({x} * -1.4426950408889634))"]
+
+
+@emitter("sigmoid")
+def _sigmoid(ctx, o, indent):  # 1 / (1 + 2^(-x log2 e)): 1 / inf = 0 for very negative x, no NaN
+    return [f"{v(o.results[0].name)} = 1.0 / (1.0 + gl.exp2({v(o.operands[0])} * -1.4426950408889634))"]
+
+
+@emitter("silu_grad")
+def _silu_grad(ctx, o, indent):  # s (1 + x (1 - s)) from x and s = sigmoid(x)
+    x, s = (v(a) for a in o.operands)
+    return [f"{v(o.results[0].name)} = {s} * (1.0 + {x} * (1.0 - {s}))"]
 
 
 @emitter("gelu")

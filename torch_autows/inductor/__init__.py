@@ -11,6 +11,7 @@ Modules, low to high (a module imports only from its own line or lower ones; tes
     rewrite_attention.py  rewrites the servable ones to our op
     rewrite_gemm.py       post-grad rewrite of aten.mm/addmm/bmm to our op (when max-autotune is off)
     rewrite_swiglu.py     post-grad fusion of a SwiGLU MLP's gate, up and silu-product into autows::gemm_swiglu
+    rewrite_swiglu_bwd.py the backward's: the dh GEMM and the product's gradients into autows::gemm_swiglu_bwd
     graph_passes.py       the ``CustomGraphPass`` objects (cache-key uuid, chaining the user's passes)
     choices.py            our GEMM as an ``ExternKernelChoice`` in Inductor's mm/addmm/bmm autotuning
     backend.py            the ``autows`` torch.compile backend (entry point ``torch_dynamo_backends``)

@@ -5,8 +5,9 @@ options hold our passes (``inductor_options()``):
 
 * ``pre_grad_custom_pass``: ``AutoWSPreGradPass`` rewrites attention in the torch-level graph (rewrite_attention.py);
 * ``post_grad_custom_post_pass``: ``AutoWSPostGradPass`` installs the GEMM choices handler for the rest of
-  the compile (choices.py) and, with max-autotune off, rewrites the SwiGLU, GELU, residual and RoPE fusions
-  (rewrite_swiglu/activation/residual/rope.py), then aten.mm/addmm/bmm (rewrite_gemm.py).
+  the compile (choices.py) and, with max-autotune off, rewrites the SwiGLU (forward, backward), GELU, residual and
+  RoPE fusions
+  (rewrite_swiglu_bwd/swiglu/activation/residual/rope.py), then aten.mm/addmm/bmm (rewrite_gemm.py).
 
 Each chains the pass the user had set in that option (run first; a 2.13 list is kept as a list) and
 its ``uuid()`` hashes our ``__version__``, every source file of the package and ``config.snapshot()``
@@ -110,10 +111,12 @@ class AutoWSPostGradPass(_Chained):
         from .rewrite_residual import rewrite_residual
         from .rewrite_rope import rewrite_rope
         from .rewrite_swiglu import rewrite_swiglu
+        from .rewrite_swiglu_bwd import rewrite_swiglu_bwd
 
         lowering.register()  # also for the attention op the pre-grad rewrite inserted
         choices.ensure_installed()
-        rewrite_swiglu(graph)  # first: it takes two GEMMs and their product as one site
+        rewrite_swiglu_bwd(graph)  # a backward graph's SwiGLU gradients with their dh GEMM as one site
+        rewrite_swiglu(graph)  # it takes two GEMMs and their product as one site
         rewrite_activation(graph)  # then a GEMM and its GELU as one site
         rewrite_residual(graph)  # then a GEMM and its residual add as one site
         rewrite_rope(graph)  # then a q/k projection and its rotary embedding as one site

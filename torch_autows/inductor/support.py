@@ -128,6 +128,7 @@ def concrete(t: torch.Tensor | None) -> torch.Tensor | None:
 
 _MISSING = {"gemm": "torch_autows.runtime.gemm is not available in this build",
             "swiglu": "torch_autows.runtime.swiglu is not available in this build",
+            "swiglu_bwd": "torch_autows.runtime.swiglu_bwd is not available in this build",
             "gemm_rope": "torch_autows.runtime.gemm_rope is not available in this build",
             "attention": "no generated attention kernel in this build (torch_autows.runtime.attention is missing)"}
 
@@ -332,6 +333,33 @@ def gemm_verdict(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = N
     if reason is not None:
         return reason, None
     return None, gemm_choice(a, b, bias, residual=residual, activation=activation).vendor_reason
+
+
+def swiglu_bwd_reason(dy: torch.Tensor, w: torch.Tensor, g: torch.Tensor, u: torch.Tensor) -> str | None:
+    """Why autows cannot serve the SwiGLU backward's ``dy @ w`` with the product's gradients in one kernel."""
+    r = _gemm_gate(dy.device)
+    if r:
+        return r
+    if dy.dtype not in (torch.float16, torch.bfloat16):
+        return f"dtype {dy.dtype}; the fused SwiGLU backward GEMM takes float16 or bfloat16"
+    return _runtime_reason("swiglu_bwd", concrete(dy), concrete(w), concrete(g), concrete(u))
+
+
+def swiglu_bwd_verdict(dy: torch.Tensor, w: torch.Tensor, g: torch.Tensor,
+                       u: torch.Tensor) -> tuple[str | None, str | None]:
+    """``gemm_verdict`` for a SwiGLU backward site: the fused kernel, or Inductor's cuBLAS GEMM and pointwise
+    gradients (runtime.swiglu_bwd.site_decision)."""
+    from ..runtime import choice
+    from ..runtime import swiglu_bwd as rt
+
+    reason = swiglu_bwd_reason(dy, w, g, u)
+    if reason is not None:
+        return reason, None
+    if not rt.GPU_CHECKED:
+        return None, rt.NOT_CHECKED
+    m, n, k = _hint(dy.shape[0]), _hint(w.shape[-1]), _hint(dy.shape[-1])
+    return None, _site_choice(lambda: rt.site_decision(dy, w, g, u), lambda: choice.gemm_prior(m, n, k),
+                              dy, w, g, u).vendor_reason
 
 
 def swiglu_verdict(a: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> tuple[str | None, str | None]:

@@ -12,7 +12,8 @@ activation GEMM (a ``gelu`` op) applies torch's F.gelu (same ``approximate``) to
 (args ``cos``, ``sin`` [P, D], a ``rotate_half`` op of width D) has N a multiple of D, a random period P and the
 reference ``x * cos[m % P, n % D] + rotate_half(x) * sin[m % P, n % D]`` on the fp32 biased sum (quarter-valued
 tables: still exact); with the tables read by TMA (``Options.epilogue_tma``) P is a multiple of the tile's rows or
-at least M, as the runtime requires (runtime.gemm_rope.tables_options).
+at least M, as the runtime requires (runtime.gemm_rope.tables_options). A SwiGLU-backward GEMM (out arg ``du``, args
+``g``, ``u`` [M, N]) has the references ``dG = dh * U * silu'(G)`` (c) and ``du = dh * silu(G)`` in fp32, dh = A @ B.
 Attention: random heads (GQA groups 1 or 2), ragged Sq and Skv, q and k/v each [B, H, S, D] or [B, S, H, D]
 in memory, causal or not, normal values, compared with an fp32 softmax reference within bf16/fp16 tolerances."""
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ..ir import Program, walk
-from .ops import TORCH_DTYPE, InterpError, rotate_half
+from .ops import TORCH_DTYPE, InterpError, rotate_half, silu_grad
 
 TOL = {"bf16": 1e-2, "fp16": 1e-3, "f32": 1e-5, "fp32": 1e-5}
 
@@ -133,6 +134,11 @@ def _gemm(program: Program, seed: int, shape, trans_a: bool, trans_b: bool, bias
     residual = "r" in {x.name for x in program.args}
     if residual:
         tensors["r"] = _values((B * M, N), TORCH_DTYPE[program.arg("r").dtype], gen)
+    swiglu_bwd = "du" in {x.name for x in program.args}
+    if swiglu_bwd:  # the saved projections in the operand dtype, the second gradient poisoned like c
+        for t in ("g", "u"):
+            tensors[t] = _values((M, N), TORCH_DTYPE[program.arg(t).dtype], gen)
+        tensors["du"] = torch.full((M, N), float("nan"), dtype=TORCH_DTYPE[odt_name])
     act = next((x.attr("approximate") for x in walk(program.body) if x.kind == "gelu"), None)
     scalars = {"M": M, "N": N, "K": K}
     if rope:
@@ -164,6 +170,11 @@ def _gemm(program: Program, seed: int, shape, trans_a: bool, trans_b: bool, bias
             r = r * cos + rotate_half(r, rope) * sin
         if residual:
             r = r + tensors["r"][i * M:(i + 1) * M].float()
+        if swiglu_bwd:  # dh = r: du = dh silu(G), dG = dh U silu'(G), in fp32
+            g, u = tensors["g"].float(), tensors["u"].float()
+            s = torch.sigmoid(g)
+            refs_du = (r * (g * s)).to(TORCH_DTYPE[odt_name])
+            r = r * silu_grad(g, s) * u
         refs.append(r.to(TORCH_DTYPE[odt_name]))
     tiles = B * -(-M // BM) * -(-N // BN)
     if "ws" in {a.name for a in program.args}:  # passes/split_k: NaN slots (a part read unwritten shows), zero counters
@@ -181,7 +192,11 @@ def _gemm(program: Program, seed: int, shape, trans_a: bool, trans_b: bool, bias
         desc += f" gelu({act})"
     if rope:
         desc += f" rope({rope}, period {scalars['P']})"
-    return Instance(desc, tensors, scalars, {"c": torch.cat(refs)}, {"c": TOL[odt_name]})
+    reference, tol = {"c": torch.cat(refs)}, {"c": TOL[odt_name]}
+    if swiglu_bwd:
+        desc += " swiglu_bwd"
+        reference["du"], tol["du"] = refs_du, TOL[odt_name]
+    return Instance(desc, tensors, scalars, reference, tol)
 
 
 def _attention_shape(rng: random.Random, o) -> tuple[int, int, int, int, int]:

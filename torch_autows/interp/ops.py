@@ -331,6 +331,22 @@ def _silu(ctx, o, args):
     return torch.nn.functional.silu(args[0].float())
 
 
+def silu_grad(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """d silu(x) / dx = s * (1 + x * (1 - s)), s = sigmoid(x), in fp32 (torch's silu_backward's form)."""
+    x, s = x.float(), s.float()
+    return s * (1 + x * (1 - s))
+
+
+@semantics("sigmoid")
+def _sigmoid(ctx, o, args):
+    return torch.sigmoid(args[0].float())
+
+
+@semantics("silu_grad")
+def _silu_grad(ctx, o, args):
+    return silu_grad(*args)
+
+
 @semantics("gelu")
 def _gelu(ctx, o, args):  # torch's, in fp32 (approximate "tanh" or "none")
     return torch.nn.functional.gelu(args[0].float(), approximate=o.attr("approximate"))

@@ -123,6 +123,10 @@ OPS: dict[str, OpKind] = _kinds(
     OpKind("cast", _UNARY, _ONE, axes="elementwise"),
     OpKind("exp2", _UNARY, _ONE, axes="elementwise"),
     OpKind("silu", _UNARY, _ONE, axes="elementwise"),  # x * sigmoid(x), fp32 (the swiglu epilogue)
+    # the swiglu backward's epilogue: sigmoid(x); silu's derivative s * (1 + x * (1 - s)) from x and s = sigmoid(x)
+    # (operands x, s: the sigmoid is computed once for silu and its derivative), fp32
+    OpKind("sigmoid", _UNARY, _ONE, axes="elementwise"),
+    OpKind("silu_grad", _BIN, _ONE, axes="elementwise"),
     # F.gelu in fp32, attr approximate "tanh" or "none" (erf) (the GEMM activation epilogue)
     OpKind("gelu", _UNARY, _ONE, axes="elementwise"),
     # RoPE's rotate-half on each group of ``width`` columns (a head): column c of a group takes -x[c + width/2] for

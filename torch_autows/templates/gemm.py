@@ -38,6 +38,16 @@ between the GEMM and a pointwise kernel. The tables' tiles come in by ``load_ptr
 rotation is a ``rotate_half`` op, register-only in wgmma's accumulator layout (passes/README.md); a tile holds whole
 heads (BN a multiple of D). Refused with swiglu, a residual, an activation or a batch.
 
+``epilogue="swiglu_bwd"`` is the SwiGLU MLP's backward at its first GEMM (issue 16's training rewrite): with
+``dh = A @ B`` (A the gradient of the MLP's output, B the down projection's weight) and the forward's saved gate and
+up projections G and U ([M, N] of the operand dtype, args ``g``, ``u``), the epilogue writes both gradients of the
+product ``silu(G) * U`` in fp32 before their one rounding: ``du = dh * silu(G)`` (out arg ``du``) and
+``dG = dh * U * silu'(G)`` (out arg ``c``), ``silu'(x) = s (1 + x (1 - s))``, ``s = sigmoid(x)`` (``sigmoid`` and
+``silu_grad`` ops: one sigmoid for both gradients).
+Inductor would write dh, then read it back with G and U in a pointwise kernel; here dh never leaves the registers.
+G and U come in as the residual's R does (pointer loads, or by TMA with ``Options.epilogue_tma``). Batch 1, no bias,
+residual, activation, RoPE, swap-AB or split-K (two stores of the one reduced sum are not built).
+
 ``Options.epilogue_tma`` brings the epilogue's operand tiles (R; cos and sin) by TMA instead: args of kind "tensor",
 ``load`` ops after the K loop, so the producer partition loads them into SMEM while the consumers run the tile's last
 K steps, an ``smem_read`` into the accumulator's layout and a ``cast`` to fp32 in the consumer (passes/buffers then
@@ -70,8 +80,9 @@ from dataclasses import dataclass
 
 from ..ir import Arg, Grid, Options, Program, TileType, Value, op
 
-#: The epilogues the template builds: "none" (C = A @ B (+ bias)), "swiglu" (C = silu(A @ B) * (A @ Bu)).
-EPILOGUES = ("none", "swiglu")
+#: The epilogues the template builds: "none" (C = A @ B (+ bias)), "swiglu" (C = silu(A @ B) * (A @ Bu)),
+#: "swiglu_bwd" (the SwiGLU backward's dh GEMM: C = dG and DU from dh = A @ B and the saved G, U; module docstring).
+EPILOGUES = ("none", "swiglu", "swiglu_bwd")
 #: The activations the template applies after the bias: name -> the ``approximate`` of F.gelu.
 ACTIVATIONS = {"none": None, "gelu_tanh": "tanh", "gelu": "none"}
 
@@ -110,6 +121,10 @@ class GemmRequest:
                              "projection outside, or loop over the batch")
         if self.epilogue == "swiglu" and self.residual:
             raise ValueError("gemm template: the swiglu epilogue takes no residual; add it to the result outside")
+        if self.epilogue == "swiglu_bwd" and (self.bias or self.batch > 1 or self.residual or self.rope
+                                              or self.activation != "none"):
+            raise ValueError("gemm template: the swiglu_bwd epilogue takes no bias, residual, activation or RoPE "
+                             "and batch=1; compute the gradients of those outside")
         if self.dtype not in ("bf16", "fp16"):
             raise ValueError(f"gemm template: dtype {self.dtype!r} not served; use bf16 or fp16")
         for d in ("m", "n", "k", "batch"):
@@ -133,6 +148,7 @@ def swap_reason(req: GemmRequest) -> str | None:
                 f"row-major and B as a transposed view (nn.Linear's x @ w.t(), layout nt); use a config without "
                 f"swap_ab or make the operands so")
     for what, unserved in (("batch > 1", req.batch > 1), ("a residual", req.residual), ("rope", req.rope > 0),
+                           ("the swiglu_bwd epilogue", req.epilogue == "swiglu_bwd"),
                            (f"activation {req.activation!r}", req.activation != "none")):
         if unserved:
             return (f"{what}: a swap_ab tile stores the (biased) product or swiglu's only; use a config without "
@@ -214,7 +230,14 @@ def build(req: GemmRequest, opts: Options) -> Program:
             Arg("c", "tensor", odt, ("M", "N"), out=True)]
     if req.bias:
         args.append(Arg("bias", "ptr", dt, ("N",)))
-    tma_epi = opts.epilogue_tma and (req.residual or req.rope > 0)
+    swiglu_bwd = req.epilogue == "swiglu_bwd"
+    tma_epi = opts.epilogue_tma and (req.residual or req.rope > 0 or swiglu_bwd)
+    if swiglu_bwd and opts.split_k > 1:
+        raise ValueError("gemm template: the swiglu_bwd epilogue with split_k > 1 is not built (its two stores of the "
+                         "reduced sum); use a config without split_k")
+    if swiglu_bwd:  # the second gradient (an output), then the forward's saved gate and up projections
+        args += [Arg("du", "tensor", odt, ("M", "N"), out=True),
+                 *(Arg(t, "tensor" if tma_epi else "ptr", dt, ("M", "N")) for t in ("g", "u"))]
     if tma_epi and opts.split_k > 1:
         raise ValueError("gemm template: epilogue_tma with split_k > 1: only the CTA that stores reads the epilogue's "
                          "operands, which the producers of every part would load; use pointer loads (epilogue_tma "
@@ -280,6 +303,26 @@ def build(req: GemmRequest, opts: Options) -> Program:
                  op("mul", [Value("acc_sin", acc_t)], ["acc_rot", "sin_tile"]),
                  op("add", [Value("acc_rope", acc_t)], ["acc_cos", "acc_sin"])]
         last = "acc_rope"
+    if swiglu_bwd:  # du = dh silu(G), stored; dG = dh silu'(G) U, stored below as c; all in fp32
+        def saved_tile(t):  # a saved projection's tile, masked at the ragged edges, in fp32
+            if tma_epi:
+                return _tma_epilogue_tile(t, f"{t}_tile", ("pid_m*%d" % BM, "pid_n*%d" % BN), dt, (BM, BN))
+            return [op("load_ptr", [Value(f"{t}_tile", acc_t)], arg=t, row="pid_m*%d" % BM, col="pid_n*%d" % BN,
+                       ld="N", rows_valid="M-pid_m*%d" % BM, cols_valid="N-pid_n*%d" % BN)]
+
+        # in this order, so that G, dh and U are never all live beside the products (registers): both uses of G
+        # (and dh) before du's store, U after it
+        body += [*saved_tile("g"),
+                 op("sigmoid", [Value("sig_g", acc_t)], ["g_tile"]),
+                 op("mul", [Value("silu_g", acc_t)], ["g_tile", "sig_g"]),
+                 op("mul", [Value("d_up", acc_t)], [last, "silu_g"]),
+                 op("silu_grad", [Value("dsilu_g", acc_t)], ["g_tile", "sig_g"]),
+                 op("mul", [Value("d_act", acc_t)], [last, "dsilu_g"]),
+                 op("cast", [Value("du_out", T(odt, (BM, BN)))], ["d_up"]),
+                 op("store", [], ["du_out"], arg="du", coords=("pid_m*%d" % BM, "pid_n*%d" % BN)),
+                 *saved_tile("u"),
+                 op("mul", [Value("d_gate", acc_t)], ["d_act", "u_tile"])]
+        last = "d_gate"
     if req.residual:  # R's tile, masked at the ragged edges, in fp32 (the rows of c: a batch's rows follow its own)
         if tma_epi:
             body += _tma_epilogue_tile("r", "res", (row_a, "pid_n*%d" % BN), dt, (BM, BN))
@@ -307,5 +350,7 @@ def build(req: GemmRequest, opts: Options) -> Program:
         name += "_batched"
     if swiglu:
         name += "_swiglu"
+    if swiglu_bwd:
+        name += "_swiglu_bwd"
     grid = Grid(tuple(tiles), opts.persistent, opts.group_m, opts.serpentine)
     return Program(name, tuple(args), grid, opts, tuple(body), template="gemm")

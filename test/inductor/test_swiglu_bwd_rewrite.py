@@ -1,0 +1,131 @@
+"""The post-grad SwiGLU backward rewrite (inductor/rewrite_swiglu_bwd.py): in training graphs of the Llama MLP the
+dh GEMM and the product's gradients become one ``autows::gemm_swiglu_bwd`` (Inductor's silu decomposition, nn.SiLU,
+x * sigmoid(x); bf16 and fp16), with gradients as eager's; other activations stay unfused with a reason; inference
+graphs and symbolic sizes are left alone. The op passes opcheck and its runtime's support check reads fake tensors."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._inductor.config as ic
+import torch.nn as nn
+import torch.nn.functional as F
+from programs import fake_cuda
+
+from torch_autows.inductor import api, support
+from torch_autows.runtime import swiglu_bwd as rt_swiglu_bwd
+
+from .conftest import compile_time_yes
+from .conftest import post_grad_graphs as _post_grad_graphs
+
+ACTS = {"silu": F.silu, "module": nn.SiLU(), "sigmoid": lambda x: x * torch.sigmoid(x), "gelu": F.gelu,
+        "relu": F.relu}
+
+
+class MLP(nn.Module):
+    def __init__(self, h=32, f=48, act="silu"):
+        super().__init__()
+        self.gate, self.up = nn.Linear(h, f, bias=False), nn.Linear(h, f, bias=False)
+        self.down = nn.Linear(f, h, bias=False)
+        self.act = ACTS[act]
+
+    def forward(self, x):
+        return self.down(self.act(self.gate(x)) * self.up(x))
+
+
+@pytest.fixture
+def swiglu_bwd_pretend(pretend, monkeypatch):
+    monkeypatch.setattr(rt_swiglu_bwd, "support_reason", compile_time_yes(rt_swiglu_bwd.support_reason))
+    monkeypatch.setattr(rt_swiglu_bwd, "GPU_CHECKED", True)
+
+
+def _grads(model, x, dy, compiled: bool, monkeypatch=None, dynamic=False):
+    """(the backward graph's text, x.grad, the parameters' grads) of one step; x's and the model's grads reset."""
+    x = x.detach().requires_grad_()
+    model.zero_grad(set_to_none=True)
+    seen = _post_grad_graphs(monkeypatch) if compiled else []
+    if compiled:
+        with ic.patch(api.inductor_options()):
+            y = torch.compile(model, dynamic=dynamic)(x)
+            y.backward(dy)
+    else:
+        model(x).backward(dy)
+    return (seen[-1] if seen else ""), x.grad, [p.grad for p in model.parameters()]
+
+
+@pytest.mark.parametrize("act", ["silu", "module", "sigmoid"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_training_mlp_backward_is_fused(swiglu_bwd_pretend, monkeypatch, act, dtype):
+    torch.manual_seed(0)
+    model = MLP(act=act).to(dtype)
+    x, dy = torch.randn(2, 5, 32, dtype=dtype), torch.randn(2, 5, 32, dtype=dtype)
+    graphs, gx, gw = _grads(model, x, dy, True, monkeypatch)
+    assert support.site_counters["swiglu_bwd.rewritten"] == 1
+    assert "autows.gemm_swiglu_bwd" in graphs and "aten.sigmoid" not in graphs  # the gradients' math is inside
+    _, ex, ew = _grads(model, x, dy, False)  # eager, same dtype
+    ref32 = MLP(act=act)
+    ref32.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
+    _, fx32, fw32 = _grads(ref32, x.float(), dy.float(), False)
+    for got, eager, exact in zip([gx, *gw], [ex, *ew], [fx32, *fw32]):
+        # no further from fp32 than eager's own 16-bit gradients (plus one rounding's worth)
+        err, eager_err = ((got.float() - exact).norm() / exact.norm()).item(), \
+            ((eager.float() - exact).norm() / exact.norm()).item()
+        assert err <= 2 * eager_err + 4e-3, (err, eager_err)
+
+
+@pytest.mark.parametrize("act", ["gelu", "relu"])
+def test_other_activations_stay_unfused(swiglu_bwd_pretend, monkeypatch, log_warnings, act):
+    model = MLP(act=act).to(torch.bfloat16)
+    x, dy = torch.randn(4, 32, dtype=torch.bfloat16), torch.randn(4, 32, dtype=torch.bfloat16)
+    graphs, gx, _ = _grads(model, x, dy, True, monkeypatch)
+    assert "gemm_swiglu_bwd" not in graphs and support.site_counters["swiglu_bwd.rewritten"] == 0
+    if act == "gelu":  # its derivative has an exp: a candidate, recognised as something else, and said so
+        assert "autows swiglu_bwd: left to Inductor's default path" in log_warnings.text
+    _, ex, _ = _grads(model, x, dy, False)
+    torch.testing.assert_close(gx, ex, atol=2e-2, rtol=2e-2)
+
+
+def test_inference_graph_and_symbolic_sizes_are_left_alone(swiglu_bwd_pretend, monkeypatch):
+    model = MLP().to(torch.bfloat16)
+    x = torch.randn(3, 32, dtype=torch.bfloat16)
+    with torch.no_grad(), ic.patch(api.inductor_options()):
+        torch.compile(model)(x)
+    assert support.site_counters["swiglu_bwd.rewritten"] == 0
+    torch._dynamo.reset()
+    for n in (3, 7):  # dynamic rows: the site is not decided at compile time, so the default's path runs it
+        graphs, gx, _ = _grads(model, torch.randn(n, 32, dtype=torch.bfloat16),
+                               torch.randn(n, 32, dtype=torch.bfloat16), True, monkeypatch, dynamic=True)
+        assert "gemm_swiglu_bwd" not in graphs and gx.shape == (n, 32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_op_passes_opcheck(dtype):
+    dy, w = torch.randn(6, 8, dtype=dtype), torch.randn(8, 12, dtype=dtype)
+    g, u = torch.randn(6, 12, dtype=dtype), torch.randn(6, 12, dtype=dtype)
+    torch.library.opcheck(torch.ops.autows.gemm_swiglu_bwd.default, (dy, w, g, u))
+    dg, du = torch.ops.autows.gemm_swiglu_bwd(dy, w, g, u)
+    dh, s = dy.double() @ w.double(), torch.sigmoid(g.double())
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(du.double(), dh * g.double() * s, atol=tol, rtol=tol)
+    torch.testing.assert_close(dg.double(), dh * u.double() * s * (1 + g.double() * (1 - s)), atol=tol, rtol=tol)
+    with pytest.raises(ValueError, match="dy @ w must be"):
+        torch.ops.autows.gemm_swiglu_bwd(dy, w, g[:, :4], u)
+
+
+def test_runtime_support_reason_on_fake_tensors():
+    dy, w, g, u = fake_cuda(256, 128), fake_cuda(128, 192), fake_cuda(256, 192), fake_cuda(256, 192)
+    why = rt_swiglu_bwd.support_reason
+    assert why(dy, w, g, u, check_device=False) is None
+    assert "saved projection g" in why(dy, w, fake_cuda(256, 192, dtype=torch.float16), u, check_device=False)
+    assert "saved projection u" in why(dy, w, g, fake_cuda(256, 192, stride=(1, 256)), check_device=False)
+    assert "dims" in why(fake_cuda(2, 256, 128), w, g, u, check_device=False)
+
+
+def test_unchecked_kernel_leaves_the_site_to_inductor(swiglu_bwd_pretend, monkeypatch, log_warnings):
+    """Until the GPU tests have passed the kernel (runtime.swiglu_bwd.GPU_CHECKED), a matched site keeps the
+    default's path, with that reason logged."""
+    monkeypatch.setattr(rt_swiglu_bwd, "GPU_CHECKED", False)
+    model = MLP().to(torch.bfloat16)
+    x, dy = torch.randn(4, 32, dtype=torch.bfloat16), torch.randn(4, 32, dtype=torch.bfloat16)
+    graphs, _, _ = _grads(model, x, dy, True, monkeypatch)
+    assert "gemm_swiglu_bwd" not in graphs and support.site_counters["swiglu_bwd.rewritten"] == 0
+    assert "has not passed its GPU numerics tests" in log_warnings.text

@@ -1,0 +1,117 @@
+"""The SwiGLU backward epilogue (templates.gemm ``epilogue="swiglu_bwd"``): dh = A @ B stays in registers, the
+epilogue reads the saved G and U tiles and writes dG (arg ``c``) and du.
+
+The template's IR (args, the epilogue's order: one sigmoid for both gradients, du stored before U is read), the
+passes' placement (G and U by TMA through the producer, their slots staging the two stores), every runtime config
+and the pointer form interpreted under every policy against torch (both outputs bit-equal), and a mutated
+epilogue caught by the interpreter's reference."""
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+import pytest
+import torch
+
+from torch_autows.interp import POLICIES, make_instance, run_partitioned, run_sequential
+from torch_autows.ir import Options, format_program, parse_program, walk
+from torch_autows.passes import pipeline
+from torch_autows.runtime import swiglu_bwd as rt
+from torch_autows.templates.gemm import GemmRequest, build
+
+REQ = GemmRequest(1, 1, 1, epilogue="swiglu_bwd")
+SMALL = Options(block_m=128, block_n=64, block_k=32, stages=3, data_partition=2, persistent=True)
+
+
+def _lines(program) -> list[str]:
+    return [ln.strip() for ln in format_program(program).splitlines()]
+
+
+@pytest.mark.parametrize("bad", [{"bias": True}, {"residual": True}, {"batch": 2}, {"activation": "gelu"},
+                                 {"rope": 64}])
+def test_request_refuses_other_epilogues(bad):
+    with pytest.raises(ValueError):
+        GemmRequest(1, 1, 1, epilogue="swiglu_bwd", **bad)
+
+
+def test_template_refuses_split_k_and_swap_ab():
+    with pytest.raises(ValueError, match="split_k > 1 is not built"):
+        build(REQ, replace(SMALL, split_k=2))
+    with pytest.raises(ValueError, match="swiglu_bwd epilogue"):
+        build(replace(REQ, trans_b=True), replace(SMALL, swap_ab=True, block_m=16, data_partition=1))
+
+
+def test_template_ir():
+    lines = _lines(build(REQ, SMALL))
+    assert lines[0] == "program gemm_bf16_nn_128x64x32_swiglu_bwd"
+    assert [ln for ln in lines if ln.startswith("arg ")] == [
+        "arg a: tensor<bf16>[M, K]", "arg b: tensor<bf16>[K, N]", "arg c: tensor<bf16>[M, N] out",
+        "arg du: tensor<bf16>[M, N] out", "arg g: ptr<bf16>[M, N]", "arg u: ptr<bf16>[M, N]", "arg M: i32",
+        "arg N: i32", "arg K: i32"]
+    tail = lines[lines.index("}") + 1:-1]  # the epilogue, between the K loop and the body's end
+    assert tail == [
+        "%g_tile:f32[128,64] = load_ptr() {arg='g', col='pid_n*64', cols_valid='N-pid_n*64', ld='N', "
+        "row='pid_m*128', rows_valid='M-pid_m*128'}",
+        "%sig_g:f32[128,64] = sigmoid(%g_tile)", "%silu_g:f32[128,64] = mul(%g_tile, %sig_g)",
+        "%d_up:f32[128,64] = mul(%acc_out, %silu_g)", "%dsilu_g:f32[128,64] = silu_grad(%g_tile, %sig_g)",
+        "%d_act:f32[128,64] = mul(%acc_out, %dsilu_g)", "%du_out:bf16[128,64] = cast(%d_up)",
+        "store(%du_out) {arg='du', coords=('pid_m*128', 'pid_n*64')}",
+        "%u_tile:f32[128,64] = load_ptr() {arg='u', col='pid_n*64', cols_valid='N-pid_n*64', ld='N', "
+        "row='pid_m*128', rows_valid='M-pid_m*128'}",
+        "%d_gate:f32[128,64] = mul(%d_act, %u_tile)", "%out:bf16[128,64] = cast(%d_gate)",
+        "store(%out) {arg='c', coords=('pid_m*128', 'pid_n*64')}"]
+
+
+def test_runtime_config_takes_g_and_u_by_tma_and_stages_the_stores_in_their_slots():
+    p = pipeline.run(build(REQ, rt.CONFIGS[rt.PICK]))
+    loads = [o.attr("arg") for o in walk(p.partition("producer").body) if o.kind == "load"]
+    assert loads.count("g") == 2 and loads.count("u") == 2  # one tile per chain, after the K loop's a and b
+    for c in (0, 1):
+        stores = {o.attr("arg"): o.attr("stage") for o in walk(p.partition(f"consumer{c}").body) if o.kind == "store"}
+        assert stores == {"du": f"g_tile_s_c{c}", "c": f"u_tile_s_c{c}"}
+    assert p.smem_bytes <= 232448
+
+
+def _both_match(before, after, seed: int, nprog: int, policies=POLICIES) -> None:
+    inst = make_instance(after, seed)
+    assert set(inst.reference) == {"c", "du"} and "swiglu_bwd" in inst.desc
+    seq = run_sequential(before, inst.inputs())
+    assert all(torch.equal(seq[k], inst.reference[k]) for k in ("c", "du")), inst.desc
+    for policy in policies:
+        out = run_partitioned(after, inst.inputs(), policy=policy, seed=seed, nprog=nprog)
+        for k in ("c", "du"):
+            assert torch.equal(out[k], inst.reference[k]), (k, policy, seed, inst.desc)
+
+
+@pytest.mark.parametrize("options", [*rt.CONFIGS, "pointers"])
+def test_matches_torch_under_every_policy(options):
+    opts = SMALL if options == "pointers" else rt.CONFIGS[options]
+    variants = [{}, {"trans_b": True}, {"trans_a": True, "dtype": "fp16"}]
+    for seed in range(3):  # ragged M, N and K (masked rows and columns of G and U); the ring wraps
+        before = build(replace(REQ, **variants[seed]), opts)
+        _both_match(before, pipeline.run(before, verify=True), seed, nprog=2 + seed % 2)
+
+
+def test_reference_is_the_product_gradients():
+    after = pipeline.run(build(REQ, SMALL))
+    inst = make_instance(after, 0, shape=(100, 72, 96))
+    a, b, g, u = (inst.tensors[n].float() for n in ("a", "b", "g", "u"))
+    dh = a @ b
+    s = torch.sigmoid(g)
+    torch.testing.assert_close(inst.reference["du"].float(), dh * g * s, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(inst.reference["c"].float(), dh * u * s * (1 + g * (1 - s)), rtol=1e-2, atol=1e-2)
+    assert g.abs().sum() > 0 and u.abs().sum() > 0
+
+
+@pytest.mark.parametrize("mutation", [
+    (r"mul\(%d_act_c(\d), %u_tile_c\1\)", r"mul(%d_act_c\1, %g_tile_c\1)"),  # dG from G instead of U
+    (r"silu_grad\(%g_tile_c(\d), %sig_g_c\1\)", r"silu_grad(%sig_g_c\1, %g_tile_c\1)"),  # operands swapped
+    (r"mul\(%acc_out_c(\d)_done, %silu_g_c\1\)", r"mul(%acc_out_c\1_done, %sig_g_c\1)"),  # du lacks G's factor
+])
+def test_a_mutated_epilogue_is_caught(mutation):
+    after = pipeline.run(build(REQ, SMALL))
+    bad, n = re.subn(*mutation, format_program(after))
+    assert n >= 2  # in each consumer's body
+    inst = make_instance(after, 0)
+    out = run_partitioned(parse_program(bad), inst.inputs(), policy="random", seed=0, nprog=2)
+    assert not inst.matches(out)

@@ -1,0 +1,174 @@
+"""SwiGLU backward runtime: the MLP's first backward GEMM with the product's gradients in its epilogue.
+
+In training, the Llama MLP ``down(silu(G) * U)`` (G, U the gate and up projections, saved by the forward) gets
+``dh = dy @ W_down`` (dy the gradient of the MLP's output; W_down [hidden, ffn], nn.Linear's weight used as is) and
+then, pointwise, ``du = dh * silu(G)`` and ``dG = dh * U * silu'(G)``. ``torch.compile``'s default runs a cuBLAS
+GEMM that writes dh and one Inductor kernel that reads dh, G and U back and writes dG and du. The kernel here is the
+GEMM template with ``epilogue="swiglu_bwd"`` (templates.gemm): dh stays in the accumulator's registers and the
+epilogue reads G's and U's tiles, so dh never reaches memory (two [M, ffn] transfers fewer a layer).
+
+``support_reason(dy, w, g, u)`` says why a call cannot run it (None: it can; works on fake tensors);
+``gemm_swiglu_bwd`` raises ``Unsupported`` with that reason, else runs ``CONFIGS``' config where runtime.choice
+finds it faster than the vendor's path (``vendor_swiglu_bwd``) and the GPU tests have passed it (``GPU_CHECKED``), or
+always when a config is named.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..ir import Options
+from ..templates.gemm import GemmRequest
+from . import choice
+from . import device as dev
+from .fallback import Unsupported
+from .gemm import DTYPES, VENDOR, _tma_view, launch_template, replay
+from .gemm import support_reason as gemm_reason
+from .launch import BoundCache
+
+#: The configs (tests compile each offline). Two consumer warpgroups of 64 rows, persistent, 128x128 tiles (the
+#: residual's tile width: G's and U's fp32 tiles sit beside the 64-register accumulator), G's and U's tiles by TMA
+#: (``Options.epilogue_tma``: the producer loads them during the tile's last K steps; their slots stage the two
+#: stores), five 32 KB stages: 229 KB of SMEM, 0 spill bytes offline for sm_90a. Measured offline: the same tile
+#: with G and U by pointer loads spills 16 bytes as launched (1.6 KB unspecialised); a 128x256 tile 9 KB.
+CONFIGS: dict[str, Options] = {
+    "swiglu_bwd_p_128x128": Options(block_m=128, block_n=128, block_k=64, stages=5, data_partition=2,
+                                    persistent=True, epilogue_tma=True),
+}
+PICK = "swiglu_bwd_p_128x128"
+
+#: Whether the kernel may serve calls that do not name a config. The measured choice times our kernel against the
+#: vendor's path but does not check its numbers, so a new kernel joins only once the GPU tests
+#: (test/gpu/test_swiglu_bwd_gpu.py: both outputs against the fp32 reference, NaN-poisoned, ragged shapes, both
+#: layouts and dtypes, and the compiled training step's gradients) have passed it on an H100/H200. Until then the
+#: rewrite leaves its sites to Inductor with this reason, and ``gemm_swiglu_bwd(config=None)`` takes the vendor's
+#: path. False: written in a session without a GPU (2026-12-05), not yet run there.
+GPU_CHECKED = False
+NOT_CHECKED = ("the fused SwiGLU backward kernel has not passed its GPU numerics tests yet "
+               "(runtime.swiglu_bwd.GPU_CHECKED)")
+
+
+def support_reason(dy, w, g, u, *, check_device: bool = True) -> str | None:
+    """Why the generated kernel cannot serve ``dh = dy @ w`` with the SwiGLU gradients from ``g`` and ``u`` (None:
+    it can). dy [M, K], w [K, N] (row-major, or a transposed view), g and u contiguous [M, N] of dy's dtype."""
+    if dy.dim() != 2 or w.dim() != 2 or g.dim() != 2 or u.dim() != 2:
+        return (f"operands of {dy.dim()}, {w.dim()}, {g.dim()} and {u.dim()} dims; the SwiGLU backward GEMM takes "
+                f"dy [M, K], w [K, N] and the saved projections [M, N]")
+    why = gemm_reason(dy, w, None, None, check_device=check_device)
+    if why:
+        return why
+    M, N = dy.shape[0], w.shape[1]
+    for name, t in (("g", g), ("u", u)):
+        if t.dtype != dy.dtype or tuple(t.shape) != (M, N) or (M > 1 and t.stride(0) != N) or \
+                (N > 1 and t.stride(1) != 1):
+            return (f"saved projection {name} {tuple(t.shape)} {t.dtype} with strides {tuple(t.stride())}: the "
+                    f"epilogue reads a contiguous [M, N] = [{M}, {N}] tensor of dy's dtype")
+    return dev.alignment_reason(g=g, u=u)
+
+
+def reference(dy, w, g, u) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dG, du) in fp32 from the fp32 product, rounded once to dy's dtype: what the kernel computes."""
+    dh = dy.float() @ w.float()
+    gf = g.float()
+    s = torch.sigmoid(gf)
+    dg = dh * u.float() * (s * (1 + gf * (1 - s)))
+    return dg.to(dy.dtype), (dh * gf * s).to(dy.dtype)
+
+
+#: A call's metadata -> (launch.Bound, output shape), as runtime.gemm's ``_BOUND``.
+_BOUND = BoundCache(64)
+
+
+def vendor_swiglu_bwd(dy, w, g, u, dg, du):
+    """What ``torch.compile``'s default runs: a cuBLAS GEMM writing dh, then one pointwise kernel (as Inductor
+    generates it) reading dh, G and U and writing dG and du."""
+    dh = torch.mm(dy, w)
+    n = dh.numel()
+    _grads_kernel()[(-(-n // 1024),)](dh, g, u, dg, du, n, BLOCK=1024)
+    return dg, du
+
+
+@functools.cache
+def _grads_kernel():
+    """``du = dh silu(g)``, ``dg = dh u silu'(g)`` elementwise in fp32 (one read of dh, g, u; one write of each)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def swiglu_grads(dh_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        dh = tl.load(dh_ptr + offs, mask=mask).to(tl.float32)
+        g = tl.load(g_ptr + offs, mask=mask).to(tl.float32)
+        u = tl.load(u_ptr + offs, mask=mask).to(tl.float32)
+        s = 1.0 / (1.0 + tl.exp(-g))
+        tl.store(du_ptr + offs, (dh * g * s).to(du_ptr.dtype.element_ty), mask=mask)
+        tl.store(dg_ptr + offs, (dh * u * s * (1.0 + g * (1.0 - s))).to(dg_ptr.dtype.element_ty), mask=mask)
+
+    return swiglu_grads
+
+
+def _decide(dy, w, g, u, m, n, k, layout) -> choice.Decision:
+    """The measured / cached / prior choice (runtime.choice) between our kernel and the vendor's path."""
+    key = ("swiglu_bwd", str(dy.dtype), layout, choice.bucket(m), n, k)
+    outs = {side: (torch.empty((m, n), device=dy.device, dtype=dy.dtype),
+                   torch.empty((m, n), device=dy.device, dtype=dy.dtype)) for side in ("ours", "vendor")}
+
+    def ours():
+        return gemm_swiglu_bwd(dy, w, g, u, config=PICK, out=outs["ours"])
+
+    def vendor():
+        return vendor_swiglu_bwd(dy, w, g, u, *outs["vendor"])
+
+    # the prior: a GEMM of that size (the fused epilogue only saves traffic)
+    return choice.decide(key, ours, vendor, choice.gemm_prior(m, n, k), dy.device)
+
+
+def site_decision(dy, w, g, u) -> choice.Decision:
+    """The choice for a site seen at compile time with static sizes (tensors may be fake), made on real random
+    tensors of the same sizes, strides and dtypes; the support checks must have passed."""
+    dy, w, g, u = (choice.materialize(t) for t in (dy, w, g, u))
+    M, K = dy.shape
+    N = w.shape[1]
+    return _decide(dy, w, g, u, M, N, K, (_tma_view(dy, M, K)[0], _tma_view(w, K, N)[0]))
+
+
+def gemm_swiglu_bwd(dy, w, g, u, config: str | None = None, out: tuple | None = None):
+    """(dG, du) of the SwiGLU product from ``dh = dy @ w`` and the saved ``g``, ``u`` by the generated kernel, into
+    ``out`` = (dg, du) if given (contiguous [M, N] of dy's dtype). ``config`` None: the vendor's path where
+    runtime.choice decides it is faster, and then None is returned (the caller runs torch); a config name (or
+    "auto") always runs our kernel."""
+    key = ("swiglu_bwd", dy.shape, dy.stride(), dy.dtype, dy.device, w.shape, w.stride(), w.dtype, g.shape,
+           g.stride(), u.stride(), config, out is not None and tuple((t.shape, t.stride()) for t in out),
+           config is None and choice.mode())
+    M, K = dy.shape
+    N = w.shape[1]
+    dg, du = out if out is not None else (torch.empty((M, N), device=dy.device, dtype=dy.dtype) for _ in range(2))
+    hit = _BOUND.get(key)
+    if hit is VENDOR:
+        return None
+    if hit is not None and replay(hit, [dy, w], dg, dy.dtype, after=[du, g, u]) is not None:
+        return dg, du
+    why = support_reason(dy, w, g, u) or _out_reason("dg", dg) or _out_reason("du", du)
+    if why:
+        raise Unsupported(why)
+    if config not in (None, "auto") and config not in CONFIGS:
+        raise Unsupported(f"no swiglu_bwd config {config!r}; the configs are {', '.join(CONFIGS)}")
+    ta, _ = _tma_view(dy, M, K)
+    tb, _ = _tma_view(w, K, N)
+    if config is None and (not GPU_CHECKED or not _decide(dy, w, g, u, M, N, K, (ta, tb)).use_ours):
+        _BOUND.put(key, VENDOR)
+        return None
+    name = PICK if config in (None, "auto") else config
+    # M, N, K are run-time scalars: the request that keys the compiled kernel leaves them at 1
+    req = GemmRequest(1, 1, 1, DTYPES[dy.dtype], None, ta, tb, epilogue="swiglu_bwd")
+    tensors = {"a": dy.t() if ta else dy, "b": w.t() if tb else w, "c": dg, "du": du, "g": g, "u": u}
+    launch_template(req, CONFIGS[name], tensors, M, N, K, dy.device, _BOUND, key, (M, N))
+    return dg, du
+
+
+def _out_reason(name: str, t) -> str | None:
+    if not t.is_contiguous() or t.data_ptr() % 16:
+        return f"out {name} is not a contiguous 16-byte aligned tensor (the kernel stores it by TMA)"
+    return None
