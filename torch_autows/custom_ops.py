@@ -1,5 +1,5 @@
 """Custom ops that put the generated kernels into graphs: ``torch.ops.autows.{attention,attention_backward,gemm,
-gemm_residual,gemm_act,bmm,gemm_swiglu,gemm_swiglu_bwd,gemm_rope}``.
+gemm_residual,gemm_act,bmm,gemm_swiglu,gemm_swiglu_save,gemm_swiglu_bwd,gemm_rope}``.
 
 Registered by ``import torch_autows`` (so ``torch.export.load`` of a program using them works in a fresh
 process); only ``torch.library`` is used here, nothing of Inductor or Dynamo. The Inductor lowerings stay
@@ -18,9 +18,9 @@ an extern kernel and compiles everything around it. Each op
 * has a fake impl written with ``new_empty`` on the input sizes, so symbolic sizes flow through;
 * never syncs with the host, so it is safe inside CUDA graphs (``mode="reduce-overhead"``);
 * has a backward (``register_autograd``): the public ops route calls that need gradients through here;
-  except ``gemm_swiglu``, ``gemm_act``, ``gemm_rope`` and ``gemm_swiglu_bwd``, which their post-grad rewrites insert
-  where the graph keeps none of the values they fuse, or into a backward graph (after AOTAutograd: no autograd left
-  to record).
+  except ``gemm_swiglu(_save)``, ``gemm_act``, ``gemm_rope`` and ``gemm_swiglu_bwd``, which their post-grad
+  rewrites insert into graphs after AOTAutograd (no autograd left to record): where the graph keeps none of the
+  values they fuse, or writing the values it keeps (``gemm_swiglu_save``), or into a backward graph.
 """
 from __future__ import annotations
 
@@ -279,6 +279,41 @@ def gemm_swiglu_into(out: Tensor, a: Tensor, w_gate: Tensor, w_up: Tensor) -> No
 def _gemm_swiglu_fake(a, w_gate, w_up):
     _kernels.check_gemm_swiglu(a, w_gate, w_up, dtypes=_kernels.OP_DTYPES)
     return a.new_empty((a.shape[0], w_gate.shape[1]))
+
+
+@torch.library.custom_op("autows::gemm_swiglu_save", mutates_args=())
+def gemm_swiglu_save(a: Tensor, w_gate: Tensor, w_up: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``gemm_swiglu`` for a training graph: ``(silu(g) * u, g, u)`` with ``g = a @ w_gate`` and ``u = a @ w_up``,
+    the projections the backward reads, written by the same kernel (each rounded once from its fp32 sum; the
+    product from the sums), contiguous, in a's dtype. No backward: the post-grad rewrite (inductor/rewrite_swiglu.py)
+    inserts it into forward graphs that save g and u."""
+    _kernels.check_gemm_swiglu(a, w_gate, w_up, dtypes=_kernels.OP_DTYPES)
+    shape = (a.shape[0], w_gate.shape[1])
+    out, g, u = (a.new_empty(shape) for _ in range(3))
+    op = "gemm_swiglu_save"
+    rt = _kernels.runtime_module("swiglu")
+    try:
+        if rt is None or not config.gemm:
+            raise Unsupported("the generated GEMM is off (config.gemm) or triton is missing")
+        served = rt.gemm_swiglu(a, w_gate, w_up, a.dtype, out=out, saved=(g, u))
+    except Unsupported as e:
+        note_fallback(op, str(e))
+        acc = torch.float64 if a.dtype == torch.float64 else torch.float32
+        g32, u32 = a.to(acc) @ w_gate.to(acc), a.to(acc) @ w_up.to(acc)
+        return out.copy_(torch.nn.functional.silu(g32) * u32), g.copy_(g32), u.copy_(u32)
+    if served is not None:
+        note_served(op)
+    else:  # runtime.choice: the vendor's path is faster for this shape (or the kernel awaits its GPU tests)
+        note_vendor(op)
+        rt.vendor_swiglu(a, w_gate, w_up, out, (g, u))
+    return out, g, u
+
+
+@gemm_swiglu_save.register_fake
+def _gemm_swiglu_save_fake(a, w_gate, w_up):
+    _kernels.check_gemm_swiglu(a, w_gate, w_up, dtypes=_kernels.OP_DTYPES)
+    shape = (a.shape[0], w_gate.shape[1])
+    return a.new_empty(shape), a.new_empty(shape), a.new_empty(shape)
 
 
 @torch.library.custom_op("autows::gemm_rope", mutates_args=())

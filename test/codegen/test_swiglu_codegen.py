@@ -54,3 +54,18 @@ def test_generated_source_has_two_mmas_and_the_fused_epilogue():
                "tma.async_copy_global_to_shared(bu_desc, [k * 64, pid_n * 128]",
                f"def {program.name}(a_desc, b_desc, bu_desc, c_desc, M, N, K):"]
     assert_in_order(src, ordered)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_saving_config_compiles_without_spills(variant):
+    """The training site's kernel (runtime.swiglu.SAVE_CONFIG, epilogue "swiglu_save"): three stores, no spills,
+    SMEM within the limit."""
+    from torch_autows.runtime.swiglu import SAVE_CONFIG
+
+    ta, tb, dt, odt = VARIANTS[variant]
+    program = pipeline.run(build(GemmRequest(16384, 14336, 4096, dt, odt, ta, tb, epilogue="swiglu_save"),
+                                 CONFIGS[SAVE_CONFIG]))
+    kernel, s = compile_ws_cubin(program)
+    src = gluon.generate(program)
+    for desc in ("g_desc", "u_desc", "c_desc"):
+        assert f"tma.async_copy_shared_to_global({desc}, [pid_m * 128, pid_n * 128]" in src

@@ -93,3 +93,64 @@ def test_vendor_path_of_the_choice_is_inductors_result(m):
     rt.vendor_swiglu(a, bg, bu, out)
     ref = torch.nn.functional.silu(a.float() @ bg.float()) * (a.float() @ bu.float())
     torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("linear", [True, False], ids=["w.t()", "row-major"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_saving_the_projections(shape, linear):
+    """epilogue "swiglu_save" (runtime.swiglu.SAVE_CONFIG, a training graph's forward): the product and both
+    projections, each NaN-poisoned before the run. These are the cases SAVE_GPU_CHECKED waits for."""
+    m, n, k = shape
+    a, wg, wu = _inputs(m, n, k, linear=linear, seed=5)
+    out, g, u = (torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    rt.gemm_swiglu(a, wg, wu, torch.bfloat16, config="auto", out=out, saved=(g, u))
+    torch.cuda.synchronize()
+    for got, ref in ((out, _ref(a, wg, wu)), (g, a.float() @ wg.float()), (u, a.float() @ wu.float())):
+        assert torch.isfinite(got).all(), "unwritten (NaN) or overflowed elements"
+        assert _rel(got, ref) < 1e-2
+
+
+def test_training_step_with_both_swiglu_fusions(monkeypatch):
+    """The Llama MLP compiled with the backend in training: the forward writes the projections from the fused
+    kernel (gemm_swiglu_save), the backward's dh GEMM writes both gradients (gemm_swiglu_bwd); every gradient as
+    close to fp32 as eager bf16's."""
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    from torch_autows import config
+    from torch_autows.inductor import support
+    from torch_autows.runtime import swiglu_bwd
+
+    monkeypatch.setattr(rt, "SAVE_GPU_CHECKED", True)
+    monkeypatch.setattr(swiglu_bwd, "GPU_CHECKED", True)
+
+    class MLP(nn.Module):
+        def __init__(self, h=1024, f=2816):
+            super().__init__()
+            self.gate, self.up = nn.Linear(h, f, bias=False), nn.Linear(h, f, bias=False)
+            self.down = nn.Linear(f, h, bias=False)
+
+        def forward(self, x):
+            return self.down(F.silu(self.gate(x)) * self.up(x))
+
+    torch.manual_seed(0)
+    ref = MLP().cuda()
+    model = MLP().cuda().bfloat16()
+    model.load_state_dict({k: v.bfloat16() for k, v in ref.state_dict().items()})
+    x, dy = torch.randn(4, 512, 1024, device="cuda"), torch.randn(4, 512, 1024, device="cuda")
+
+    def grads(m, dtype, compiled):
+        m.zero_grad(set_to_none=True)
+        xi = x.to(dtype).requires_grad_()
+        f = torch.compile(m, backend="autows") if compiled else m
+        f(xi).backward(dy.to(dtype))
+        return [xi.grad.float(), *(p.grad.float() for p in m.parameters())]
+
+    support.reset()
+    exact, eager = grads(ref, torch.float32, False), grads(model, torch.bfloat16, False)
+    with config.patch(choice="autows"):  # the fused kernels whatever their speed
+        got = grads(model, torch.bfloat16, True)
+    assert support.site_counters["swiglu.rewritten"] == 1 and support.site_counters["swiglu_bwd.rewritten"] == 1
+    for e, b, c in zip(exact, eager, got):
+        assert torch.isfinite(c).all()
+        assert _rel(c, e) <= 2 * _rel(b, e) + 4e-3

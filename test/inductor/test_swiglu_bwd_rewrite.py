@@ -129,3 +129,51 @@ def test_unchecked_kernel_leaves_the_site_to_inductor(swiglu_bwd_pretend, monkey
     graphs, _, _ = _grads(model, x, dy, True, monkeypatch)
     assert "gemm_swiglu_bwd" not in graphs and support.site_counters["swiglu_bwd.rewritten"] == 0
     assert "has not passed its GPU numerics tests" in log_warnings.text
+
+
+def _gradients(form: str):
+    """The SwiGLU gradients after dh = dy @ w as a function (traced by make_fx: aten ops with fake values), in
+    ``form``: "silu" and "exp" (two ways to write the sigmoid) are the gradients; the rest almost are."""
+    def f(dy, w, g, u):
+        dh = torch.mm(dy, w)
+        gf = g.float()
+        s = 1 / (1 + torch.exp(-gf)) if form == "exp" else torch.sigmoid(gf)
+        du = dh * (gf * s).to(dh.dtype)
+        dsilu = s if form == "no_term" else s * (1 + gf * (1 - s))  # "no_term": sigmoid's factor alone
+        dg = ((dh * u).float() * dsilu).to(dh.dtype)
+        if form == "swapped":  # du from U's silu: another function of the same tensors
+            du = dh * (u.float() * torch.sigmoid(u.float())).to(dh.dtype)
+        outs = (dg, du)
+        if form == "dh_returned":
+            outs += (dh,)
+        if form == "third_result":
+            outs += (dh * 2,)
+        return outs
+
+    return f
+
+
+@pytest.mark.parametrize("form,reason", [
+    ("silu", None), ("exp", None),
+    ("no_term", "not the SwiGLU product's gradients"), ("swapped", "not the SwiGLU product's gradients"),
+    ("dh_returned", "dh is also used outside"), ("third_result", "3 results"),
+])
+def test_recognised_by_value(swiglu_bwd_pretend, form, reason):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torch_autows.inductor.rewrite_swiglu_bwd import find_swiglu_bwd_sites
+
+    args = (torch.randn(16, 8, dtype=torch.bfloat16), torch.randn(8, 24, dtype=torch.bfloat16),
+            torch.randn(16, 24, dtype=torch.bfloat16), torch.randn(16, 24, dtype=torch.bfloat16))
+    gm = make_fx(_gradients(form), tracing_mode="fake")(*args)
+    (site,) = find_swiglu_bwd_sites(gm.graph)
+    if reason is None:
+        assert site.reason is None and site.vendor is None
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        assert (site.g, site.u) == (placeholders[2], placeholders[3])  # told apart by value, not by position
+        ref = _gradients("silu")(*args)
+        outs = {n: i for i, n in enumerate(next(n for n in gm.graph.nodes if n.op == "output").args[0])}
+        assert [outs[site.dg], outs[site.du]] == [0, 1]
+        torch.testing.assert_close(ref[0], _gradients(form)(*args)[0])
+    else:
+        assert reason in site.reason

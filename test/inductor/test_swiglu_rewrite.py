@@ -76,14 +76,49 @@ def test_near_misses_stay_unfused(swiglu_pretend, monkeypatch, log_warnings):
     assert "different activations" in log_warnings.text
 
 
-def test_training_graph_keeps_inductors_path(swiglu_pretend, monkeypatch, log_warnings):
+def test_training_graph_keeps_inductors_path_until_the_saving_kernel_is_checked(swiglu_pretend, monkeypatch,
+                                                                                  log_warnings):
+    """A training graph saves g and u: the site is the op that writes them too (gemm_swiglu_save), which the
+    measured choice may take only once its GPU tests have passed (runtime.swiglu.SAVE_GPU_CHECKED)."""
     model = MLP().to(torch.bfloat16)
     x = torch.randn(4, 32, dtype=torch.bfloat16, requires_grad=True)
     got, graph = _run(model, x, monkeypatch)
     got.sum().backward()
     assert "gemm_swiglu" not in graph and support.site_counters["swiglu.rewritten"] == 0
-    assert "used outside the SwiGLU pattern" in log_warnings.text
+    assert "has not passed its GPU numerics tests" in log_warnings.text
     assert x.grad is not None and torch.isfinite(x.grad.float()).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_training_graph_saves_the_projections_from_the_fused_kernel(swiglu_pretend, monkeypatch, dtype):
+    monkeypatch.setattr(rt_swiglu, "SAVE_GPU_CHECKED", True)
+    torch.manual_seed(0)
+    model = MLP().to(dtype)
+    x, dy = torch.randn(2, 5, 32, dtype=dtype), torch.randn(2, 5, 32, dtype=dtype)
+    seen = _post_grad_graphs(monkeypatch)
+    xg = x.clone().requires_grad_()
+    with ic.patch(api.inductor_options()):
+        torch.compile(model)(xg).backward(dy)
+    forward = seen[0]
+    assert support.site_counters["swiglu.rewritten"] == 1
+    assert "autows.gemm_swiglu_save" in forward and forward.count("aten.mm") == 0  # down: autows.gemm
+    got = [xg.grad, *(p.grad for p in model.parameters())]
+    model.zero_grad(set_to_none=True)
+    xe = x.clone().requires_grad_()
+    model(xe).backward(dy)
+    for g, e in zip(got, [xe.grad, *(p.grad for p in model.parameters())]):
+        torch.testing.assert_close(g, e, atol=3e-2, rtol=3e-2)
+
+
+def test_a_saved_intermediate_other_than_the_projections_stays_unfused(swiglu_pretend, monkeypatch, log_warnings):
+    class Leaky(MLP):  # returns silu(gate(x)) too: the fused op does not write it
+        def forward(self, x):
+            s = F.silu(self.gate(x))
+            return self.down(s * self.up(x)), s
+
+    with torch.no_grad():
+        _, graph = _run(Leaky().to(torch.bfloat16), torch.randn(4, 32, dtype=torch.bfloat16), monkeypatch)
+    assert "gemm_swiglu" not in graph and "is used outside the SwiGLU pattern" in log_warnings.text
 
 
 @pytest.mark.parametrize("act", ["silu", "module", "sigmoid"])

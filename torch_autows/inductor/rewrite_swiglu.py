@@ -14,14 +14,16 @@ and writes only ``out``: a fusion across the GEMM boundary a library call cannot
 
 A match needs: both GEMMs read the same activation (the same node, through reshapes, at the same shape);
 the weights have one shape, stride and dtype; the output dtype is the GEMMs'; and every intermediate node is
-used only inside the pattern. A training graph saves g and u for the backward, so it does not match and keeps
-Inductor's path (the fused op has no backward). Matched sites go through the same support check and
-measured choice as a GEMM site (``support.swiglu_reason`` / ``swiglu_choice``); a site left alone logs why.
+used only inside the pattern, but for g and u themselves: a training graph saves them for the backward, and then the
+site becomes ``autows::gemm_swiglu_save``, which writes them too (the backward graph reads them as the unfused graph's
+did; its own GEMM and pointwise gradients are rewrite_swiglu_bwd.py's). Matched sites go through the same support
+check and measured choice as a GEMM site (``support.swiglu_reason`` / ``swiglu_choice``); a site left alone logs why.
 Runs before ``rewrite_gemm`` in the post-grad pass, so the two GEMMs it takes are not rewritten one by one.
 """
 from __future__ import annotations
 
 import dataclasses
+import operator
 
 import torch
 import torch.fx as fx
@@ -43,6 +45,7 @@ class SwigluSite:
     nodes: tuple[fx.Node, ...]  # every node of the pattern (erased after the rewrite)
     reason: str | None = None
     vendor: str | None = None
+    save: bool = False       # the graph keeps gate and up (a training graph saves them): the op writes them too
 
 
 def _strip(n, ops) -> tuple[object, list[fx.Node]]:
@@ -112,10 +115,15 @@ def _match(mul: fx.Node) -> SwigluSite | None:
 
 
 def _check(s: SwigluSite) -> str | None:
-    """Why a matched pattern cannot become one op (None: it can, subject to the support check)."""
+    """Why a matched pattern cannot become one op (None: it can, subject to the support check). Uses of the gate
+    and up GEMMs' own outputs outside the pattern (a training graph saves them for the backward) make it the op
+    that writes them too (``save``); any other intermediate used outside stays unfused."""
     inside = set(s.nodes) | {s.out}
     for n in s.nodes:
         if any(u not in inside for u in n.users):
+            if n is s.gate or n is s.up:
+                s.save = True
+                continue
             return f"%{n.name} is used outside the SwiGLU pattern (e.g. saved for a backward); fusing would drop it"
     (a, wg), (a2, wu) = s.gate.args[:2], s.up.args[:2]
     if not _same_input(a, a2):
@@ -140,7 +148,7 @@ def find_swiglu_sites(graph: fx.Graph) -> list[SwigluSite]:
         s.reason = _check(s)
         if s.reason is None:
             a, wg, wu = s.gate.args[0], s.gate.args[1], s.up.args[1]
-            s.reason, s.vendor = support.swiglu_verdict(val(a), val(wg), val(wu))
+            s.reason, s.vendor = support.swiglu_verdict(val(a), val(wg), val(wu), save=s.save)
         sites.append(s)
     return sites
 
@@ -166,13 +174,26 @@ def rewrite_swiglu(graph: fx.Graph) -> list[SwigluSite]:
     sites = find_swiglu_sites(graph)
     order = {n: i for i, n in enumerate(graph.nodes)}  # the pattern nodes' positions (they are never moved)
     for s in sites:
+        early = [u for mm in (s.gate, s.up) for u in mm.users
+                 if u not in s.nodes and u is not s.out and order.get(u, len(order)) < order[s.out]]
+        if s.reason is None and s.save and early:
+            s.reason = "a use of the gate or up projection comes before their product; the fused op writes them there"
         if s.reason is not None or s.vendor is not None:
             support.note_site("swiglu", s.reason or s.vendor)
             continue
         a, wg, wu = s.gate.args[0], s.gate.args[1], s.up.args[1]
-        fn = torch.ops.autows.gemm_swiglu.default
+        fn = torch.ops.autows.gemm_swiglu_save.default if s.save else torch.ops.autows.gemm_swiglu.default
         with graph.inserting_before(s.out):
             new = res = call_op(graph, fn, (a, wg, wu), s.out)
+            if s.save:  # (product, gate, up): the graph's other uses of the GEMMs' outputs read the op's
+                items = [graph.call_function(operator.getitem, (new, i)) for i in range(3)]
+                for i, item in enumerate(items):
+                    if "val" in new.meta:
+                        item.meta["val"] = new.meta["val"][i]
+                new = res = items[0]
+                inside = frozenset(s.nodes)
+                for mm, item in ((s.gate, items[1]), (s.up, items[2])):
+                    mm.replace_all_uses_with(item, delete_user_cb=lambda user, inside=inside: user not in inside)
             fake, shape = val(new), list(val(s.out).shape)
             if fake is None or list(fake.shape) != shape:
                 res = graph.call_function(aten.reshape.default, (new, _sizes(s, shape)))

@@ -39,10 +39,11 @@ aten, prims = torch.ops.aten, torch.ops.prims
 #: Elementwise ops a region may hold (evaluated with their own aten implementations on the probes).
 _ELEMENTWISE = frozenset({aten.mul.Tensor, aten.add.Tensor, aten.sub.Tensor, aten.div.Tensor, aten.neg.default,
                           aten.exp.default, aten.sigmoid.default, aten.silu.default, aten.reciprocal.default,
-                          aten.rsub.Scalar, prims.convert_element_type.default})
+                          aten.rsub.Scalar, prims.convert_element_type.default, aten._to_copy.default})
 #: Views that keep a contiguous tensor's element order (the identity on flat probes).
 _VIEWS = frozenset({aten.reshape.default, aten.view.default, aten._unsafe_view.default})
 _POINTWISE = _ELEMENTWISE | _VIEWS
+_ACTIVATIONS = (aten.sigmoid.default, aten.exp.default, aten.silu.default)
 #: Probe elements, and how far a graph's exit may be from the fp32 gradient (relative to the tile's scale): the
 #: graph rounds dh, silu(G) and dh * U to 16 bits before the last products (3 roundings of 2^-8 in bf16).
 _PROBES = 512
@@ -69,11 +70,9 @@ def _numel(n) -> int | None:
     return None if v is None else v.numel()
 
 
-def _region(dh: fx.Node) -> tuple[set, list, list] | str:
-    """(region nodes, exits, leaves) of the pointwise work hanging off dh (whose uses are all pointwise), or why
-    it cannot be one site."""
-    size = _numel(dh)
-    forward, todo = set(), list(dh.users)
+def _region(dh: fx.Node) -> tuple[set, list, list]:
+    """(region nodes, exits, leaves) of the pointwise work hanging off dh's pointwise uses."""
+    forward, todo = set(), [u for u in dh.users if _pointwise(u)]
     while todo:
         n = todo.pop()
         if n not in forward:
@@ -88,8 +87,6 @@ def _region(dh: fx.Node) -> tuple[set, list, list] | str:
         todo += n.all_input_nodes
     exits = [n for n in region if any(u not in region for u in n.users)]
     leaves = list(dict.fromkeys(x for n in region for x in n.all_input_nodes if x not in region))
-    if any(_numel(n) != size for n in region):
-        return "a pointwise node of dh's region broadcasts (another number of elements than dh)"
     return region, exits, leaves
 
 
@@ -134,25 +131,30 @@ def _recognise(dh: fx.Node, region: set, exits: list, leaves: list, order: dict)
     return "the pointwise work after dh is not the SwiGLU product's gradients (another activation or form)"
 
 
+def _why_not(dh: fx.Node, region: set) -> str | None:
+    """Why a candidate region (it has an activation) cannot be one site whatever it computes."""
+    if not all(isinstance(d, int) for d in val(dh).shape):  # first: comparing symbolic sizes would add guards
+        return "symbolic sizes: the fusion is kept only where measured at compile time, which needs static sizes"
+    if not all(_pointwise(u) for u in dh.users):
+        return "dh is also used outside the pointwise work after it (e.g. saved or returned); fusing would drop it"
+    if any(_numel(n) != _numel(dh) for n in region):
+        return "a pointwise node after dh broadcasts (another number of elements than dh)"
+    return None
+
+
 def find_swiglu_bwd_sites(graph: fx.Graph) -> list[SwigluBwdSite]:
-    """Every dh GEMM of a SwiGLU backward in the graph, with why it stays unfused (``reason``/``vendor``)."""
+    """Every dh GEMM of a SwiGLU backward in the graph, with why it stays unfused (``reason``/``vendor``). A
+    candidate is an ``aten.mm`` whose pointwise work (its region) has an activation (a sigmoid or an exp) and at least
+    two results; others (the forward's gate and up GEMMs, whose region ends in the one product) are not reported."""
     order = {n: i for i, n in enumerate(graph.nodes)}
     sites = []
     for n in graph.nodes:
-        if n.op != "call_function" or n.target is not aten.mm.default or not n.users:
+        if n.op != "call_function" or n.target is not aten.mm.default or val(n) is None:
             continue
-        if not all(_pointwise(u) for u in n.users) or val(n) is None:
-            continue
-        if not all(isinstance(d, int) for d in val(n).shape):
-            continue  # symbolic sizes: the site would be decided per shape at run time, which this rewrite does not do
-        got = _region(n)
-        if isinstance(got, str):
-            sites.append(SwigluBwdSite(n, None, None, None, None, reason=got))
-            continue
-        region, exits, leaves = got
-        if not any(x.target is aten.sigmoid.default or x.target is aten.exp.default for x in region):
-            continue  # no activation at all: not a candidate (an epilogue of another kind, or none)
-        rec = _recognise(n, region, exits, leaves, order)
+        region, exits, leaves = _region(n)
+        if len(exits) < 2 or not any(x.target in _ACTIVATIONS for x in region):
+            continue  # one result (a forward's product), or no activation: not a backward of this kind
+        rec = _why_not(n, region) or _recognise(n, region, exits, leaves, order)
         if isinstance(rec, str):
             sites.append(SwigluBwdSite(n, None, None, None, None, reason=rec))
             continue

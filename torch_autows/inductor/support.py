@@ -286,13 +286,18 @@ def gemm_choice(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = No
                         a, b, bias, residual)
 
 
-def swiglu_choice(a: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> SiteChoice:
-    """The side of a servable SwiGLU site: the fused kernel, or Inductor's two cuBLAS GEMMs and product."""
+def swiglu_choice(a: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, save: bool = False) -> SiteChoice:
+    """The side of a servable SwiGLU site: the fused kernel, or Inductor's two cuBLAS GEMMs and product (``save``: a
+    training site, whose kernel also writes the projections; kept on Inductor's path until that kernel has passed
+    its GPU tests, runtime.swiglu.SAVE_GPU_CHECKED)."""
     from ..runtime import choice
     from ..runtime import swiglu as rt
 
+    if save and not rt.SAVE_GPU_CHECKED:
+        return SiteChoice(False, rt.SAVE_NOT_CHECKED)
     m, n, k = _hint(a.shape[0]), _hint(w_gate.shape[-1]), _hint(a.shape[-1])
-    return _site_choice(lambda: rt.site_decision(a, w_gate, w_up), lambda: choice.gemm_prior(m, n, k), a, w_gate, w_up)
+    return _site_choice(lambda: rt.site_decision(a, w_gate, w_up, save=save), lambda: choice.gemm_prior(m, n, k),
+                        a, w_gate, w_up)
 
 
 def rope_choice(a: torch.Tensor, b: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -362,12 +367,13 @@ def swiglu_bwd_verdict(dy: torch.Tensor, w: torch.Tensor, g: torch.Tensor,
                               dy, w, g, u).vendor_reason
 
 
-def swiglu_verdict(a: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> tuple[str | None, str | None]:
-    """``gemm_verdict`` for a SwiGLU site."""
+def swiglu_verdict(a: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
+                   save: bool = False) -> tuple[str | None, str | None]:
+    """``gemm_verdict`` for a SwiGLU site (``save``: the op that also writes the projections)."""
     reason = swiglu_reason(a, w_gate, w_up)
     if reason is not None:
         return reason, None
-    return None, swiglu_choice(a, w_gate, w_up).vendor_reason
+    return None, swiglu_choice(a, w_gate, w_up, save).vendor_reason
 
 
 def attention_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,

@@ -6,7 +6,8 @@ torch reference. GEMM: a few output tiles (at least three, so a persistent CTA w
 tails in M, N and K, at least one more K step than the ring has slots (the ring wraps); values are
 multiples of 1/4 in [-1, 1], exact in bf16/fp16 with exact fp32 products and sums, so every correct
 schedule is bit-identical to torch. A swiglu GEMM (arg ``bu``, the up weight laid out as ``b``) has the
-reference ``silu(A @ B) * (A @ Bu)`` in fp32 (the interpreter's silu is torch's, on the same exact sums). A residual
+reference ``silu(A @ B) * (A @ Bu)`` in fp32 (the interpreter's silu is torch's, on the same exact sums); saving its
+projections (out args ``g``, ``u``: epilogue "swiglu_save") adds their references, each sum rounded once. A residual
 GEMM (arg ``r``, [batch*M, N] like c) adds R in fp32 after the bias, before the one rounding to c's dtype. An
 activation GEMM (a ``gelu`` op) applies torch's F.gelu (same ``approximate``) to the fp32 biased sum. A RoPE GEMM
 (args ``cos``, ``sin`` [P, D], a ``rotate_half`` op of width D) has N a multiple of D, a random period P and the
@@ -134,6 +135,10 @@ def _gemm(program: Program, seed: int, shape, trans_a: bool, trans_b: bool, bias
     residual = "r" in {x.name for x in program.args}
     if residual:
         tensors["r"] = _values((B * M, N), TORCH_DTYPE[program.arg("r").dtype], gen)
+    save = swiglu and any(x.name == "g" and x.out for x in program.args)  # swiglu_save: G and U stored too
+    if save:
+        for t in ("g", "u"):
+            tensors[t] = torch.full((M, N), float("nan"), dtype=TORCH_DTYPE[odt_name])
     swiglu_bwd = "du" in {x.name for x in program.args}
     if swiglu_bwd:  # the saved projections in the operand dtype, the second gradient poisoned like c
         for t in ("g", "u"):
@@ -159,7 +164,9 @@ def _gemm(program: Program, seed: int, shape, trans_a: bool, trans_b: bool, bias
         if swiglu:
             bu = tensors["bu"]
             Bu = bu[i * N:(i + 1) * N].t() if trans_b else bu[i * K:(i + 1) * K]
-            r = torch.nn.functional.silu(r) * (A.float() @ Bu.float())
+            r_u = A.float() @ Bu.float()
+            refs_saved = (r.to(TORCH_DTYPE[odt_name]), r_u.to(TORCH_DTYPE[odt_name]))
+            r = torch.nn.functional.silu(r) * r_u
         if bias:
             r = r + tensors["bias"].float()
         if act is not None:
@@ -196,6 +203,10 @@ def _gemm(program: Program, seed: int, shape, trans_a: bool, trans_b: bool, bias
     if swiglu_bwd:
         desc += " swiglu_bwd"
         reference["du"], tol["du"] = refs_du, TOL[odt_name]
+    if save:
+        desc += " (saving G and U)"
+        for t, ref in zip(("g", "u"), refs_saved):
+            reference[t], tol[t] = ref, TOL[odt_name]
     return Instance(desc, tensors, scalars, reference, tol)
 
 

@@ -9,7 +9,9 @@ the up's and stores once, so the two [M, N] projections never reach memory. The 
 ``gemm_swiglu`` raises ``Unsupported`` with that reason, else runs the config ``choose_config`` picks (or the
 one named), where runtime.choice finds it faster than the vendor's path (two cuBLAS GEMMs and the
 elementwise product), or always when a config is named. At decode shapes in nn.Linear's layout the measured
-choice also times swap-AB configs (``decode_candidates``) and runs the fastest it kept.
+choice also times swap-AB configs (``decode_candidates``) and runs the fastest it kept. In a training graph the
+projections are kept for the backward: ``gemm_swiglu(..., saved=(g, u))`` writes them too (epilogue "swiglu_save",
+``SAVE_CONFIG``; against the default's two GEMMs writing them and its pointwise product reading them back).
 """
 from __future__ import annotations
 
@@ -67,6 +69,28 @@ def choose_config(m: int, n: int, k: int, sms: int = 132) -> str:
     return "swiglu_p_128x128"
 
 
+#: The config of a training site (epilogue "swiglu_save": the projections stored too, no split-K or swap-AB): the
+#: persistent 128x128 tile, 0 spills offline for sm_90a with its three stores (229 KB of SMEM, 4 stages).
+SAVE_CONFIG = "swiglu_p_128x128"
+#: Whether a call that names no config may run the saving kernel: the measured choice does not check numbers, so it
+#: waits for test/gpu/test_swiglu_gpu.py's saving cases to pass on an H100/H200 (written 2026-12-05 without a GPU).
+SAVE_GPU_CHECKED = False
+SAVE_NOT_CHECKED = ("the SwiGLU kernel that also writes the projections has not passed its GPU numerics tests yet "
+                    "(runtime.swiglu.SAVE_GPU_CHECKED)")
+
+
+def _saved_reason(saved, a, bg, out_dtype) -> str | None:
+    """Why ``saved`` cannot take the projections (None: it can): two contiguous [M, N] tensors of ``out_dtype``."""
+    if saved is None:
+        return None
+    shape = (a.shape[0], bg.shape[1])
+    for name, t in zip(("g", "u"), saved):
+        if tuple(t.shape) != shape or t.dtype != out_dtype or not t.is_contiguous() or t.data_ptr() % 16:
+            return (f"saved {name} {tuple(t.shape)} {t.dtype}: the kernel stores a contiguous 16-byte aligned "
+                    f"{list(shape)} tensor of {out_dtype}")
+    return None
+
+
 #: Whether the measured choice offers the swap-AB configs. The choice times candidates but does not check their
 #: numbers, so a config joins only after the GPU tests (test/gpu/test_swiglu_gpu.py) have passed it on an H200: the
 #: swiglu_decs_* configs passed there on 2026-12-01 (every config, nn.Linear's layout, random inputs).
@@ -102,11 +126,13 @@ def support_reason(a, bg, bu, out_dtype=None, *, check_device: bool = True) -> s
 _BOUND = BoundCache(256)
 
 
-def vendor_swiglu(a, bg, bu, out):
+def vendor_swiglu(a, bg, bu, out, saved: tuple | None = None):
     """What ``torch.compile``'s default runs for the site: two cuBLAS GEMMs, then one fused pointwise kernel
-    (silu of the gate in fp32 times the up projection, as Inductor generates it), into ``out``. Eager torch
-    would run silu and the product as two kernels, which would flatter the fused kernel in the choice."""
-    g, u = torch.mm(a, bg), torch.mm(a, bu)
+    (silu of the gate in fp32 times the up projection, as Inductor generates it), into ``out``; the projections
+    into ``saved`` = (g, u) where given (a training graph keeps them). Eager torch would run silu and the product as
+    two kernels, which would flatter the fused kernel in the choice."""
+    g, u = (torch.mm(a, bg, out=saved[0]), torch.mm(a, bu, out=saved[1])) if saved else (torch.mm(a, bg),
+                                                                                          torch.mm(a, bu))
     n = out.numel()
     if not (out.is_contiguous() and g.is_contiguous() and u.is_contiguous()) or out.dtype != g.dtype:
         return torch.mul(torch.nn.functional.silu(g), u, out=out)
@@ -131,56 +157,64 @@ def _silu_mul_kernel():
     return silu_mul
 
 
-def _decide(a, bg, bu, out_dtype, m, n, k, layout) -> choice.Decision:
-    """The measured / cached / prior choice (runtime.choice) between our kernel and the vendor's path."""
-    key = ("swiglu", str(a.dtype), str(out_dtype), layout, choice.bucket(m), n, k)
-    outs: dict[str, torch.Tensor] = {}
+def _decide(a, bg, bu, out_dtype, m, n, k, layout, save: bool = False) -> choice.Decision:
+    """The measured / cached / prior choice (runtime.choice) between our kernel and the vendor's path (``save``: both
+    also write the projections)."""
+    key = ("swiglu", str(a.dtype), str(out_dtype), layout, choice.bucket(m), n, k, *(("save",) if save else ()))
+    outs: dict[str, tuple] = {}
 
-    def out(side: str) -> torch.Tensor:
+    def out(side: str) -> tuple:  # (out, saved)
         if side not in outs:
-            outs[side] = torch.empty((m, n), device=a.device, dtype=out_dtype)
+            new = [torch.empty((m, n), device=a.device, dtype=out_dtype) for _ in range(3 if save else 1)]
+            outs[side] = (new[0], tuple(new[1:]) or None)
         return outs[side]
 
     def ours(cfg="auto"):
-        return gemm_swiglu(a, bg, bu, out_dtype, config=cfg, out=out("ours"))
+        o, sv = out("ours")
+        return gemm_swiglu(a, bg, bu, out_dtype, config=cfg, out=o, saved=sv)
 
     def vendor():
-        return vendor_swiglu(a, bg, bu, out("vendor"))
+        return vendor_swiglu(a, bg, bu, *out("vendor"))
 
-    cands = decode_candidates(m, n, k, swap_serves(trans_a=layout[0], trans_b=layout[1]))
+    cands = [SAVE_CONFIG] if save else decode_candidates(m, n, k, swap_serves(trans_a=layout[0], trans_b=layout[1]))
     runs = {c: functools.partial(ours, c) for c in cands} if len(cands) > 1 else ours
     # the prior: a GEMM of both weights' width (the fused epilogue only saves traffic)
     return choice.decide(key, runs, vendor if out_dtype == a.dtype else None, choice.gemm_prior(m, 2 * n, k),
                          a.device)
 
 
-def site_decision(a, bg, bu, out_dtype=None) -> choice.Decision:
+def site_decision(a, bg, bu, out_dtype=None, save: bool = False) -> choice.Decision:
     """The choice for a swiglu site seen at compile time with static sizes (tensors may be fake), made on real
-    random tensors of the same sizes, strides and dtypes; the support checks must have passed."""
+    random tensors of the same sizes, strides and dtypes; the support checks must have passed. ``save``: a training
+    site, whose projections are written too."""
     out_dtype = out_dtype or a.dtype
     a, bg, bu = choice.materialize(a), choice.materialize(bg), choice.materialize(bu)
     M, K = a.shape
     N = bg.shape[1]
-    return _decide(a, bg, bu, out_dtype, M, N, K, (_tma_view(a, M, K)[0], _tma_view(bg, K, N)[0]))
+    return _decide(a, bg, bu, out_dtype, M, N, K, (_tma_view(a, M, K)[0], _tma_view(bg, K, N)[0]), save)
 
 
-def gemm_swiglu(a, bg, bu, out_dtype, config: str | None = None, out: torch.Tensor | None = None):
+def gemm_swiglu(a, bg, bu, out_dtype, config: str | None = None, out: torch.Tensor | None = None,
+                saved: tuple | None = None):
     """``silu(a @ bg) * (a @ bu)`` by the generated kernel, into ``out`` if given: a [M, K], bg and bu [K, N]
     (row-major, or both transposed views of [N, K] tensors such as nn.Linear weights ``w.t()``), fp32
-    accumulation, silu and product in fp32, output ``out_dtype`` (a's dtype or float32). ``config`` None: the
-    vendor's path where runtime.choice decides it is faster, and then None is returned (the caller runs
-    torch); a config name (or "auto": choose_config's) always runs our kernel."""
+    accumulation, silu and product in fp32, output ``out_dtype`` (a's dtype or float32). ``saved`` = (g, u),
+    contiguous [M, N] of ``out_dtype``: the projections are written there too (epilogue "swiglu_save", for a
+    training graph; ``SAVE_CONFIG``). ``config`` None: the vendor's path where runtime.choice decides it is faster
+    (with ``saved``, also until the GPU tests have passed that kernel: ``SAVE_GPU_CHECKED``), and then None is
+    returned (the caller runs torch); a config name (or "auto": choose_config's) always runs our kernel."""
     key = ("swiglu", a.shape, a.stride(), a.dtype, a.device, bg.shape, bg.stride(), bg.dtype, bu.shape, bu.stride(),
            bu.dtype, out_dtype, config, out is not None and (out.shape, out.stride(), out.dtype),
+           saved is not None and tuple((t.shape, t.stride(), t.dtype) for t in saved),
            config is None and choice.mode())
     hit = _BOUND.get(key)
     if hit is VENDOR:
         return None
     if hit is not None:
-        c = replay(hit, [a, bg, bu], out, out_dtype)
+        c = replay(hit, [a, bg, bu], out, out_dtype, list(saved or ()))
         if c is not None:
             return c
-    why = support_reason(a, bg, bu, out_dtype) or _out_reason(out)
+    why = support_reason(a, bg, bu, out_dtype) or _out_reason(out) or _saved_reason(saved, a, bg, out_dtype)
     if why:
         raise Unsupported(why)
     if config not in (None, "auto") and config not in CONFIGS:
@@ -190,19 +224,29 @@ def gemm_swiglu(a, bg, bu, out_dtype, config: str | None = None, out: torch.Tens
     ta, _ = _tma_view(a, M, K)
     tb, _ = _tma_view(bg, K, N)
     if config is None:
-        d = _decide(a, bg, bu, out_dtype, M, N, K, (ta, tb))
-        if not d.use_ours:
+        d = _decide(a, bg, bu, out_dtype, M, N, K, (ta, tb), saved is not None)
+        if not d.use_ours or (saved is not None and not SAVE_GPU_CHECKED):
             _BOUND.put(key, VENDOR)
             return None
         config = _measured_config(d, ta, tb, out, CONFIGS)
-    name = choose_config(M, N, K) if config in (None, "auto") else config
+    if saved is not None:
+        name = SAVE_CONFIG if config in (None, "auto") else config
+        o = CONFIGS[name]
+        if o.split_k > 1 or o.swap_ab:
+            raise Unsupported(f"config {name} splits K or swaps A and B; saving the projections takes neither: name "
+                              f"{SAVE_CONFIG} or config='auto'")
+    else:
+        name = choose_config(M, N, K) if config in (None, "auto") else config
     if CONFIGS[name].swap_ab and not swap_fits(ta, tb, out):
         raise Unsupported(f"config {name} is swap-AB: it serves a row-major a, gate and up weights given as w.t() "
                           f"of row-major [N, K] tensors (nn.Linear's layout) and a contiguous out; name another "
                           f"config, or config='auto'")
     c = out if out is not None else torch.empty((M, N), device=a.device, dtype=out_dtype)
     # M, N, K are run-time scalars: the request that keys the compiled kernel leaves them at 1
-    req = GemmRequest(1, 1, 1, DTYPES[a.dtype], DTYPES[out_dtype], ta, tb, epilogue="swiglu")
+    req = GemmRequest(1, 1, 1, DTYPES[a.dtype], DTYPES[out_dtype], ta, tb,
+                      epilogue="swiglu" if saved is None else "swiglu_save")
     tensors = {"a": a.t() if ta else a, "b": bg.t() if tb else bg, "bu": bu.t() if tb else bu, "c": c}
+    if saved is not None:
+        tensors["g"], tensors["u"] = saved
     launch_template(req, CONFIGS[name], tensors, M, N, K, a.device, _BOUND, key, (M, N), accumulators=2)
     return c

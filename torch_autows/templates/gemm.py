@@ -38,6 +38,11 @@ between the GEMM and a pointwise kernel. The tables' tiles come in by ``load_ptr
 rotation is a ``rotate_half`` op, register-only in wgmma's accumulator layout (passes/README.md); a tile holds whole
 heads (BN a multiple of D). Refused with swiglu, a residual, an activation or a batch.
 
+``epilogue="swiglu_save"`` is swiglu for a training graph, which saves G = A @ B and U = A @ Bu for the backward:
+the epilogue also stores them (out args ``g``, ``u``, each rounded once from its accumulator, as the GEMMs alone
+would), so the forward writes G, U and C where the default writes G and U, reads them back and writes C. Refused
+swapped or with split-K.
+
 ``epilogue="swiglu_bwd"`` is the SwiGLU MLP's backward at its first GEMM (issue 16's training rewrite): with
 ``dh = A @ B`` (A the gradient of the MLP's output, B the down projection's weight) and the forward's saved gate and
 up projections G and U ([M, N] of the operand dtype, args ``g``, ``u``), the epilogue writes both gradients of the
@@ -81,8 +86,9 @@ from dataclasses import dataclass
 from ..ir import Arg, Grid, Options, Program, TileType, Value, op
 
 #: The epilogues the template builds: "none" (C = A @ B (+ bias)), "swiglu" (C = silu(A @ B) * (A @ Bu)),
+#: "swiglu_save" (swiglu, also storing G = A @ B and U = A @ Bu, which a training graph saves for the backward),
 #: "swiglu_bwd" (the SwiGLU backward's dh GEMM: C = dG and DU from dh = A @ B and the saved G, U; module docstring).
-EPILOGUES = ("none", "swiglu", "swiglu_bwd")
+EPILOGUES = ("none", "swiglu", "swiglu_save", "swiglu_bwd")
 #: The activations the template applies after the bias: name -> the ``approximate`` of F.gelu.
 ACTIVATIONS = {"none": None, "gelu_tanh": "tanh", "gelu": "none"}
 
@@ -116,10 +122,10 @@ class GemmRequest:
                              "other part outside")
         if self.epilogue not in EPILOGUES:
             raise ValueError(f"gemm template: epilogue {self.epilogue!r} not served; use one of {', '.join(EPILOGUES)}")
-        if self.epilogue == "swiglu" and (self.bias or self.batch > 1):
+        if self.epilogue in ("swiglu", "swiglu_save") and (self.bias or self.batch > 1):
             raise ValueError("gemm template: the swiglu epilogue takes no bias and batch=1; apply a bias to each "
                              "projection outside, or loop over the batch")
-        if self.epilogue == "swiglu" and self.residual:
+        if self.epilogue in ("swiglu", "swiglu_save") and self.residual:
             raise ValueError("gemm template: the swiglu epilogue takes no residual; add it to the result outside")
         if self.epilogue == "swiglu_bwd" and (self.bias or self.batch > 1 or self.residual or self.rope
                                               or self.activation != "none"):
@@ -148,7 +154,7 @@ def swap_reason(req: GemmRequest) -> str | None:
                 f"row-major and B as a transposed view (nn.Linear's x @ w.t(), layout nt); use a config without "
                 f"swap_ab or make the operands so")
     for what, unserved in (("batch > 1", req.batch > 1), ("a residual", req.residual), ("rope", req.rope > 0),
-                           ("the swiglu_bwd epilogue", req.epilogue == "swiglu_bwd"),
+                           (f"the {req.epilogue} epilogue", req.epilogue in ("swiglu_bwd", "swiglu_save")),
                            (f"activation {req.activation!r}", req.activation != "none")):
         if unserved:
             return (f"{what}: a swap_ab tile stores the (biased) product or swiglu's only; use a config without "
@@ -223,7 +229,8 @@ def build(req: GemmRequest, opts: Options) -> Program:
     row_a = "pid_b*M+pid_m*%d" % BM if batched else "pid_m*%d" % BM
     row_b = "pid_b*K+k*%d" % BK if batched else "k*%d" % BK
     col_b_t = "pid_b*N+pid_n*%d" % BN if batched else "pid_n*%d" % BN
-    swiglu = req.epilogue == "swiglu"
+    swiglu = req.epilogue in ("swiglu", "swiglu_save")
+    save = req.epilogue == "swiglu_save"  # the projections too, in the output dtype (what a training graph saves)
     weights = ("b", "bu") if swiglu else ("b",)  # the up weight of swiglu is laid out as the gate weight b
     args = [Arg("a", "tensor", dt, ("K", "M") if req.trans_a else ("M", "K")),
             *(Arg(w, "tensor", dt, ("N", "K") if req.trans_b else ("K", "N")) for w in weights),
@@ -235,6 +242,11 @@ def build(req: GemmRequest, opts: Options) -> Program:
     if swiglu_bwd and opts.split_k > 1:
         raise ValueError("gemm template: the swiglu_bwd epilogue with split_k > 1 is not built (its two stores of the "
                          "reduced sum); use a config without split_k")
+    if save and opts.split_k > 1:
+        raise ValueError("gemm template: the swiglu_save epilogue with split_k > 1 is not built (three stores of the "
+                         "reduced sums); use a config without split_k")
+    if save:
+        args += [Arg(t, "tensor", odt, ("M", "N"), out=True) for t in ("g", "u")]
     if swiglu_bwd:  # the second gradient (an output), then the forward's saved gate and up projections
         args += [Arg("du", "tensor", odt, ("M", "N"), out=True),
                  *(Arg(t, "tensor" if tma_epi else "ptr", dt, ("M", "N")) for t in ("g", "u"))]
@@ -277,6 +289,10 @@ def build(req: GemmRequest, opts: Options) -> Program:
     body.append(op("loop", [Value(f"{x}_out", acc_t) for x in accs], [f"{x}0" for x in accs], loop_body, var="k",
                    lb=0, ub="cdiv(K,%d)" % BK, iter_args=accs))
     last = "acc_out"
+    if save:  # the projections as the GEMMs alone would write them: one rounding of each sum
+        for x, t in (("acc_out", "g"), ("acc_u_out", "u")):
+            body += [op("cast", [Value(f"{t}_out", T(odt, (BM, BN)))], [x]),
+                     op("store", [], [f"{t}_out"], arg=t, coords=("pid_m*%d" % BM, "pid_n*%d" % BN))]
     if swiglu:  # silu(gate) * up, in fp32
         body += [op("silu", [Value("gate", acc_t)], ["acc_out"]),
                  op("mul", [Value("act", acc_t)], ["gate", "acc_u_out"])]
@@ -350,6 +366,8 @@ def build(req: GemmRequest, opts: Options) -> Program:
         name += "_batched"
     if swiglu:
         name += "_swiglu"
+    if save:
+        name += "_save"
     if swiglu_bwd:
         name += "_swiglu_bwd"
     grid = Grid(tuple(tiles), opts.persistent, opts.group_m, opts.serpentine)
