@@ -41,7 +41,8 @@ PICK = "swiglu_bwd_p_128x128"
 #: Whether the kernel may serve calls that do not name a config. The measured choice times our kernel against the
 #: vendor's path but does not check its numbers, so a new kernel joins only once the GPU tests
 #: (test/gpu/test_swiglu_bwd_gpu.py: both outputs against the fp32 reference, NaN-poisoned, ragged shapes, both
-#: layouts and dtypes, and the compiled training step's gradients) have passed it on an H100/H200. Until then the
+#: layouts and dtypes; and test/gpu/test_swiglu_gpu.py's compiled training step with both SwiGLU fusions, its
+#: gradients against fp32) have passed it on an H100/H200. Until then the
 #: rewrite leaves its sites to Inductor with this reason, and ``gemm_swiglu_bwd(config=None)`` takes the vendor's
 #: path. False: written in a session without a GPU (2026-12-05), not yet run there.
 GPU_CHECKED = False
