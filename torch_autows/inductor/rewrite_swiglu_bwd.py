@@ -119,7 +119,10 @@ def _recognise(dh: fx.Node, region: set, exits: list, leaves: list, order: dict)
             return f"%{x.name} is not a saved projection of dh's size and dtype"
     gen = torch.Generator().manual_seed(0)
     probes = {x: (torch.randn(_PROBES, generator=gen, dtype=torch.float64) * 3).to(vd.dtype) for x in (dh, *others)}
-    got = _evaluate(region, order, probes)
+    try:
+        got = _evaluate(region, order, probes)
+    except Exception as e:  # an op that does not run on CPU probes (a device move, say): not this pattern
+        return f"the pointwise work after dh could not be evaluated on probes ({type(e).__name__}: {e})"
     dhf = probes[dh].double()
     for g, u in (others, others[::-1]):
         gf, uf = probes[g].double(), probes[u].double()
