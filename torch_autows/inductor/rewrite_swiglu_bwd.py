@@ -110,8 +110,8 @@ def _close(x: torch.Tensor, ref: torch.Tensor) -> bool:
 def _recognise(dh: fx.Node, region: set, exits: list, leaves: list, order: dict):
     """(dG exit, du exit, G, U) where the region computes the SwiGLU gradients, else a reason."""
     others = [x for x in leaves if x is not dh]
-    if len(exits) != 2 or len(others) != 2:
-        return f"{len(exits)} results from {len(others)} tensors beside dh (the SwiGLU backward has 2 from G and U)"
+    if len(others) != 2:
+        return f"the gradients read {len(others)} tensors beside dh (the SwiGLU backward's read G and U)"
     vd = val(dh)
     for x in others:
         vx = val(x)
@@ -147,16 +147,17 @@ def _why_not(dh: fx.Node, region: set) -> str | None:
 
 def find_swiglu_bwd_sites(graph: fx.Graph) -> list[SwigluBwdSite]:
     """Every dh GEMM of a SwiGLU backward in the graph, with why it stays unfused (``reason``/``vendor``). A
-    candidate is an ``aten.mm`` whose pointwise work (its region) has an activation (a sigmoid or an exp) and at least
-    two results; others (the forward's gate and up GEMMs, whose region ends in the one product) are not reported."""
+    candidate is an ``aten.mm`` whose pointwise work (its region) has an activation (a sigmoid or an exp) and two
+    results; others (the forward's gate and up GEMMs, whose region ends in the one product; a language model head's
+    softmax gradient) are not reported."""
     order = {n: i for i, n in enumerate(graph.nodes)}
     sites = []
     for n in graph.nodes:
         if n.op != "call_function" or n.target is not aten.mm.default or val(n) is None:
             continue
         region, exits, leaves = _region(n)
-        if len(exits) < 2 or not any(x.target in _ACTIVATIONS for x in region):
-            continue  # one result (a forward's product), or no activation: not a backward of this kind
+        if len(exits) != 2 or not any(x.target in _ACTIVATIONS for x in region):
+            continue  # not two results (a forward's product; a softmax's gradient), or no activation: not this kind
         rec = _why_not(n, region) or _recognise(n, region, exits, leaves, order)
         if isinstance(rec, str):
             sites.append(SwigluBwdSite(n, None, None, None, None, reason=rec))
