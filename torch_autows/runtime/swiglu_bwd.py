@@ -68,15 +68,6 @@ def support_reason(dy, w, g, u, *, check_device: bool = True) -> str | None:
     return dev.alignment_reason(g=g, u=u)
 
 
-def reference(dy, w, g, u) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dG, du) in fp32 from the fp32 product, rounded once to dy's dtype: what the kernel computes."""
-    dh = dy.float() @ w.float()
-    gf = g.float()
-    s = torch.sigmoid(gf)
-    dg = dh * u.float() * (s * (1 + gf * (1 - s)))
-    return dg.to(dy.dtype), (dh * gf * s).to(dy.dtype)
-
-
 #: A call's metadata -> (launch.Bound, output shape), as runtime.gemm's ``_BOUND``.
 _BOUND = BoundCache(64)
 
@@ -113,14 +104,18 @@ def _grads_kernel():
 def _decide(dy, w, g, u, m, n, k, layout) -> choice.Decision:
     """The measured / cached / prior choice (runtime.choice) between our kernel and the vendor's path."""
     key = ("swiglu_bwd", str(dy.dtype), layout, choice.bucket(m), n, k)
-    outs = {side: (torch.empty((m, n), device=dy.device, dtype=dy.dtype),
-                   torch.empty((m, n), device=dy.device, dtype=dy.dtype)) for side in ("ours", "vendor")}
+    outs: dict[str, tuple] = {}
+
+    def out(side: str) -> tuple:  # allocated only where a measurement runs (not for a cached decision)
+        if side not in outs:
+            outs[side] = tuple(torch.empty((m, n), device=dy.device, dtype=dy.dtype) for _ in range(2))
+        return outs[side]
 
     def ours():
-        return gemm_swiglu_bwd(dy, w, g, u, config=PICK, out=outs["ours"])
+        return gemm_swiglu_bwd(dy, w, g, u, config=PICK, out=out("ours"))
 
     def vendor():
-        return vendor_swiglu_bwd(dy, w, g, u, *outs["vendor"])
+        return vendor_swiglu_bwd(dy, w, g, u, *out("vendor"))
 
     # the prior: a GEMM of that size (the fused epilogue only saves traffic)
     return choice.decide(key, ours, vendor, choice.gemm_prior(m, n, k), dy.device)
@@ -143,12 +138,12 @@ def gemm_swiglu_bwd(dy, w, g, u, config: str | None = None, out: tuple | None = 
     key = ("swiglu_bwd", dy.shape, dy.stride(), dy.dtype, dy.device, w.shape, w.stride(), w.dtype, g.shape,
            g.stride(), u.stride(), config, out is not None and tuple((t.shape, t.stride()) for t in out),
            config is None and choice.mode())
-    M, K = dy.shape
-    N = w.shape[1]
-    dg, du = out if out is not None else (torch.empty((M, N), device=dy.device, dtype=dy.dtype) for _ in range(2))
     hit = _BOUND.get(key)
     if hit is VENDOR:
         return None
+    M, K = dy.shape
+    N = w.shape[1]
+    dg, du = out if out is not None else (torch.empty((M, N), device=dy.device, dtype=dy.dtype) for _ in range(2))
     if hit is not None and replay(hit, [dy, w], dg, dy.dtype, after=[du, g, u]) is not None:
         return dg, du
     why = support_reason(dy, w, g, u) or _out_reason("dg", dg) or _out_reason("du", du)
