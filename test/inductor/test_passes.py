@@ -50,6 +50,18 @@ def test_uuid_covers_version_and_sources(monkeypatch, tmp_path):
     assert graph_passes.autows_uuid() != base
 
 
+@pytest.mark.parametrize("module,flag", support.KERNEL_GATES)
+def test_uuid_hashes_the_kernel_gates(monkeypatch, module, flag):
+    """A kernel gate turned on (a kernel awaiting its GPU tests allowed, as the train bench's autows-swiglu-train
+    peer does) never reads a graph compiled with it off."""
+    import importlib
+
+    base = graph_passes.autows_uuid()
+    rt = importlib.import_module(f"torch_autows.runtime.{module}")
+    monkeypatch.setattr(rt, flag, not getattr(rt, flag))
+    assert graph_passes.autows_uuid() != base
+
+
 def test_uuid_chains_user_passes():
     a, b = graph_passes.AutoWSPostGradPass(Named("u1")), graph_passes.AutoWSPostGradPass(Named("u2"))
     assert a.uuid() and a.uuid() != b.uuid() != graph_passes.AutoWSPostGradPass(None).uuid()

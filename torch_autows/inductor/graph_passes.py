@@ -10,10 +10,10 @@ options hold our passes (``inductor_options()``):
   (rewrite_swiglu_bwd/swiglu/activation/residual/rope.py), then aten.mm/addmm/bmm (rewrite_gemm.py).
 
 Each chains the pass the user had set in that option (run first; a 2.13 list is kept as a list) and
-its ``uuid()`` hashes our ``__version__``, every source file of the package and ``config.snapshot()``
-(and the tests' ``support._pretend_target``; plus the chained passes' uuids), so FX-graph and
-AOTAutograd cache entries of autows and plain Inductor compiles never mix. A chained pass without a
-uuid makes ours None: Inductor then bypasses the cache, as it would for that pass alone.
+its ``uuid()`` hashes our ``__version__``, every source file of the package, ``config.snapshot()`` and the
+runtimes' kernel gates (``support.kernel_gates()``; and the tests' ``support._pretend_target``; plus the chained
+passes' uuids), so FX-graph and AOTAutograd cache entries of autows and plain Inductor compiles never mix. A chained
+pass without a uuid makes ours None: Inductor then bypasses the cache, as it would for that pass alone.
 """
 from __future__ import annotations
 
@@ -51,6 +51,7 @@ def autows_uuid() -> str:
     h = hashlib.sha256()
     h.update(f"torch_autows {__version__}\n{source_hash()}\n".encode())
     h.update(repr(sorted(config.snapshot().items())).encode())
+    h.update(repr(support.kernel_gates()).encode())  # the runtimes' switches for kernels awaiting GPU tests
     if support._pretend_target:  # tests: rewrites that a real compile on this machine would not make
         h.update(b"pretend_target\n")
     return h.hexdigest()

@@ -340,6 +340,19 @@ def gemm_verdict(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = N
     return None, gemm_choice(a, b, bias, residual=residual, activation=activation).vendor_reason
 
 
+#: The runtimes' switches that change what a rewrite makes beside ``config``: kernels that wait for their GPU tests
+#: (module, flag). Part of the compile cache key (graph_passes.autows_uuid), so a run that turns one on (the train
+#: bench's ``autows-swiglu-train`` peer, a test) never reads a graph compiled with it off.
+KERNEL_GATES = (("swiglu", "SAVE_GPU_CHECKED"), ("swiglu_bwd", "GPU_CHECKED"))
+
+
+def kernel_gates() -> tuple:
+    """The values of ``KERNEL_GATES`` (None where a runtime cannot be imported)."""
+    from .. import ops
+
+    return tuple(getattr(ops.runtime_module(name), flag, None) for name, flag in KERNEL_GATES)
+
+
 def swiglu_bwd_reason(dy: torch.Tensor, w: torch.Tensor, g: torch.Tensor, u: torch.Tensor) -> str | None:
     """Why autows cannot serve the SwiGLU backward's ``dy @ w`` with the product's gradients in one kernel."""
     r = _gemm_gate(dy.device)
