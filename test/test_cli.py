@@ -292,3 +292,18 @@ def test_explain_compile_warns_when_ptxas_serializes_the_wgmma(capsys):
     assert "warning: ptxas serializes this kernel's wgmma due to insufficient register resources" in cap.err
     summary = json.loads(cap.out.strip().splitlines()[-1][len("summary: "):])
     assert summary["wgmma_serialized"] and summary["spills"] > 0
+
+
+@pytest.mark.parametrize("epilogue,config", [("swiglu_bwd", "swiglu_bwd_p_128x128"),
+                                             ("swiglu_save", "swiglu_p_128x128")])
+def test_explain_gemm_with_a_training_epilogue(capsys, epilogue, config):
+    """The SwiGLU training kernels through the CLI: their runtime's pick, the Gluon, the interpreter on the shape."""
+    out = _interp(capsys, ["explain", "gemm", "--m", "200", "--n", "128", "--k", "136", "--epilogue", epilogue])
+    assert "instances: M=200 N=128 K=136 " in out and "result: OK" in out
+    assert main(["explain", "gemm", "--m", "200", "--n", "128", "--k", "136", "--epilogue", epilogue, "--gluon"]) == 0
+    src = capsys.readouterr().out
+    assert f"# config: {config} (runtime heuristic: {config})" in src
+    assert ("tma.async_copy_shared_to_global(du_desc" if epilogue == "swiglu_bwd" else
+            "tma.async_copy_shared_to_global(g_desc") in src
+    assert main(["explain", "gemm", "--m", "200", "--n", "128", "--k", "136", "--epilogue", epilogue, "--bias"]) == 2
+    assert "takes no bias" in capsys.readouterr().err

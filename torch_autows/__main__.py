@@ -45,17 +45,25 @@ def _gemm(args) -> int:
     # as runtime.gemm: a batched GEMM's rows are its batch's rows together, and it never splits K; a few rows in
     # nn.Linear's layout take the swap-AB pick
     swap = swap_serves(trans_a=args.trans_a, trans_b=args.trans_b, batched=args.batch > 1)
-    heuristic = choose_config(args.batch * args.m, args.n, args.k, split=args.batch == 1, swap=swap)
+    if args.epilogue == "none":
+        heuristic = choose_config(args.batch * args.m, args.n, args.k, split=args.batch == 1, swap=swap)
+    else:  # the fused epilogues' own runtimes and picks
+        CONFIGS, heuristic = _epilogue_configs(args)
     config = args.config or heuristic
     if config not in CONFIGS:
         print(f"unknown config {config!r}; choose one of {sorted(CONFIGS)}", file=sys.stderr)
         return 2
-    if not serves_swap(config, trans_a=args.trans_a, trans_b=args.trans_b, batched=args.batch > 1):
+    if args.epilogue == "none" and not serves_swap(config, trans_a=args.trans_a, trans_b=args.trans_b,
+                                                   batched=args.batch > 1):
         print(f"config {config!r} is swap-AB: it serves nn.Linear's layout only (--trans-b, no --trans-a, "
               f"batch 1)", file=sys.stderr)
         return 2
-    req = GemmRequest(args.m, args.n, args.k, args.dtype, args.out_dtype, args.trans_a, args.trans_b, args.bias,
-                      args.batch)
+    try:
+        req = GemmRequest(args.m, args.n, args.k, args.dtype, args.out_dtype, args.trans_a, args.trans_b, args.bias,
+                          args.batch, epilogue=args.epilogue)
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
     print(f"# request: {req}\n# config: {config} (runtime heuristic: {heuristic})")
     kernel = compile_kernel("gemm", req, CONFIGS[config])
     interp = None
@@ -64,6 +72,19 @@ def _gemm(args) -> int:
                   f"interpreting a program built for batch=2 instead of {args.batch} (it differs only in the "
                   f"grid's batch extent), to keep the CPU interpreter fast")
     return _show(kernel, args, (args.m, args.n, args.k), interp)
+
+
+def _epilogue_configs(args) -> tuple[dict, str]:
+    """(configs, the runtime's pick) of a fused epilogue: runtime.swiglu's for "swiglu" and "swiglu_save" (the
+    training forward's ``SAVE_CONFIG``), runtime.swiglu_bwd's for "swiglu_bwd"."""
+    if args.epilogue == "swiglu_bwd":
+        from .runtime import swiglu_bwd
+
+        return swiglu_bwd.CONFIGS, swiglu_bwd.PICK
+    from .runtime import swiglu
+
+    pick = swiglu.SAVE_CONFIG if args.epilogue == "swiglu_save" else swiglu.choose_config(args.m, args.n, args.k)
+    return swiglu.CONFIGS, pick
 
 
 def _attention(args) -> int:
@@ -263,6 +284,7 @@ def _parser() -> _Parser:
     from .runtime import attention as rt_attention
     from .runtime import attention_bwd as rt_bwd
     from .runtime import gemm as rt_gemm
+    from .templates.gemm import EPILOGUES
 
     stages = list(STAGES)
     ap = _Parser(prog="python -m torch_autows", description=__doc__,
@@ -287,6 +309,10 @@ def _parser() -> _Parser:
     g.add_argument("--trans-b", action="store_true", help="B is a transposed (column-major) view")
     g.add_argument("--bias", action="store_true", help="add a bias vector of length N to every row")
     g.add_argument("--batch", type=_positive, default=1, help="number of independent GEMMs (bmm; default: 1)")
+    g.add_argument("--epilogue", choices=EPILOGUES, default="none",
+                   help="a fused epilogue: swiglu (silu(A @ B) * (A @ Bu), the Llama MLP's gate and up), swiglu_save "
+                        "(the same in a training graph: G and U stored too), swiglu_bwd (the MLP backward's dh GEMM: "
+                        "dG and du from the saved G and U); default: none")
     g.add_argument("--config", default=None, help=f"runtime config name, one of {', '.join(rt_gemm.CONFIGS)} "
                                                   f"(default: the runtime heuristic's pick)")
     a = kinds.add_parser("attention", help="flash-attention forward, SDPA semantics, with lse",
