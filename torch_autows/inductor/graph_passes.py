@@ -6,8 +6,7 @@ options hold our passes (``inductor_options()``):
 * ``pre_grad_custom_pass``: ``AutoWSPreGradPass`` rewrites attention in the torch-level graph (rewrite_attention.py);
 * ``post_grad_custom_post_pass``: ``AutoWSPostGradPass`` installs the GEMM choices handler for the rest of
   the compile (choices.py) and, with max-autotune off, rewrites the SwiGLU (forward, backward), GELU, residual and
-  RoPE fusions
-  (rewrite_swiglu_bwd/swiglu/activation/residual/rope.py), then aten.mm/addmm/bmm (rewrite_gemm.py).
+  RoPE fusions (rewrite_swiglu_bwd/swiglu/activation/residual/rope.py), then aten.mm/addmm/bmm (rewrite_gemm.py).
 
 Each chains the pass the user had set in that option (run first; a 2.13 list is kept as a list) and
 its ``uuid()`` hashes our ``__version__``, every source file of the package, ``config.snapshot()`` and the

@@ -27,6 +27,7 @@ Runs in ``post_grad_custom_post_pass``: after Inductor's own post-grad patterns 
 from __future__ import annotations
 
 import dataclasses
+import operator
 
 import torch
 import torch.fx as fx
@@ -140,6 +141,16 @@ def call_op(graph: fx.Graph, fn, args: tuple, source: fx.Node) -> fx.Node:
     if fake is not None:
         new.meta["val"] = fake
     return new
+
+
+def results(graph: fx.Graph, node: fx.Node, count: int) -> list[fx.Node]:
+    """The ``count`` results of the multi-output op ``node`` as ``getitem`` nodes at ``graph``'s insert point, each with
+    its part of ``node``'s fake value where it has one."""
+    items = [graph.call_function(operator.getitem, (node, i)) for i in range(count)]
+    if "val" in node.meta:
+        for i, item in enumerate(items):
+            item.meta["val"] = node.meta["val"][i]
+    return items
 
 
 def replay_views(graph: fx.Graph, node: fx.Node, views) -> fx.Node:

@@ -23,14 +23,13 @@ Runs before ``rewrite_gemm`` in the post-grad pass, so the two GEMMs it takes ar
 from __future__ import annotations
 
 import dataclasses
-import operator
 
 import torch
 import torch.fx as fx
 
 from . import support
 from .rewrite_attention import val
-from .rewrite_gemm import call_op
+from .rewrite_gemm import call_op, results
 
 aten, prims = torch.ops.aten, torch.ops.prims
 _RESHAPES = (aten.reshape.default, aten.view.default, aten._unsafe_view.default)
@@ -174,9 +173,8 @@ def rewrite_swiglu(graph: fx.Graph) -> list[SwigluSite]:
     sites = find_swiglu_sites(graph)
     order = {n: i for i, n in enumerate(graph.nodes)}  # the pattern nodes' positions (they are never moved)
     for s in sites:
-        early = [u for mm in (s.gate, s.up) for u in mm.users
-                 if u not in s.nodes and u is not s.out and order.get(u, len(order)) < order[s.out]]
-        if s.reason is None and s.save and early:
+        if s.reason is None and s.save and any(order.get(u, len(order)) < order[s.out] for mm in (s.gate, s.up)
+                                                for u in mm.users if u not in s.nodes and u is not s.out):
             s.reason = "a use of the gate or up projection comes before their product; the fused op writes them there"
         if s.reason is not None or s.vendor is not None:
             support.note_site("swiglu", s.reason or s.vendor)
@@ -186,10 +184,7 @@ def rewrite_swiglu(graph: fx.Graph) -> list[SwigluSite]:
         with graph.inserting_before(s.out):
             new = res = call_op(graph, fn, (a, wg, wu), s.out)
             if s.save:  # (product, gate, up): the graph's other uses of the GEMMs' outputs read the op's
-                items = [graph.call_function(operator.getitem, (new, i)) for i in range(3)]
-                for i, item in enumerate(items):
-                    if "val" in new.meta:
-                        item.meta["val"] = new.meta["val"][i]
+                items = results(graph, new, 3)
                 new = res = items[0]
                 inside = frozenset(s.nodes)
                 for mm, item in ((s.gate, items[1]), (s.up, items[2])):

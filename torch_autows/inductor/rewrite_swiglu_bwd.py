@@ -5,8 +5,8 @@ backward, which computes ``dh = mm(dy, W_down)`` and then, pointwise, the produc
 ``du = dh * silu(G)`` and ``dG = dh * U * silu'(G)`` (Inductor's decompositions: silu as ``x / (1 + exp(-x))``,
 its derivative through ``sigmoid``, bf16/fp16 values between casts to fp32 and back, reshapes anywhere). The
 default runs a cuBLAS GEMM that writes dh and a pointwise kernel that reads it back; the fused op keeps dh in
-registers and writes only the two gradients (runtime/swiglu_bwd.py). The forward stays as it is: its inference
-rewrite (rewrite_swiglu.py) leaves a graph that saves G and U alone.
+registers and writes only the two gradients (runtime/swiglu_bwd.py). The forward's side is rewrite_swiglu.py's: in a
+training graph its fused op also writes G and U, which this op then reads.
 
 **Matching by the graph's own numbers.** The gradients' expressions take many equivalent shapes (operand orders,
 where the casts sit, sigmoid written out or not), so the region is found by structure and recognised by value:
@@ -28,14 +28,13 @@ Runs before the other GEMM rewrites in the post-grad pass (the dh GEMM is part o
 from __future__ import annotations
 
 import dataclasses
-import operator
 
 import torch
 import torch.fx as fx
 
 from . import support
 from .rewrite_attention import val
-from .rewrite_gemm import call_op
+from .rewrite_gemm import call_op, results
 
 aten, prims = torch.ops.aten, torch.ops.prims
 #: Elementwise ops a region may hold (evaluated with their own aten implementations on the probes).
@@ -207,12 +206,7 @@ def rewrite_swiglu_bwd(graph: fx.Graph) -> list[SwigluBwdSite]:
         with graph.inserting_before(last.next):  # in order, after ``last``
             g2, u2 = _as_2d(graph, s.g, shape), _as_2d(graph, s.u, shape)
             fused = call_op(graph, torch.ops.autows.gemm_swiglu_bwd.default, (dy, w, g2, u2), s.dh)
-            outs = []
-            for i in range(2):
-                item = graph.call_function(operator.getitem, (fused, i))
-                if "val" in fused.meta:
-                    item.meta["val"] = fused.meta["val"][i]
-                outs.append(item)
+            outs = results(graph, fused, 2)
         for item, exit_ in zip(outs, (s.dg, s.du)):
             res = item
             want = val(exit_)
