@@ -290,23 +290,34 @@ def gemm_swiglu_save(a: Tensor, w_gate: Tensor, w_up: Tensor) -> tuple[Tensor, T
     _kernels.check_gemm_swiglu(a, w_gate, w_up, dtypes=_kernels.OP_DTYPES)
     shape = (a.shape[0], w_gate.shape[1])
     out, g, u = (a.new_empty(shape) for _ in range(3))
-    op = "gemm_swiglu_save"
     rt = _kernels.runtime_module("swiglu")
-    try:
+    served, vendor = _serve_runtime("gemm_swiglu_save", rt,
+                                    lambda: rt.gemm_swiglu(a, w_gate, w_up, a.dtype, out=out, saved=(g, u)))
+    if vendor:  # runtime.choice: the vendor's path is faster for this shape (or the kernel awaits its GPU tests)
+        rt.vendor_swiglu(a, w_gate, w_up, out, (g, u))
+    elif served is None:  # torch, with the reason logged
+        acc = _acc_dtype(a)
+        g32, u32 = a.to(acc) @ w_gate.to(acc), a.to(acc) @ w_up.to(acc)
+        out.copy_(torch.nn.functional.silu(g32) * u32)
+        g.copy_(g32)
+        u.copy_(u32)
+    return out, g, u
+
+
+def _serve_runtime(op: str, rt, call):
+    """``ops._serve(op, call)`` (counted: served, the vendor's path, or a fallback with its reason logged), where
+    ``rt`` (a runtime module) exists and the generated GEMM is on; a fallback, with that reason, where not."""
+    def run():
         if rt is None or not config.gemm:
             raise Unsupported("the generated GEMM is off (config.gemm) or triton is missing")
-        served = rt.gemm_swiglu(a, w_gate, w_up, a.dtype, out=out, saved=(g, u))
-    except Unsupported as e:
-        note_fallback(op, str(e))
-        acc = torch.float64 if a.dtype == torch.float64 else torch.float32
-        g32, u32 = a.to(acc) @ w_gate.to(acc), a.to(acc) @ w_up.to(acc)
-        return out.copy_(torch.nn.functional.silu(g32) * u32), g.copy_(g32), u.copy_(u32)
-    if served is not None:
-        note_served(op)
-    else:  # runtime.choice: the vendor's path is faster for this shape (or the kernel awaits its GPU tests)
-        note_vendor(op)
-        rt.vendor_swiglu(a, w_gate, w_up, out, (g, u))
-    return out, g, u
+        return call()
+
+    return _kernels._serve(op, run)
+
+
+def _acc_dtype(t: Tensor) -> torch.dtype:
+    """The dtype torch's path computes a fused op's numbers in: float64 for float64, else float32."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
 @gemm_swiglu_save.register_fake
@@ -374,27 +385,21 @@ def gemm_swiglu_bwd(dy: Tensor, w: Tensor, g: Tensor, u: Tensor) -> tuple[Tensor
     rewrite (inductor/rewrite_swiglu_bwd.py) inserts it into backward graphs."""
     _check_swiglu_bwd(dy, w, g, u)
     dg, du = dy.new_empty(g.shape), dy.new_empty(g.shape)
-    op = "gemm_swiglu_bwd"
+    g, u = g.contiguous(), u.contiguous()
     rt = _kernels.runtime_module("swiglu_bwd")
-    try:
-        if rt is None or not config.gemm:
-            raise Unsupported("the generated GEMM is off (config.gemm) or triton is missing")
-        served = rt.gemm_swiglu_bwd(dy, w, g.contiguous(), u.contiguous(), out=(dg, du))
-    except Unsupported as e:
-        note_fallback(op, str(e))
+    served, vendor = _serve_runtime("gemm_swiglu_bwd", rt, lambda: rt.gemm_swiglu_bwd(dy, w, g, u, out=(dg, du)))
+    if vendor:  # runtime.choice: the vendor's path is faster for this shape (or the kernel awaits its GPU tests)
+        rt.vendor_swiglu_bwd(dy, w, g, u, dg, du)
+    elif served is None:  # torch, with the reason logged
         ref_dg, ref_du = _torch_swiglu_bwd(dy, w, g, u)
-        return dg.copy_(ref_dg), du.copy_(ref_du)
-    if served is not None:
-        note_served(op)
-    else:  # runtime.choice: the vendor's path is faster for this shape
-        note_vendor(op)
-        rt.vendor_swiglu_bwd(dy, w, g.contiguous(), u.contiguous(), dg, du)
+        dg.copy_(ref_dg)
+        du.copy_(ref_du)
     return dg, du
 
 
 def _torch_swiglu_bwd(dy: Tensor, w: Tensor, g: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
     """The gradients by torch, in fp32 from the fp32 product, rounded once to dy's dtype (the kernel's numbers)."""
-    acc = torch.float64 if dy.dtype == torch.float64 else torch.float32
+    acc = _acc_dtype(dy)
     dh = dy.to(acc) @ w.to(acc)
     gf = g.to(acc)
     s = torch.sigmoid(gf)
