@@ -83,12 +83,26 @@ def support_reason(a, b, bias=None, out_dtype=None, residual=None, *, check_devi
         return _bmm_reason(a, b)
     if bias is not None and (bias.dim() != 1 or bias.stride(0) != 1):
         return "bias must be a contiguous vector [N]"
-    if residual is not None and (residual.dtype != a.dtype or tuple(residual.shape) != (M, N)
-                                 or (M > 1 and residual.stride(0) != N) or (N > 1 and residual.stride(1) != 1)):
-        return (f"residual {tuple(residual.shape)} {residual.dtype} with strides {tuple(residual.stride())}: the "
-                f"epilogue reads a contiguous [M, N] = [{M}, {N}] tensor of the operands' dtype; make it .contiguous()")
     if residual is not None:
-        return dev.alignment_reason(residual=residual)
+        return epilogue_operand_reason("residual", residual, M, N, a.dtype) or dev.alignment_reason(residual=residual)
+    return None
+
+
+def epilogue_operand_reason(label: str, t, M: int, N: int, dtype) -> str | None:
+    """Why ``t`` cannot be an epilogue's [M, N] operand tile source (None: it can): contiguous, [M, N], ``dtype``
+    (the operands'). Works on fake tensors (strides, not ``is_contiguous``; a size-1 dim's stride is free)."""
+    if t.dtype != dtype or tuple(t.shape) != (M, N) or (M > 1 and t.stride(0) != N) or (N > 1 and t.stride(1) != 1):
+        return (f"{label} {tuple(t.shape)} {t.dtype} with strides {tuple(t.stride())}: the epilogue reads a contiguous "
+                f"[M, N] = [{M}, {N}] tensor of the operands' dtype; make it .contiguous()")
+    return None
+
+
+def stored_reason(label: str, t, shape: tuple, dtype) -> str | None:
+    """Why a kernel cannot store one of its outputs into ``t`` by TMA (None: it can): a contiguous, 16-byte aligned
+    tensor of ``shape`` and ``dtype`` (real tensors)."""
+    if tuple(t.shape) != tuple(shape) or t.dtype != dtype or not t.is_contiguous() or t.data_ptr() % 16:
+        return (f"{label} {tuple(t.shape)} {t.dtype}: the kernel stores a contiguous 16-byte aligned {list(shape)} "
+                f"tensor of {dtype}")
     return None
 
 

@@ -35,6 +35,7 @@ from .gemm import (
     decode_pick,
     launch_template,
     replay,
+    stored_reason,
     swap_fits,
 )
 from .gemm import support_reason as gemm_reason
@@ -81,14 +82,9 @@ SAVE_NOT_CHECKED = ("the SwiGLU kernel that also writes the projections has not 
 
 def _saved_reason(saved, a, bg, out_dtype) -> str | None:
     """Why ``saved`` cannot take the projections (None: it can): two contiguous [M, N] tensors of ``out_dtype``."""
-    if saved is None:
-        return None
     shape = (a.shape[0], bg.shape[1])
-    for name, t in zip(("g", "u"), saved):
-        if tuple(t.shape) != shape or t.dtype != out_dtype or not t.is_contiguous() or t.data_ptr() % 16:
-            return (f"saved {name} {tuple(t.shape)} {t.dtype}: the kernel stores a contiguous 16-byte aligned "
-                    f"{list(shape)} tensor of {out_dtype}")
-    return None
+    return next((why for name, t in zip(("g", "u"), saved or ())
+                 if (why := stored_reason(f"saved {name}", t, shape, out_dtype))), None)
 
 
 #: Whether the measured choice offers the swap-AB configs. The choice times candidates but does not check their
@@ -224,8 +220,10 @@ def gemm_swiglu(a, bg, bu, out_dtype, config: str | None = None, out: torch.Tens
     ta, _ = _tma_view(a, M, K)
     tb, _ = _tma_view(bg, K, N)
     if config is None:
-        d = _decide(a, bg, bu, out_dtype, M, N, K, (ta, tb), saved is not None)
-        if not d.use_ours or (saved is not None and not SAVE_GPU_CHECKED):
+        # the gate first: a kernel awaiting its GPU tests is not measured (nor its decision written) in vain
+        d = None if saved is not None and not SAVE_GPU_CHECKED else \
+            _decide(a, bg, bu, out_dtype, M, N, K, (ta, tb), saved is not None)
+        if d is None or not d.use_ours:
             _BOUND.put(key, VENDOR)
             return None
         config = _measured_config(d, ta, tb, out, CONFIGS)

@@ -23,7 +23,7 @@ from ..templates.gemm import GemmRequest
 from . import choice
 from . import device as dev
 from .fallback import Unsupported
-from .gemm import DTYPES, VENDOR, _tma_view, launch_template, replay
+from .gemm import DTYPES, VENDOR, _tma_view, epilogue_operand_reason, launch_template, replay, stored_reason
 from .gemm import support_reason as gemm_reason
 from .launch import BoundCache
 
@@ -60,12 +60,8 @@ def support_reason(dy, w, g, u, *, check_device: bool = True) -> str | None:
     if why:
         return why
     M, N = dy.shape[0], w.shape[1]
-    for name, t in (("g", g), ("u", u)):
-        if t.dtype != dy.dtype or tuple(t.shape) != (M, N) or (M > 1 and t.stride(0) != N) or \
-                (N > 1 and t.stride(1) != 1):
-            return (f"saved projection {name} {tuple(t.shape)} {t.dtype} with strides {tuple(t.stride())}: the "
-                    f"epilogue reads a contiguous [M, N] = [{M}, {N}] tensor of dy's dtype")
-    return dev.alignment_reason(g=g, u=u)
+    return (epilogue_operand_reason("saved projection g", g, M, N, dy.dtype)
+            or epilogue_operand_reason("saved projection u", u, M, N, dy.dtype) or dev.alignment_reason(g=g, u=u))
 
 
 #: A call's metadata -> (launch.Bound, output shape), as runtime.gemm's ``_BOUND``.
@@ -146,7 +142,8 @@ def gemm_swiglu_bwd(dy, w, g, u, config: str | None = None, out: tuple | None = 
     dg, du = out if out is not None else (torch.empty((M, N), device=dy.device, dtype=dy.dtype) for _ in range(2))
     if hit is not None and replay(hit, [dy, w], dg, dy.dtype, after=[du, g, u]) is not None:
         return dg, du
-    why = support_reason(dy, w, g, u) or _out_reason("dg", dg) or _out_reason("du", du)
+    why = support_reason(dy, w, g, u) or stored_reason("out dg", dg, (M, N), dy.dtype) or \
+        stored_reason("out du", du, (M, N), dy.dtype)
     if why:
         raise Unsupported(why)
     if config not in (None, "auto") and config not in CONFIGS:
@@ -163,8 +160,3 @@ def gemm_swiglu_bwd(dy, w, g, u, config: str | None = None, out: tuple | None = 
     launch_template(req, CONFIGS[name], tensors, M, N, K, dy.device, _BOUND, key, (M, N))
     return dg, du
 
-
-def _out_reason(name: str, t) -> str | None:
-    if not t.is_contiguous() or t.data_ptr() % 16:
-        return f"out {name} is not a contiguous 16-byte aligned tensor (the kernel stores it by TMA)"
-    return None
