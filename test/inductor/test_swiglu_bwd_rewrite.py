@@ -235,3 +235,18 @@ def test_hf_llama_training_step(both_checked, monkeypatch, attn):
     ids = torch.randint(0, 512, (2, 32))
     _training_step_matches_eager(model, lambda m: m(input_ids=ids, labels=ids).loss, monkeypatch)
     assert support.site_counters["swiglu.rewritten"] == 2 and support.site_counters["swiglu_bwd.rewritten"] == 2
+
+
+def test_ops_fall_back_to_torch_with_the_reason_logged(log_warnings):
+    """On a CPU both training ops run torch's path with the kernel's numbers, counted and logged once with why."""
+    from torch_autows.runtime import fallback
+
+    a, w = torch.randn(6, 8, dtype=torch.bfloat16), torch.randn(8, 12, dtype=torch.bfloat16)
+    g, u = torch.randn(6, 12, dtype=torch.bfloat16), torch.randn(6, 12, dtype=torch.bfloat16)
+    h, gs, us = torch.ops.autows.gemm_swiglu_save(a, w, w * 2)
+    torch.testing.assert_close(gs.float(), a.float() @ w.float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(h.float(), F.silu(gs.float()) * us.float(), atol=5e-2, rtol=5e-2)
+    torch.ops.autows.gemm_swiglu_bwd(a, w, g, u)
+    for op in ("gemm_swiglu_save", "gemm_swiglu_bwd"):
+        assert fallback.counters[f"{op}.fallback"] == 1
+        assert f"autows {op}: falling back to torch: tensors on cpu" in log_warnings.text
