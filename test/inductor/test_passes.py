@@ -52,8 +52,8 @@ def test_uuid_covers_version_and_sources(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("module,flag", support.KERNEL_GATES)
 def test_uuid_hashes_the_kernel_gates(monkeypatch, module, flag):
-    """A kernel gate turned on (a kernel awaiting its GPU tests allowed, as the train bench's autows-swiglu-train
-    peer does) never reads a graph compiled with it off."""
+    """A kernel gate turned the other way (a kernel awaiting its GPU tests allowed, or a checked one held back)
+    never reads a graph compiled as it was."""
     import importlib
 
     base = graph_passes.autows_uuid()

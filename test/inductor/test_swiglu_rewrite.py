@@ -80,6 +80,7 @@ def test_training_graph_keeps_inductors_path_until_the_saving_kernel_is_checked(
                                                                                   log_warnings):
     """A training graph saves g and u: the site is the op that writes them too (gemm_swiglu_save), which the
     measured choice may take only once its GPU tests have passed (runtime.swiglu.SAVE_GPU_CHECKED)."""
+    monkeypatch.setattr(rt_swiglu, "SAVE_GPU_CHECKED", False)
     model = MLP().to(torch.bfloat16)
     x = torch.randn(4, 32, dtype=torch.bfloat16, requires_grad=True)
     got, graph = _run(model, x, monkeypatch)

@@ -114,34 +114,6 @@ def _bind_autows_bwd(case, inp) -> Bound:
     return b
 
 
-def _swiglu_training_kernels():
-    """A context in which the two SwiGLU training kernels may be chosen (``runtime.swiglu.SAVE_GPU_CHECKED`` and
-    ``runtime.swiglu_bwd.GPU_CHECKED`` on): what flipping them would give, measured before they are flipped."""
-    import contextlib
-
-    from torch_autows.runtime import swiglu, swiglu_bwd
-
-    @contextlib.contextmanager
-    def on():
-        saved = swiglu.SAVE_GPU_CHECKED, swiglu_bwd.GPU_CHECKED
-        swiglu.SAVE_GPU_CHECKED = swiglu_bwd.GPU_CHECKED = True
-        try:
-            yield
-        finally:
-            swiglu.SAVE_GPU_CHECKED, swiglu_bwd.GPU_CHECKED = saved
-
-    return on()
-
-
-def _bind_autows_swiglu(case, inp) -> Bound:
-    """As ``autows``, with the SwiGLU training fusions allowed (the forward's kernel writing G and U, the backward's
-    dh GEMM writing both gradients; each site still by the measured choice). The step's gradient check is theirs."""
-    autows = autows_backend()
-    b = _bind_autows(case, inp, backend=lambda gm, example_inputs: autows(gm, example_inputs))  # traced again
-    b.context = _swiglu_training_kernels
-    return b
-
-
 def all_peers() -> tuple[list[Peer], list[str]]:
     peers = [Peer("eager", _bind_eager, "plain eager PyTorch, fwd + bwd + AdamW (foreach)"),
              Peer("inductor", _compiled(), "torch.compile(model) (Inductor default mode), then AdamW"),
@@ -151,10 +123,7 @@ def all_peers() -> tuple[list[Peer], list[str]]:
                   'backward by config.attention_backward\'s default, "measure": ours where measured faster); fails '
                   "unless an autows kernel ran"),
              Peer("autows-gen-bwd", _bind_autows_bwd, 'as autows, with config.attention_backward = "autows" (the '
-                  "generated attention backward); fails unless it ran"),
-             Peer("autows-swiglu-train", _bind_autows_swiglu, "as autows, with the SwiGLU training kernels allowed "
-                  "(runtime.swiglu.SAVE_GPU_CHECKED, runtime.swiglu_bwd.GPU_CHECKED), each site by the measured "
-                  "choice")]
+                  "generated attention backward); fails unless it ran")]
     return peers, []
 
 
