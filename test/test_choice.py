@@ -277,7 +277,8 @@ def test_decode_candidates():
     from torch_autows.runtime import gemm_configs as gc
 
     assert gc.decode_candidates(8, 4096, 4096, swap=True) == ["decs_64x128_m16_s1", gc.choose_config(8, 4096, 4096),
-                                                               "decs_128x128_m16_s1"]
+                                                               "decs_128x128_m16_s1", "decs_64x256_m16_s1",
+                                                               "decs_128x256_m16_s1"]
     assert gc.decode_candidates(64, 4096, 4096, swap=True) == [gc.choose_config(64, 4096, 4096), "decs_64x128_m64_s1",
                                                                "decs_128x128_m64_s1"]
     assert gc.decode_candidates(8, 4096, 4096, swap=False) == [gc.choose_config(8, 4096, 4096)]

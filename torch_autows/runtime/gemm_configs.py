@@ -89,6 +89,13 @@ def swap_configs(prefix: str, tiles, rows) -> dict[str, Options]:
 
 
 CONFIGS.update(swap_configs("decs", SWAP_TILES, SWAP_ROWS))
+#: ... with 256-deep K steps (each weight row read 512 bytes at a time, 5 stages of SMEM instead of 12 128-deep ones),
+#: 16 activation rows. On an H100 at 1-16 rows (sweeps/2026-12-05-h100-decode-bk.json, against the best of the two
+#: unsplit tiles above): 64x256 0.992-1.062x on five of the Llama-3 decode shapes (2.17-2.19 against 2.06 TB/s at
+#: 14336x4096), 128x256 1.018-1.026x at 8192x10240; at 32 rows 0.985-1.013x. Offered to the measured choice up to
+#: 32 rows (``decode_candidates``), not taken by the heuristic.
+SWAP_DEEP_TILES = ((64, 256, (1,)), (128, 256, (1,)))
+CONFIGS.update(swap_configs("decs", SWAP_DEEP_TILES, (16,)))
 
 
 #: The swap-AB config ``choose_config`` takes for up to 32 rows where it serves the call: on the H200 sweep's 28
@@ -100,11 +107,14 @@ SWAP_PICK = "decs_64x128_m16_s1"
 def decode_candidates(m: int, n: int, k: int, swap: bool) -> list[str]:
     """The configs the measured choice times for an M x N x K GEMM: ``choose_config``'s pick (with and without
     ``swap``), and where ``swap`` (the call is one ``serves_swap`` takes) and M <= 64 the two unsplit swap-AB tiles of
-    the row count that won the sweep at that M (16 rows up to M = 32, else 64). Each config once."""
+    the row count that won the sweep at that M (16 rows up to M = 32, else 64), up to 32 rows also the two 256-deep
+    ones (``SWAP_DEEP_TILES``). Each config once."""
     out = [choose_config(m, n, k, swap=swap), choose_config(m, n, k)]
     if swap and m <= 64:
         bmx = 16 if m <= 32 else 64
         out += [f"decs_{bn}x128_m{bmx}_s1" for bn in (64, 128)]
+        if m <= 32:
+            out += [f"decs_{bn}x{bk}_m16_s1" for bn, bk, _ in SWAP_DEEP_TILES]
     return list(dict.fromkeys(out))
 
 
