@@ -170,7 +170,7 @@ def test_generated_transposed_store():
 
 def test_runtime_configs_and_refusals():
     swap = [c for c, o in rt.CONFIGS.items() if o.swap_ab]
-    assert len(swap) == 16 and all(c.startswith("decs_") for c in swap)
+    assert len(swap) == 18 and all(c.startswith("decs_") for c in swap)  # 16 128-deep + 2 256-deep (SWAP_DEEP_TILES)
     assert "decs_128x128_m16_s3" in swap and rt.CONFIGS["decs_128x128_m16_s3"].block_m == 16
     # not picked until measured
     assert not any(rt.choose_config(m, n, k).startswith("decs_") for m in (1, 8, 16, 64, 128)
