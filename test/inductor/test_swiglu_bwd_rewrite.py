@@ -120,6 +120,20 @@ def test_runtime_support_reason_on_fake_tensors():
     assert "dims" in why(fake_cuda(2, 256, 128), w, g, u, check_device=False)
 
 
+def test_prior_keeps_the_vendors_path(monkeypatch):
+    """Under TORCH_AUTOWS_CHOICE=prior the backward keeps the vendor's path even at the Llama training shape where
+    the plain GEMM's prior takes ours: the fused kernel measured slower there (its prior is not gemm_prior)."""
+    from torch_autows import config
+    from torch_autows.runtime import choice
+
+    m, n, k = 16384, 14336, 4096
+    dy, w, g, u = fake_cuda(m, k), fake_cuda(k, n), fake_cuda(m, n), fake_cuda(m, n)
+    assert choice.gemm_prior(m, n, k)
+    with config.patch(choice="prior"):
+        d = rt_swiglu_bwd._decide(dy, w, g, u, m, n, k, (False, False))
+    assert d == choice.Decision(False, "prior")
+
+
 def test_unchecked_kernel_leaves_the_site_to_inductor(swiglu_bwd_pretend, monkeypatch, log_warnings):
     """Until the GPU tests have passed the kernel (runtime.swiglu_bwd.GPU_CHECKED), a matched site keeps the
     default's path, with that reason logged."""

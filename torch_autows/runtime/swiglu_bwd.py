@@ -112,7 +112,7 @@ def _decide(dy, w, g, u, m, n, k, layout) -> choice.Decision:
     def vendor():
         return vendor_swiglu_bwd(dy, w, g, u, *out("vendor"))
 
-    # The prior keeps the vendor's path: on an H100 the fused kernel ran 0.961x / 0.997x / 0.862x its time at
+    # The prior keeps the vendor's path: on an H100 the fused kernel ran at 0.961x / 0.997x / 0.862x its speed at
     # 16384x14336x4096, 4096x14336x4096 and 4096x28672x8192 (sweeps/2026-12-05-h100-swiglu-train.json): its
     # 128x128 tile's GEMM is slower than cuBLAS's wider one by more than the dh traffic it saves, and each CTA's
     # tensor cores wait through its epilogue (G, U read, dG, du written). Only a measurement takes it.
