@@ -31,7 +31,11 @@ from .launch import BoundCache
 #: residual's tile width: G's and U's fp32 tiles sit beside the 64-register accumulator), G's and U's tiles by TMA
 #: (``Options.epilogue_tma``: the producer loads them during the tile's last K steps; their slots stage the two
 #: stores), five 32 KB stages: 229 KB of SMEM, 0 spill bytes offline for sm_90a. Measured offline: the same tile
-#: with G and U by pointer loads spills 16 bytes as launched (1.6 KB unspecialised); a 128x256 tile 9 KB.
+#: with G and U by pointer loads spills 16 bytes as launched (1.6 KB unspecialised); a 128x256 tile ~2 KB (G's and
+#: U's fp32 tiles beside its 128-register accumulator), as does the ping-pong 128x128 tile. On an H100 the 128x128
+#: tile is what loses (sweeps/swiglu_bwd_split.py): its GEMM runs 12% behind cuBLAS and its epilogue is exposed (a
+#: residual's single TMA operand costs it as much), where on the 128x256 tile the residual's epilogue is hidden; the
+#: wide tile needs this epilogue in column chunks of the accumulator to fit its registers.
 CONFIGS: dict[str, Options] = {
     "swiglu_bwd_p_128x128": Options(block_m=128, block_n=128, block_k=64, stages=5, data_partition=2,
                                     persistent=True, epilogue_tma=True),
