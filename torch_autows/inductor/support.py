@@ -341,8 +341,8 @@ def gemm_verdict(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = N
 
 
 #: The runtimes' switches that change what a rewrite makes beside ``config``: kernels that wait for their GPU tests
-#: (module, flag). Part of the compile cache key (graph_passes.autows_uuid), so a run that turns one on (the train
-#: bench's ``autows-swiglu-train`` peer, a test) never reads a graph compiled with it off.
+#: (module, flag). Part of the compile cache key (graph_passes.autows_uuid), so a run that turns one the other way (a
+#: test, a new kernel tried before its gate is flipped) never reads a graph compiled as it was.
 KERNEL_GATES = (("swiglu", "SAVE_GPU_CHECKED"), ("swiglu_bwd", "GPU_CHECKED"))
 
 
