@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ast
 
-from ..ir import Op, Program, value_types, walk
+from ..ir import Op, Program, deferred_stage_waits, value_types, walk
 from ..ir.kinds import kinds
 
 GL_DTYPE = {"bf16": "gl.bfloat16", "fp16": "gl.float16", "f32": "gl.float32", "i32": "gl.int32"}
@@ -50,6 +50,8 @@ class Ctx:
         self.layouts: dict[str, str] = {}  # value -> layout constexpr name
         self.layout_defs: dict[str, str] = {}  # constexpr name -> definition
         self.loop_stack: list[Op] = []
+        self.types = value_types(part.body)  # value -> TileType in this partition
+        self.deferred_waits = deferred_stage_waits(part.body)  # staged stores a later one's wait covers (ids)
         self._assign_layouts()
 
     def _mma_layout(self, n: int) -> str:
@@ -81,8 +83,9 @@ class Ctx:
         def forward():
             for o in ops:
                 rs = [r for r in o.results if r.type.space == "reg"]
-                if o.kind in ("mma", "zeros") or (o.kind == "full" and len(rs[0].type.shape) == 2):
-                    L[rs[0].name] = self._mma_layout(rs[0].type.shape[1])
+                if o.kind in ("mma", "zeros", "col_split") or (o.kind == "full" and len(rs[0].type.shape) == 2):
+                    for r in rs:  # a column chunk takes the accumulator layout of its width
+                        L[r.name] = self._mma_layout(r.type.shape[1])
                 elif o.kind in REDUCE and o.operands[0] in L:
                     L.setdefault(rs[0].name, self._slice(o.attr("axis"), L[o.operands[0]]))
                 elif o.kind == "expand" and o.operands[0] in L:

@@ -269,10 +269,11 @@ def _store(ctx, o, indent):
     coords = ", ".join(expr(c) for c in o.attr("coords"))
     if o.attr("stage"):  # staged in the held slot of a per-tile tile this partition has read (passes/buffers)
         slot = v(o.operands[1])
+        wait = ("# its wait is the next staged store's store_wait(0), before any release" if id(o) in ctx.deferred_waits
+                else "tma.store_wait(0)  # TMA has read the slot: its release may hand it back to the producer")
         return [f"{slot}.store({v(o.operands[0])})  # {o.attr('stage')}'s slot, read for the last time before this",
                 "fence_async_shared()",
-                f"tma.async_copy_shared_to_global({o.attr('arg')}_desc, [{coords}], {slot})",
-                "tma.store_wait(0)  # TMA has read the slot: its release may hand it back to the producer"]
+                f"tma.async_copy_shared_to_global({o.attr('arg')}_desc, [{coords}], {slot})", wait]
     b = ctx.stage_buf[o.operands[0]]
     if b.count == 1 and not ctx.program.grid.persistent and not ctx.loop_stack and b.name in hosted_stages(ctx.program):
         # one tile a CTA, the store issued once, its staging tile in a ring's bytes no other store uses: no store

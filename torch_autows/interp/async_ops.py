@@ -24,9 +24,17 @@ class Wgmma:
 class StoreRead:
     """An async TMA store reading its staging slot until the partition's next store_wait."""
 
-    def __init__(self, owner, op, step, key, tag, coords):
+    def __init__(self, owner, op, step, key, tag, coords, cols=None):
         self.owner, self.op, self.step, self.key, self.tag, self.coords = owner, op, step, key, tag, coords
+        self.cols = cols  # the slot's columns it reads (a store staged in a column slice), None: all
         self.value = None
+
+    def staged(self, st) -> bool:
+        """Whether slot state ``st`` still holds the tile this store staged."""
+        return (st.tag if self.cols is None else st.cols.get(self.cols)) == self.tag
+
+    def data(self, st):
+        return st.view.clone() if self.cols is None else st.view[:, self.cols[0]:self.cols[1]].clone()
 
     def describe(self) -> str:
         what = "reduce-add" if self.op.kind == "tma_reduce_add" else "store"
@@ -70,16 +78,21 @@ def _store(pr, o: Op):
     partition's next store_wait (``PartRun.store_wait`` writes, or adds, the tile then). A ``store`` with ``stage``
     (passes/buffers.stage_in_slots) uses the slot its second operand holds instead: that slot must still hold the fill
     this partition waited for (not released and refilled), and the store waits for TMA to have read it
-    (``tma.store_wait(0)``) before the partition goes on to release it."""
+    (``tma.store_wait(0)``) before the partition goes on to release it, unless a later staged store's wait covers it
+    (``ir.deferred_stage_waits``, as codegen). A slot's column slice (an epilogue in column chunks) stages the tile in
+    those columns alone."""
     if skipped(pr, o):  # after a split_reduce, in a CTA that did not sum the parts
         return
     x = o.operands[0]
+    cols = None
     if o.attr("stage"):
         ref = pr.raw(o.operands[1], o)
-        if not isinstance(ref, SlotRef):
-            raise InterpError(f"interp: store of %{x} stages in %{o.operands[1]}, which is not an SMEM slot")
+        if not isinstance(ref, SlotRef) or ref.trans:
+            raise InterpError(f"interp: store of %{x} stages in %{o.operands[1]}, which is not an SMEM slot or a "
+                              f"column slice of one")
         pr.cta.read_slot(ref, pr.name, o)
-        key, where = (ref.buf, ref.slot), f"{ref.buf}[{ref.slot}]"
+        key, cols = (ref.buf, ref.slot), ref.cols
+        where = f"{ref.buf}[{ref.slot}]" + (f" columns {cols[0]}..{cols[1]}" if cols else "")
         who = f"{pr.name}'s register store into {where} (staging)"
     else:
         named = o.attr("buffer")  # a reduce names its staging tile (passes/buffers); a store's is found by its value
@@ -93,17 +106,17 @@ def _store(pr, o: Op):
         pr.counters[buf.name] += 1
         who = f"{pr.name}'s register store into {where}"
     data = pr.value(pr.raw(x, o), o)
-    pr.cta.check_write(key, who, pr.name, o)
+    pr.cta.check_write(key, who, pr.name, o, cols=cols)
     tag = ("stage", pr.name, pr.run.step)
-    pr.cta.store_slot(key, data.transpose(0, 1) if o.attr("transposed") else data, tag)
+    pr.cta.store_slot(key, data.transpose(0, 1) if o.attr("transposed") else data, tag, cols)
     yield None  # fence_async_shared(); then the TMA store (reduce) is issued
-    if pr.cta.smem.slots[key].tag != tag:
+    rec = StoreRead(pr, o, pr.run.step, key, tag, tuple(int(pr.eval(c)) for c in o.attr("coords")), cols)
+    if not rec.staged(pr.cta.smem.slots[key]):
         pr.fail("overwrite", f"{where} was overwritten between {pr.name}'s register store and its TMA "
                 f"{'reduce' if o.kind == 'tma_reduce_add' else 'store'}")
-    rec = StoreRead(pr, o, pr.run.step, key, tag, tuple(int(pr.eval(c)) for c in o.attr("coords")))
     pr.cta.smem.slots[key].reads.append(rec)
     pr.stores.append(rec)
-    if o.attr("stage"):
+    if o.attr("stage") and id(o) not in pr.deferred_waits:
         pr.store_wait(0)
 
 

@@ -44,6 +44,11 @@ class TmaCopy:
         return f"TMA load into {self.key[0]}[{self.key[1]}] (fill n={self.tag}) issued by {self.part} at #{self.step}"
 
 
+def _overlap(a, b) -> bool:
+    """Whether column spans ``a`` and ``b`` (lo, hi) share a column; None is every column."""
+    return a is None or b is None or (a[0] < b[1] and b[0] < a[1])
+
+
 class CTA:
     def __init__(self, run, index: int, tiles: list[int]):
         p: Program = run.program
@@ -95,13 +100,15 @@ class CTA:
 
     # ------------------------------------------------------------------------------------ SMEM access
 
-    def check_write(self, key, who: str, part: str, o: Op, exempt=None) -> None:
-        """``who`` is about to write slot ``key``: nothing may still read, fill or hold those bytes."""
+    def check_write(self, key, who: str, part: str, o: Op, exempt=None, cols=None) -> None:
+        """``who`` is about to write slot ``key`` (``cols``: only those columns): nothing may still read, fill or hold
+        those bytes."""
         for k in [key, *self.smem.overlaps[key]]:
             st = self.smem.slots[k]
             where = f"{k[0]}[{k[1]}]" + ("" if k == key else f" (shares bytes with {key[0]}[{key[1]}])")
-            if st.reads:
-                self.fail("overwrite", f"{who} overwrites {where} while {st.reads[0].describe()} has not "
+            reads = [r for r in st.reads if k != key or _overlap(cols, getattr(r, "cols", None))]
+            if reads:
+                self.fail("overwrite", f"{who} overwrites {where} while {reads[0].describe()} has not "
                           f"retired its read", part, o, slot=key[1])
             if st.inflight is not None and st.inflight is not exempt:
                 self.fail("overwrite", f"{who} overwrites {where} while {st.inflight.describe()} has not landed",
@@ -114,10 +121,16 @@ class CTA:
                     self.fail("overwrite", f"{who} overwrites {where}, which holds fill n={gs.fill} of group {g} "
                               f"not yet released by its reader(s) {sorted(need)}", part, o, group=g, slot=k[1])
 
-    def store_slot(self, key, data: torch.Tensor, tag) -> None:
+    def store_slot(self, key, data: torch.Tensor, tag, cols=None) -> None:
+        """``data`` into slot ``key`` (``cols``: into those columns only; the slot keeps its fill's tag for the others
+        and records the write's tag for them, ``SlotState.cols``)."""
         st = self.smem.slots[key]
-        st.view.copy_(data)
-        st.tag = tag
+        if cols is None:
+            st.view.copy_(data)
+            st.tag, st.cols = tag, {}
+        else:
+            st.view[:, cols[0]:cols[1]].copy_(data)
+            st.cols[cols] = tag
         for k in self.smem.overlaps[key]:
             self.smem.slots[k].tag = ("clobbered", key, tag)
 
@@ -154,6 +167,11 @@ class CTA:
             if gs.fill == ref.tag and part not in gs.outstanding and part in self.consumers[g]:
                 self.fail("use-after-release", f"{part} reads {ref.buf}[{ref.slot}] (fill n={ref.tag}) after "
                           f"releasing it: the producer may already refill it", part, o, group=g, slot=ref.slot)
+        for c in st.cols:
+            if _overlap(c, ref.cols):
+                self.fail("unfilled-read", f"{part} reads {ref.buf}[{ref.slot}] expecting fill n={ref.tag}, but its "
+                          f"columns {c[0]}..{c[1]} hold a staged store's tile since", part, o, group=g, slot=ref.slot,
+                          phase=phase)
         data = st.view.clone()
         if ref.cols is not None:
             data = data[:, ref.cols[0]:ref.cols[1]]

@@ -133,6 +133,9 @@ class SlotState:
     tag: object = None  # None: never written; int: the group counter of its fill; tuple: other writer
     inflight: object = None  # the TMA copy writing it, until it lands
     reads: list = field(default_factory=list)  # unretired async reads (objects with .describe())
+    # columns (lo, hi) of the slot a staged store wrote since its fill (an epilogue in column chunks), with that
+    # write's tag: the rest of the slot still holds the fill ``tag`` names
+    cols: dict = field(default_factory=dict)
 
 
 @dataclass

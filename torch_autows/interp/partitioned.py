@@ -44,7 +44,7 @@ import collections
 
 import torch
 
-from ..ir import Op, op, walk
+from ..ir import Op, deferred_stage_waits, op, walk
 from . import tiles
 from .async_ops import StoreRead, Wgmma, _mma, _mma_wait, _slice, _smem_store, _smem_view, _store, _trans
 from .barriers import (
@@ -92,6 +92,7 @@ class PartRun:
         self.loops: list[tuple[str, int]] = []
         self.wgmma: collections.deque = collections.deque()
         self.stores: list[StoreRead] = []
+        self.deferred_waits = deferred_stage_waits(part.body)  # staged stores a later one's wait covers (codegen's)
         self.turn_n = 0
         loops = [o for o in part.body if o.kind == "tile_loop"]
         self.share = loops[0].attr("share") if loops else part.tiles  # (c, t): a tile consumer's share of the walk
@@ -241,13 +242,13 @@ class PartRun:
         done, self.stores = self.stores[:max(len(self.stores) - keep, 0)], self.stores[max(len(self.stores) - keep, 0):]
         for rec in done:
             st = self.cta.smem.slots[rec.key]
-            if st.tag != rec.tag:
+            if not rec.staged(st):
                 self.fail("overwrite", f"{rec.key[0]} was overwritten before {rec.describe()} finished reading it")
             name = rec.op.attr("arg")
             if rec.op.kind == "tma_reduce_add":
-                reduce_add(self, rec.op, rec.coords, st.view.clone())
+                reduce_add(self, rec.op, rec.coords, rec.data(st))
             else:
-                note_write(self, rec.op, name, tma_store(self.tensor(name), rec.coords, st.view.clone()))
+                note_write(self, rec.op, name, tma_store(self.tensor(name), rec.coords, rec.data(st)))
             st.reads.remove(rec)
 
 

@@ -3,7 +3,8 @@
     core.py      the records: Program, Op, Value, TileType, Arg, Grid, Arch (SM90, ARCHS), Partition,
                  Buffer, Channel, BarrierGroup, TurnGroup; ``op()`` builds an Op
     options.py   Options: a kernel's decision points (tile, partitioning, pipelining, per-template forms)
-    analysis.py  queries: walk, defs, value_types, map_ops; index expressions: check_expr, eval_expr, add_offset
+    analysis.py  queries: walk, defs, value_types, map_ops, deferred_stage_waits; index expressions: check_expr,
+                 eval_expr, add_offset
     text.py      the text form: format_program / format_op print, parse_program reads the same text back
     kinds.py     the op table: OPS (name -> OpKind), kind_of, kinds(**where), STRUCTURAL, BLOCKING, LATENCY
 
@@ -16,7 +17,7 @@ named by the pipeline's stages (``passes.pipeline.STAGES``) and read passes' ana
 """
 from __future__ import annotations
 
-from .analysis import add_offset, check_expr, defs, eval_expr, map_ops, value_types, walk
+from .analysis import add_offset, check_expr, deferred_stage_waits, defs, eval_expr, map_ops, value_types, walk
 from .core import (
     ARCHS,
     DTYPE_BYTES,
@@ -43,6 +44,6 @@ __all__ = [
     "ARCHS", "BLOCKING", "DTYPE_BYTES", "LATENCY", "OPS", "SM90", "STRUCTURAL",
     "Arch", "Arg", "BarrierGroup", "Buffer", "Channel", "Grid", "Op", "OpKind", "Options", "Partition", "Program",
     "TileType", "TurnGroup", "Value",
-    "add_offset", "check_expr", "defs", "eval_expr", "format_op", "format_program", "kind_of", "map_ops", "op",
-    "parse_program", "value_types", "walk",
+    "add_offset", "check_expr", "deferred_stage_waits", "defs", "eval_expr", "format_op", "format_program", "kind_of",
+    "map_ops", "op", "parse_program", "value_types", "walk",
 ]

@@ -58,6 +58,28 @@ _ALLOWED = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Name, ast.Load, ast.Cons
             ast.And)
 
 
+def deferred_stage_waits(ops: tuple[Op, ...]) -> frozenset[int]:
+    """The ``store`` ops staged in a slot (``stage``) whose wait for TMA to have read it a later staged store of the
+    same op list covers (ids): one follows with no ``release`` of a ring in between, so its ``store_wait(0)`` (which
+    waits for every store before it) still comes before the slots go back to the producer. The staged stores of an
+    epilogue in column chunks (each in the chunk of a slot its partition read) then wait once, after the last."""
+    out: set[int] = set()
+
+    def scan(seq: tuple[Op, ...]) -> None:
+        pending: list[int] = []
+        for x in seq:
+            if x.kind == "store" and x.attr("stage"):
+                out.update(pending)
+                pending = [id(x)]
+            elif x.kind in ("release", "release_tail") or x.body:
+                pending = []
+            if x.body:
+                scan(x.body)
+
+    scan(ops)
+    return frozenset(out)
+
+
 def check_expr(expr: str) -> set[str]:
     """Validate an index expression; return the names it uses (``cdiv``/``min``/``max`` are functions)."""
     tree = ast.parse(str(expr), mode="eval")
