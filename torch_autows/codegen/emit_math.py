@@ -130,6 +130,32 @@ def _rotate_half(ctx, o, indent):
             f"{ctx.layouts[o.results[0].name]})  # cat(-x2, x1) per head, back in the tile's layout"]
 
 
+def _halves(x: str, bm: int, bn: int) -> str:
+    """Gluon of a register tile's two column halves (the top column bit to a size-2 axis, split off)."""
+    return f"gl.split(gl.permute(gl.reshape({x}, [{bm}, 2, {bn // 2}]), (0, 2, 1)))"
+
+
+@emitter("col_split")
+def _col_split(ctx, o, indent):
+    # register-only in wgmma's accumulator layout: the top column bits are register bits, so halving the columns
+    # log2(n) times and converting each chunk to the layout of its width moves nothing (as rotate_half)
+    x, (bm, bn) = v(o.operands[0]), ctx.types[o.operands[0]].shape
+    n = len(o.results)
+    if n & (n - 1) or bn % n:
+        raise ValueError(f"codegen: col_split of {bn} columns into {n} chunks: a power of two of equal chunks")
+    lines, level = [], [x]
+    w = bn
+    while len(level) < n:
+        nxt = []
+        for i, piece in enumerate(level):
+            a, b = f"{x}_h{w // 2}_{2 * i}", f"{x}_h{w // 2}_{2 * i + 1}"
+            lines.append(f"{a}, {b} = {_halves(piece, bm, w)}")
+            nxt += [a, b]
+        level, w = nxt, w // 2
+    return lines + [f"{v(r.name)} = gl.convert_layout({piece}, {ctx.layouts[r.name]})  # columns {i * w}..{(i + 1) * w}"
+                    for i, (r, piece) in enumerate(zip(o.results, level))]
+
+
 @emitter("neg")
 def _neg(ctx, o, indent):
     return [f"{v(o.results[0].name)} = -{v(o.operands[0])}"]

@@ -364,6 +364,11 @@ def _rotate_half(ctx, o, args):
     return rotate_half(args[0], int(o.attr("width")))
 
 
+@semantics("col_split")
+def _col_split(ctx, o, args):
+    return tuple(args[0].chunk(len(o.results), dim=1))
+
+
 @semantics("neg")
 def _neg(ctx, o, args):
     return -args[0]

@@ -9,7 +9,8 @@ Fields:
     phase        "template": templates build it and every pass sees it; "partitioned": code_partition (or a later
                  pass: software_pipeline, ping_pong, tile_loop) makes it
     axes         how the result's axes follow the operands' (data_partition's split rule; codegen's layouts):
-                 "elementwise" (same shape; size-1 dims broadcast), "mma" (rows from A and the accumulator,
+                 "elementwise" (same shape; size-1 dims broadcast), "columns" (the rows of the operand, the columns a
+                 part of its: col_split, slice), "mma" (rows from A and the accumulator,
                  columns from B), "trans" (swapped), "expand" (a new size-1 dim at ``axis``), "reduce"
                  (``axis`` removed), "source" (no tile operands: read from memory), None (no tile result)
     output       writes a kernel output; data_partition splits its operand along rows (axis 0)
@@ -104,8 +105,13 @@ OPS: dict[str, OpKind] = _kinds(
     # tile the math reads as a register operand (attention backward's lse2/delta rows, which the producer loads with
     # Q and dO instead of each consumer reading them from global memory at the top of every step)
     OpKind("smem_read", _UNARY, _ONE, axes="elementwise"),
-    # a view of ``size`` columns from ``start`` of an SMEM tile (Gluon ``.slice(start, size, 1)``; a wgmma operand)
-    OpKind("slice", _UNARY, _ONE),
+    # a view of ``size`` columns from ``start`` of an SMEM tile (Gluon ``.slice(start, size, 1)``; a wgmma operand,
+    # or an epilogue's column chunk of a TMA-loaded tile)
+    OpKind("slice", _UNARY, _ONE, axes="columns"),
+    # a register tile's columns in equal chunks, in order (a power of two of them): an epilogue in column chunks keeps
+    # a wide accumulator's temporaries to a chunk's registers (templates/gemm.py). In wgmma's accumulator layout a
+    # thread holds the same columns of every chunk, so it moves no data (codegen: reshape, permute, split)
+    OpKind("col_split", _UNARY, (2, None), axes="columns"),
     # math
     OpKind("mma", (2, 3), _ONE, axes="mma"),
     OpKind("trans", _UNARY, _ONE, axes="trans"),

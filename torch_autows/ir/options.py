@@ -98,6 +98,10 @@ class Options:
     # the stores stage in the ring's bytes after the chains' meeting alone (the attention backward's dK/dV in the
     # Q/dO ring, where no slot of its own was free: TMA stores instead of pointer stores)
     store_in_ring: bool = False
+    # GEMM template, the SwiGLU backward's epilogue: its math in column chunks of this width (0: the whole tile), each
+    # chunk of the accumulator a register split of it (col_split) and G's and U's chunks column slices of their SMEM
+    # tiles, so that a 256-wide tile's fp32 temporaries take a chunk's registers beside the accumulator, not a tile's
+    epilogue_chunk: int = 0
 
     def items(self) -> list[tuple[str, Any]]:
         return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]

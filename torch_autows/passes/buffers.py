@@ -5,7 +5,8 @@ Guarantees: each TMA ``load`` result has a Buffer (its landing tile); each ``sto
 has a staging Buffer ``<value>_stage`` (TMA stores and reduces read SMEM; a ``tma_reduce_add`` names it in its
 ``buffer`` attribute, as later passes rename the operand; a ``transposed`` one's is the transposed shape), but a
 top-level ``store`` that stages in a slot it may take (``stage_in_slots``: the tile type of a per-tile TMA load
-only its partition reads, all before the store; attention's O in its chain's Q slot; not with ``store_buffers`` > 1,
+only its partition reads, all before the store, or of a column slice of one read only through slices of disjoint
+columns (an epilogue in column chunks); attention's O in its chain's Q slot; not with ``store_buffers`` > 1,
 whose stores drain from their own copies under the next tile, the slot released once read; nor with
 ``store_in_ring``, whose staging tiles memory_plan puts in the bytes of the ring read last, ``stage_hosts``); each
 ``smem_store`` result has a Buffer its partition alone writes (another chain may view it: data_partition's dq_split);
@@ -148,19 +149,23 @@ def stage_in_slots(body: tuple[Op, ...]) -> tuple[Op, ...]:
     """``body`` with each top-level TMA ``store`` staged, where it may be, in the slot of a per-tile SMEM value: a
     top-level ``load`` result of the store's chain and tile type (dtype and shape) that only the storing partition
     reads (itself or through ``trans``/``slice`` views), every reader before the store in program order (a loop
-    counts whole). The store gets ``stage`` = that value and reads it as a second operand, so code_partition releases
-    the slot after the store, and the store waits for TMA to have read the slot before it goes on (codegen, both
-    interpreters): the producer cannot refill it under the store. It then needs no staging buffer of its own. A
-    value stages one store at most."""
+    counts whole); or a top-level ``slice`` view of such a load that is read only through slices of disjoint columns
+    (``_column_chunked``), the store then writing the view's columns alone. The store gets ``stage`` = that value and
+    reads it as a second operand, so code_partition releases the slot after the store, and the store waits for TMA to
+    have read the slot before the slot's release (codegen, both interpreters; a later staged store's wait may cover
+    it: ir.deferred_stage_waits): the producer cannot refill it under the store. It then needs no staging buffer of
+    its own. A value stages one store at most."""
     types = {r.name: r.type for o in walk(body) for r in o.results}
     taken: set[str] = set()
     out = list(body)
+    chunked = _column_chunked(body)
     for i, st in enumerate(body):
         if st.kind != "store" or st.attr("stage") or len(st.operands) != 1:
             continue
         t = types.get(st.operands[0])
         for ld in body[:i]:
-            y = ld.results[0] if ld.kind == "load" and ld.chain == st.chain else None
+            y = ld.results[0] if (ld.kind == "load" or (ld.kind == "slice" and ld.operands[0] in chunked)) \
+                and ld.chain == st.chain else None
             if (y is None or y.name in taken or t is None or y.type.space != "smem"
                     or (y.type.dtype, y.type.shape) != (t.dtype, t.shape)):
                 continue
@@ -177,6 +182,25 @@ def stage_in_slots(body: tuple[Op, ...]) -> tuple[Op, ...]:
                 taken.add(y.name)
                 break
     return tuple(out)
+
+
+def _column_chunked(body: tuple[Op, ...]) -> set[str]:
+    """Top-level TMA ``load`` results read only through top-level ``slice`` views of disjoint columns (an epilogue in
+    column chunks: templates/gemm.py): a store may stage in one view's columns (its chunk) while the others still
+    hold their loaded data."""
+    loads = {o.results[0].name for o in body if o.kind == "load"}
+    top = {id(o) for o in body}
+    spans: dict[str, list[tuple[int, int]]] = {}
+    for o in walk(body):
+        for x in o.operands:
+            if x in loads:
+                ok = o.kind == "slice" and id(o) in top
+                spans.setdefault(x, []).append((o.attr("start"), o.attr("start") + o.attr("size")) if ok else None)
+    out = set()
+    for x, cols in spans.items():
+        if None not in cols and all(a[1] <= b[0] for a, b in zip(sorted(cols), sorted(cols)[1:])):
+            out.add(x)
+    return out
 
 
 def run(program: Program, options=None) -> Program:

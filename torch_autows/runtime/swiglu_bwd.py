@@ -34,11 +34,16 @@ from .launch import BoundCache
 #: with G and U by pointer loads spills 16 bytes as launched (1.6 KB unspecialised); a 128x256 tile ~2 KB (G's and
 #: U's fp32 tiles beside its 128-register accumulator), as does the ping-pong 128x128 tile. On an H100 the 128x128
 #: tile is what loses (sweeps/swiglu_bwd_split.py): its GEMM runs 12% behind cuBLAS and its epilogue is exposed (a
-#: residual's single TMA operand costs it as much), where on the 128x256 tile the residual's epilogue is hidden; the
-#: wide tile needs this epilogue in column chunks of the accumulator to fit its registers.
+#: residual's single TMA operand costs it as much), where on the 128x256 tile the residual's epilogue is hidden. The
+#: 128x256 configs run the epilogue in 64-column chunks (``Options.epilogue_chunk``: 0 spill bytes offline); G's and
+#: U's whole tiles take 128 KB of SMEM, which leaves four 32-deep K stages or two 64-deep ones.
 CONFIGS: dict[str, Options] = {
     "swiglu_bwd_p_128x128": Options(block_m=128, block_n=128, block_k=64, stages=5, data_partition=2,
                                     persistent=True, epilogue_tma=True),
+    "swiglu_bwd_p_128x256": Options(block_m=128, block_n=256, block_k=32, stages=4, data_partition=2,
+                                    persistent=True, epilogue_tma=True, epilogue_chunk=64),
+    "swiglu_bwd_p_128x256_k64": Options(block_m=128, block_n=256, block_k=64, stages=2, data_partition=2,
+                                        persistent=True, epilogue_tma=True, epilogue_chunk=64),
 }
 PICK = "swiglu_bwd_p_128x128"
 

@@ -52,6 +52,9 @@ product ``silu(G) * U`` in fp32 before their one rounding: ``du = dh * silu(G)``
 Inductor would write dh, then read it back with G and U in a pointwise kernel; here dh never leaves the registers.
 G and U come in as the residual's R does (pointer loads, or by TMA with ``Options.epilogue_tma``). Batch 1, no bias,
 residual, activation, RoPE, swap-AB or split-K (two stores of the one reduced sum are not built).
+``Options.epilogue_chunk`` (with ``epilogue_tma``) runs this epilogue in column chunks: the accumulator split in
+registers (``col_split``), G's and U's chunks read through ``slice`` views of their tiles, each chunk's du and dG
+stored by TMA at once (``_swiglu_bwd_chunks``), so a 256-wide tile's temporaries take a chunk's registers.
 
 ``Options.epilogue_tma`` brings the epilogue's operand tiles (R; cos and sin) by TMA instead: args of kind "tensor",
 ``load`` ops after the K loop, so the producer partition loads them into SMEM while the consumers run the tile's last
@@ -217,6 +220,48 @@ def _tma_epilogue_tile(arg: str, name: str, coords: tuple[str, str], dt: str, sh
             op("cast", [Value(name, TileType("f32", shape))], [f"{name}_m"])]
 
 
+def _swiglu_bwd_chunks(dh: str, BM: int, BN: int, chunk: int, dt: str, odt: str, tma_epi: bool) -> list:
+    """The SwiGLU backward's epilogue in column chunks (``Options.epilogue_chunk``): the accumulator ``dh`` split into
+    BN/chunk register chunks (col_split), G's and U's TMA-loaded tiles read a chunk at a time through column slices of
+    their SMEM tiles, and each chunk's du and dG stored at once (TMA stores of [BM, chunk] tiles, staged in the slices
+    of G and U just read: passes/buffers). A 256-wide tile's fp32 temporaries then take a chunk's registers beside
+    the accumulator instead of a whole tile's (which spilled)."""
+    n = BN // chunk
+    if BN % chunk or n & (n - 1) or chunk % 16:
+        raise ValueError(f"gemm template: epilogue_chunk={chunk} must split block_n={BN} into a power of two of "
+                         f"chunks of a multiple of 16 columns; use 0 (the whole tile) or such a width")
+    if not tma_epi:
+        raise ValueError("gemm template: epilogue_chunk reads G's and U's chunks from their TMA-loaded tiles; it "
+                         "needs epilogue_tma=True")
+    T = TileType
+    ct = T("f32", (BM, chunk))
+    body = [*_tma_epilogue_tile("g", "g_tile", ("pid_m*%d" % BM, "pid_n*%d" % BN), dt, (BM, BN))[:1],
+            *_tma_epilogue_tile("u", "u_tile", ("pid_m*%d" % BM, "pid_n*%d" % BN), dt, (BM, BN))[:1],
+            op("col_split", [Value(f"{dh}_k{i}", ct) for i in range(n)], [dh])]
+    for i in range(n):
+        k, d, col = f"_k{i}", f"{dh}_k{i}", "pid_n*%d+%d" % (BN, i * chunk) if i else "pid_n*%d" % BN
+
+        def read(t, k=k, i=i):  # chunk i of the saved projection t's SMEM tile, in fp32
+            return [op("slice", [Value(f"{t}_s{k}", T(dt, (BM, chunk), "smem"))], [f"{t}_tile_s"], start=i * chunk,
+                       size=chunk),
+                    op("smem_read", [Value(f"{t}_m{k}", T(dt, (BM, chunk)))], [f"{t}_s{k}"]),
+                    op("cast", [Value(f"{t}{k}", ct)], [f"{t}_m{k}"])]
+
+        body += [*read("g"),
+                 op("sigmoid", [Value(f"sig_g{k}", ct)], [f"g{k}"]),
+                 op("mul", [Value(f"silu_g{k}", ct)], [f"g{k}", f"sig_g{k}"]),
+                 op("mul", [Value(f"d_up{k}", ct)], [d, f"silu_g{k}"]),
+                 op("silu_grad", [Value(f"dsilu_g{k}", ct)], [f"g{k}", f"sig_g{k}"]),
+                 op("mul", [Value(f"d_act{k}", ct)], [d, f"dsilu_g{k}"]),
+                 op("cast", [Value(f"du_out{k}", T(odt, (BM, chunk)))], [f"d_up{k}"]),
+                 op("store", [], [f"du_out{k}"], arg="du", coords=("pid_m*%d" % BM, col)),
+                 *read("u"),
+                 op("mul", [Value(f"d_gate{k}", ct)], [f"d_act{k}", f"u{k}"]),
+                 op("cast", [Value(f"out{k}", T(odt, (BM, chunk)))], [f"d_gate{k}"]),
+                 op("store", [], [f"out{k}"], arg="c", coords=("pid_m*%d" % BM, col))]
+    return body
+
+
 def build(req: GemmRequest, opts: Options) -> Program:
     """The Program of one output tile [BM, BN]; K loop of cdiv(K, BK) steps with a carried accumulator
     (``opts.swap_ab``: the tile of C^T, module docstring)."""
@@ -242,6 +287,9 @@ def build(req: GemmRequest, opts: Options) -> Program:
     if swiglu_bwd and opts.split_k > 1:
         raise ValueError("gemm template: the swiglu_bwd epilogue with split_k > 1 is not built (its two stores of the "
                          "reduced sum); use a config without split_k")
+    if opts.epilogue_chunk and not swiglu_bwd:
+        raise ValueError("gemm template: epilogue_chunk is built for the swiglu_bwd epilogue only (the others fit a "
+                         "256-wide tile's registers whole); use epilogue_chunk=0")
     if save and opts.split_k > 1:
         raise ValueError("gemm template: the swiglu_save epilogue with split_k > 1 is not built (three stores of the "
                          "reduced sums); use a config without split_k")
@@ -326,19 +374,24 @@ def build(req: GemmRequest, opts: Options) -> Program:
             return [op("load_ptr", [Value(f"{t}_tile", acc_t)], arg=t, row="pid_m*%d" % BM, col="pid_n*%d" % BN,
                        ld="N", rows_valid="M-pid_m*%d" % BM, cols_valid="N-pid_n*%d" % BN)]
 
-        # in this order, so that G, dh and U are never all live beside the products (registers): both uses of G
-        # (and dh) before du's store, U after it
-        body += [*saved_tile("g"),
+        chunk = opts.epilogue_chunk
+        if chunk and chunk != BN:
+            body += _swiglu_bwd_chunks(last, BM, BN, chunk, dt, odt, tma_epi)
+            last = None  # both outputs stored, chunk by chunk
+        else:
+            # in this order, so that G, dh and U are never all live beside the products (registers): both uses of G
+            # (and dh) before du's store, U after it
+            body += [*saved_tile("g"),
                  op("sigmoid", [Value("sig_g", acc_t)], ["g_tile"]),
                  op("mul", [Value("silu_g", acc_t)], ["g_tile", "sig_g"]),
                  op("mul", [Value("d_up", acc_t)], [last, "silu_g"]),
                  op("silu_grad", [Value("dsilu_g", acc_t)], ["g_tile", "sig_g"]),
-                 op("mul", [Value("d_act", acc_t)], [last, "dsilu_g"]),
-                 op("cast", [Value("du_out", T(odt, (BM, BN)))], ["d_up"]),
-                 op("store", [], ["du_out"], arg="du", coords=("pid_m*%d" % BM, "pid_n*%d" % BN)),
-                 *saved_tile("u"),
-                 op("mul", [Value("d_gate", acc_t)], ["d_act", "u_tile"])]
-        last = "d_gate"
+                     op("mul", [Value("d_act", acc_t)], [last, "dsilu_g"]),
+                     op("cast", [Value("du_out", T(odt, (BM, BN)))], ["d_up"]),
+                     op("store", [], ["du_out"], arg="du", coords=("pid_m*%d" % BM, "pid_n*%d" % BN)),
+                     *saved_tile("u"),
+                     op("mul", [Value("d_gate", acc_t)], ["d_act", "u_tile"])]
+            last = "d_gate"
     if req.residual:  # R's tile, masked at the ragged edges, in fp32 (the rows of c: a batch's rows follow its own)
         if tma_epi:
             body += _tma_epilogue_tile("r", "res", (row_a, "pid_n*%d" % BN), dt, (BM, BN))
@@ -347,8 +400,9 @@ def build(req: GemmRequest, opts: Options) -> Program:
                            rows_valid="M-pid_m*%d" % BM, cols_valid="N-pid_n*%d" % BN))
         body.append(op("add", [Value("acc_res", acc_t)], [last, "res"]))
         last = "acc_res"
-    body += [op("cast", [Value("out", T(odt, (BM, BN)))], [last]),
-             op("store", [], ["out"], arg="c", coords=(row_a if batched else "pid_m*%d" % BM, "pid_n*%d" % BN))]
+    if last is not None:
+        body += [op("cast", [Value("out", T(odt, (BM, BN)))], [last]),
+                 op("store", [], ["out"], arg="c", coords=(row_a if batched else "pid_m*%d" % BM, "pid_n*%d" % BN))]
 
     tiles = [("pid_m", "cdiv(M,%d)" % BM), ("pid_n", "cdiv(N,%d)" % BN)]
     if batched:
