@@ -1,0 +1,84 @@
+"""The SwiGLU backward on 128x256 tiles with its epilogue in column chunks (issue 16, ``Options.epilogue_chunk``).
+
+GPU only, not a test. sweeps/swiglu_bwd_split.py found the fused backward's 128x128 tile 12% slower in its GEMM than
+cuBLAS and its epilogue exposed, where a 128x256 tile hid a residual's epilogue; the whole-tile epilogue spilled
+~2 KB there, the chunked one none (offline). At each shape, every output against an fp32 reference after NaN
+poisoning, then 3 interleaved do_bench rounds, medians (us):
+
+* ``cublas``: ``torch.mm(dy, w)`` (dh alone); ``vendor``: cuBLAS + Inductor's pointwise kernel (the default's path);
+* ``fused_128x128``: today's pick (``swiglu_bwd_p_128x128``);
+* ``fused_128x256``, ``fused_128x256_k64``: the chunked configs (32-deep K steps x 4 stages, 64-deep x 2: G's and U's
+  tiles take 128 KB of SMEM); ``fused_128x256_whole``: the first without chunks (spills);
+* ``gemm_128x256_k{64,32}``: our plain GEMM on the wide tile, 64-deep x 4 stages and 32-deep x 4 (the K loop's
+  ceiling without the epilogue's SMEM).
+
+Run from the repository root: ``PYTHONPATH=. python bench/results/sweeps/swiglu_bwd_wide.py OUT.json``.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from dataclasses import replace
+
+import torch
+from triton.testing import do_bench
+
+from torch_autows.runtime import gemm as rg
+from torch_autows.runtime import swiglu_bwd as rt
+
+SHAPES = [(16384, 14336, 4096), (4096, 14336, 4096), (4096, 28672, 8192)]
+FUSED = {"fused_128x128": "swiglu_bwd_p_128x128", "fused_128x256": "swiglu_bwd_p_128x256",
+         "fused_128x256_k64": "swiglu_bwd_p_128x256_k64", "fused_128x256_whole": "sweep_whole"}
+
+
+def _shape(m: int, n: int, k: int) -> dict:
+    dy = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16) / k ** .5
+    g, u = (torch.randn(m, n, device="cuda", dtype=torch.bfloat16) * 2 for _ in range(2))
+    dh = dy.float() @ w.float()
+    s = torch.sigmoid(g.float())
+    ref = (dh * u.float() * s * (1 + g.float() * (1 - s)), dh * g.float() * s)
+    del dh, s
+    outs = {c: tuple(torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            for c in ("vendor", *FUSED)}
+    c_mm = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    runs = {"cublas": lambda: torch.mm(dy, w, out=c_mm),
+            "vendor": lambda: rt.vendor_swiglu_bwd(dy, w, g, u, *outs["vendor"]),
+            **{c: (lambda c=c: rt.gemm_swiglu_bwd(dy, w, g, u, config=FUSED[c], out=outs[c])) for c in FUSED},
+            **{f"gemm_128x256_{x}": (lambda x=x: rg.gemm(dy, w, None, None, config=f"sweep_g_{x}", out=c_mm))
+               for x in ("k64", "k32")}}
+    row = {"shape": [m, n, k], "rel_err": {}, "nan": {}}
+    for c, f in runs.items():
+        try:
+            f()
+        except Exception as e:  # noqa: BLE001 - a config that fails is recorded, the others still run
+            row.setdefault("failed", {})[c] = repr(e)[:300]
+    torch.cuda.synchronize()
+    for c, o in outs.items():
+        row["rel_err"][c] = [((a.float() - r).norm() / r.norm()).item() for a, r in zip(o, ref)]
+        row["nan"][c] = any(x.isnan().any().item() for x in o)
+    del ref
+    if m * n > 10 ** 7:
+        t = {c: [] for c in runs if c not in row.get("failed", {})}
+        for _ in range(3):
+            for c in t:
+                t[c].append(do_bench(runs[c], warmup=10, rep=60))
+        row["us"] = {c: round(statistics.median(v) * 1e3, 1) for c, v in t.items()}
+    print(row, flush=True)
+    return row
+
+
+def main(path: str) -> None:
+    wide = rt.CONFIGS["swiglu_bwd_p_128x256"]
+    rt.CONFIGS["sweep_whole"] = replace(wide, epilogue_chunk=0)
+    rg.CONFIGS["sweep_g_k64"] = replace(wide, block_k=64, epilogue_tma=False, epilogue_chunk=0)
+    rg.CONFIGS["sweep_g_k32"] = replace(wide, epilogue_tma=False, epilogue_chunk=0)
+    out = {"device": torch.cuda.get_device_name(),
+           "rows": [_shape(m, n, k) for m, n, k in SHAPES + [(1000, 1000, 200)]]}  # the last: numerics, ragged
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
