@@ -134,6 +134,26 @@ def test_prior_keeps_the_vendors_path(monkeypatch):
     assert d == choice.Decision(False, "prior")
 
 
+def test_the_measurement_races_every_config(monkeypatch):
+    """The measured choice times every config of runtime.swiglu_bwd against the vendor's path (the decision keeps the
+    fastest), under a key that names the configs, so a decision measured before a config joined is measured again."""
+    from torch_autows.runtime import choice
+
+    seen = {}
+
+    def fake_decide(key, runs, vendor, prior, device):
+        seen.update(key=key, runs=runs, prior=prior)
+        return choice.Decision(True, "measured", 1.0, 2.0, 0.0, config="swiglu_bwd_p_128x256")
+
+    monkeypatch.setattr(choice, "decide", fake_decide)
+    m, n, k = 16384, 14336, 4096
+    dy, w, g, u = fake_cuda(m, k), fake_cuda(k, n), fake_cuda(m, n), fake_cuda(m, n)
+    d = rt_swiglu_bwd._decide(dy, w, g, u, m, n, k, (False, False))
+    assert d.config == "swiglu_bwd_p_128x256" and seen["prior"] is False
+    assert set(seen["runs"]) == set(rt_swiglu_bwd.CONFIGS) and len(rt_swiglu_bwd.CONFIGS) > 1
+    assert seen["key"][-1] == tuple(rt_swiglu_bwd.CONFIGS)
+
+
 def test_unchecked_kernel_leaves_the_site_to_inductor(swiglu_bwd_pretend, monkeypatch, log_warnings):
     """Until the GPU tests have passed the kernel (runtime.swiglu_bwd.GPU_CHECKED), a matched site keeps the
     default's path, with that reason logged."""

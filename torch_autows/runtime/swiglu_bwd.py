@@ -8,9 +8,9 @@ GEMM template with ``epilogue="swiglu_bwd"`` (templates.gemm): dh stays in the a
 epilogue reads G's and U's tiles, so dh never reaches memory (two [M, ffn] transfers fewer a layer).
 
 ``support_reason(dy, w, g, u)`` says why a call cannot run it (None: it can; works on fake tensors);
-``gemm_swiglu_bwd`` raises ``Unsupported`` with that reason, else runs ``CONFIGS``' config where runtime.choice
-finds it faster than the vendor's path (``vendor_swiglu_bwd``) and the GPU tests have passed it (``GPU_CHECKED``), or
-always when a config is named.
+``gemm_swiglu_bwd`` raises ``Unsupported`` with that reason, else runs the fastest of ``CONFIGS`` where runtime.choice
+finds it faster than the vendor's path (``vendor_swiglu_bwd``) and the GPU tests have passed the kernel
+(``GPU_CHECKED``), or always when a config is named (``PICK`` for "auto").
 """
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ def _grads_kernel():
 
 def _decide(dy, w, g, u, m, n, k, layout) -> choice.Decision:
     """The measured / cached / prior choice (runtime.choice) between our kernel and the vendor's path."""
-    key = ("swiglu_bwd", str(dy.dtype), layout, choice.bucket(m), n, k)
+    key = ("swiglu_bwd", str(dy.dtype), layout, choice.bucket(m), n, k, tuple(CONFIGS))  # new configs: measure again
     outs: dict[str, tuple] = {}
 
     def out(side: str) -> tuple:  # allocated only where a measurement runs (not for a cached decision)
@@ -115,8 +115,8 @@ def _decide(dy, w, g, u, m, n, k, layout) -> choice.Decision:
             outs[side] = tuple(torch.empty((m, n), device=dy.device, dtype=dy.dtype) for _ in range(2))
         return outs[side]
 
-    def ours():
-        return gemm_swiglu_bwd(dy, w, g, u, config=PICK, out=out("ours"))
+    def ours(cfg):
+        return gemm_swiglu_bwd(dy, w, g, u, config=cfg, out=out("ours"))
 
     def vendor():
         return vendor_swiglu_bwd(dy, w, g, u, *out("vendor"))
@@ -125,7 +125,8 @@ def _decide(dy, w, g, u, m, n, k, layout) -> choice.Decision:
     # 16384x14336x4096, 4096x14336x4096 and 4096x28672x8192 (sweeps/2026-12-05-h100-swiglu-train.json): its
     # 128x128 tile's GEMM is slower than cuBLAS's wider one by more than the dh traffic it saves, and each CTA's
     # tensor cores wait through its epilogue (G, U read, dG, du written). Only a measurement takes it.
-    return choice.decide(key, ours, vendor, False, dy.device)
+    # every config races (the decision keeps the fastest: Decision.config): the 128x256 tiles' K steps are shallower
+    return choice.decide(key, {c: functools.partial(ours, c) for c in CONFIGS}, vendor, False, dy.device)
 
 
 def site_decision(dy, w, g, u) -> choice.Decision:
@@ -161,10 +162,13 @@ def gemm_swiglu_bwd(dy, w, g, u, config: str | None = None, out: tuple | None = 
         raise Unsupported(f"no swiglu_bwd config {config!r}; the configs are {', '.join(CONFIGS)}")
     ta, _ = _tma_view(dy, M, K)
     tb, _ = _tma_view(w, K, N)
-    if config is None and (not GPU_CHECKED or not _decide(dy, w, g, u, M, N, K, (ta, tb)).use_ours):
-        _BOUND.put(key, VENDOR)
-        return None
     name = PICK if config in (None, "auto") else config
+    if config is None:
+        d = _decide(dy, w, g, u, M, N, K, (ta, tb)) if GPU_CHECKED else None
+        if d is None or not d.use_ours:
+            _BOUND.put(key, VENDOR)
+            return None
+        name = d.config if d.config in CONFIGS else PICK
     # M, N, K are run-time scalars: the request that keys the compiled kernel leaves them at 1
     req = GemmRequest(1, 1, 1, DTYPES[dy.dtype], None, ta, tb, epilogue="swiglu_bwd")
     tensors = {"a": dy.t() if ta else dy, "b": w.t() if tb else w, "c": dg, "du": du, "g": g, "u": u}
