@@ -294,7 +294,7 @@ def test_explain_compile_warns_when_ptxas_serializes_the_wgmma(capsys):
     assert summary["wgmma_serialized"] and summary["spills"] > 0
 
 
-@pytest.mark.parametrize("epilogue,config", [("swiglu_bwd", "swiglu_bwd_p_128x128"),
+@pytest.mark.parametrize("epilogue,config", [("swiglu_bwd", "swiglu_bwd_p_128x256"),
                                              ("swiglu_save", "swiglu_p_128x128")])
 def test_explain_gemm_with_a_training_epilogue(capsys, epilogue, config):
     """The SwiGLU training kernels through the CLI: their runtime's pick, the Gluon, the interpreter on the shape."""

@@ -64,7 +64,7 @@ def test_template_ir():
 
 
 def test_runtime_config_takes_g_and_u_by_tma_and_stages_the_stores_in_their_slots():
-    p = pipeline.run(build(REQ, rt.CONFIGS[rt.PICK]))
+    p = pipeline.run(build(REQ, rt.CONFIGS["swiglu_bwd_p_128x128"]))  # whole tiles (the chunked: below)
     loads = [o.attr("arg") for o in walk(p.partition("producer").body) if o.kind == "load"]
     assert loads.count("g") == 2 and loads.count("u") == 2  # one tile per chain, after the K loop's a and b
     for c in (0, 1):

@@ -27,25 +27,22 @@ from .gemm import DTYPES, VENDOR, _tma_view, epilogue_operand_reason, launch_tem
 from .gemm import support_reason as gemm_reason
 from .launch import BoundCache
 
-#: The configs (tests compile each offline). Two consumer warpgroups of 64 rows, persistent, 128x128 tiles (the
-#: residual's tile width: G's and U's fp32 tiles sit beside the 64-register accumulator), G's and U's tiles by TMA
-#: (``Options.epilogue_tma``: the producer loads them during the tile's last K steps; their slots stage the two
-#: stores), five 32 KB stages: 229 KB of SMEM, 0 spill bytes offline for sm_90a. Measured offline: the same tile
-#: with G and U by pointer loads spills 16 bytes as launched (1.6 KB unspecialised); a 128x256 tile ~2 KB (G's and
-#: U's fp32 tiles beside its 128-register accumulator), as does the ping-pong 128x128 tile. On an H100 the 128x128
-#: tile is what loses (sweeps/swiglu_bwd_split.py): its GEMM runs 12% behind cuBLAS and its epilogue is exposed (a
-#: residual's single TMA operand costs it as much), where on the 128x256 tile the residual's epilogue is hidden. The
-#: 128x256 configs run the epilogue in 64-column chunks (``Options.epilogue_chunk``: 0 spill bytes offline); G's and
-#: U's whole tiles take 128 KB of SMEM, which leaves four 32-deep K stages or two 64-deep ones.
+#: The configs (tests compile each offline). Two consumer warpgroups of 64 rows, persistent, G's and U's tiles by TMA
+#: (``Options.epilogue_tma``: the producer loads them during the tile's last K steps; their slots stage the stores).
+#: 128x128: the residual's tile width (G's and U's fp32 tiles fit beside the 64-register accumulator), five 32 KB
+#: stages, 229 KB of SMEM, 0 spill bytes offline for sm_90a. 128x256 (the pick): the epilogue in 64-column chunks
+#: (``Options.epilogue_chunk``: the whole-tile epilogue spills ~2 KB there), G's and U's tiles 128 KB of SMEM, which
+#: leaves four 32-deep K stages (two 64-deep ones starve the K loop: 1.3x slower). On an H100
+#: (sweeps/swiglu_bwd_wide.py) the 128x256 kernel ran 1.062x / 1.071x / 1.060x the vendor's path at 16384x14336x4096,
+#: 4096x14336x4096 and 4096x28672x8192, the 128x128 one 0.95x / 0.98x / 0.87x (its tile's GEMM 12% behind cuBLAS and
+#: its epilogue exposed: sweeps/swiglu_bwd_split.py). The measured choice races both.
 CONFIGS: dict[str, Options] = {
     "swiglu_bwd_p_128x128": Options(block_m=128, block_n=128, block_k=64, stages=5, data_partition=2,
                                     persistent=True, epilogue_tma=True),
     "swiglu_bwd_p_128x256": Options(block_m=128, block_n=256, block_k=32, stages=4, data_partition=2,
                                     persistent=True, epilogue_tma=True, epilogue_chunk=64),
-    "swiglu_bwd_p_128x256_k64": Options(block_m=128, block_n=256, block_k=64, stages=2, data_partition=2,
-                                        persistent=True, epilogue_tma=True, epilogue_chunk=64),
 }
-PICK = "swiglu_bwd_p_128x128"
+PICK = "swiglu_bwd_p_128x256"
 
 #: Whether the kernel may serve calls that do not name a config. The measured choice times our kernel against the
 #: vendor's path but does not check its numbers, so a new kernel joins only once the GPU tests
@@ -121,10 +118,9 @@ def _decide(dy, w, g, u, m, n, k, layout) -> choice.Decision:
     def vendor():
         return vendor_swiglu_bwd(dy, w, g, u, *out("vendor"))
 
-    # The prior keeps the vendor's path: on an H100 the fused kernel ran at 0.961x / 0.997x / 0.862x its speed at
-    # 16384x14336x4096, 4096x14336x4096 and 4096x28672x8192 (sweeps/2026-12-05-h100-swiglu-train.json): its
-    # 128x128 tile's GEMM is slower than cuBLAS's wider one by more than the dh traffic it saves, and each CTA's
-    # tensor cores wait through its epilogue (G, U read, dG, du written). Only a measurement takes it.
+    # The prior keeps the vendor's path: the 128x128 kernel ran 0.86-0.997x its speed on an H100
+    # (sweeps/2026-12-05-h100-swiglu-train.json), the chunked 128x256 one 1.06-1.07x (sweeps/swiglu_bwd_wide.py) but
+    # on one card and three shapes; only a measurement takes it.
     # every config races (the decision keeps the fastest: Decision.config): the 128x256 tiles' K steps are shallower
     return choice.decide(key, {c: functools.partial(ours, c) for c in CONFIGS}, vendor, False, dy.device)
 
