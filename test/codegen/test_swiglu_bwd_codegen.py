@@ -77,3 +77,11 @@ def test_chunked_epilogue_splits_the_accumulator_in_registers_and_waits_once():
         "v_u_s_k3_c0.store(v_out_k3_c0)",
         "tma.async_copy_shared_to_global(c_desc, [pid_m * 128, pid_n * 256 + 192], v_u_s_k3_c0)",
         "tma.store_wait(0)", "mbarrier.arrive(g1_empty.index(g1_s))"])
+
+
+def test_ping_pong_chunked_form_compiles_without_spills():
+    """The sweep's candidate (sweeps/swiglu_bwd_wide.py ``fused_pp_128x128``): two consumers taking turns over whole
+    128x128 tiles, the epilogue in 32-column chunks, compiles without spills (64-column chunks spill there)."""
+    o = replace(CONFIGS["swiglu_bwd_p_128x256"], block_n=128, block_k=64, stages=3, data_partition=1,
+                tile_consumers=2, epilogue_chunk=32)
+    compile_ws_cubin(pipeline.run(build(GemmRequest(16384, 14336, 4096, epilogue="swiglu_bwd"), o)))

@@ -170,10 +170,14 @@ def test_chunked_stores_stage_in_the_columns_just_read_and_wait_once():
         assert [o.kind for o in flat[last + 1:]] == ["release", "advance"]  # the slots' release right after it
 
 
-def test_chunked_matches_torch_under_every_policy():
+@pytest.mark.parametrize("opts", [CHUNKED, replace(CHUNKED, data_partition=1, tile_consumers=2, block_k=64)],
+                         ids=["two_chains", "ping_pong"])
+def test_chunked_matches_torch_under_every_policy(opts):
+    """The chunked epilogue on a tile split between two chains, and on whole tiles two consumers take turns over (G's
+    and U's tiles shared by the consumers' fills; the chunk stores then stage in buffers of their own)."""
     variants = [{}, {"trans_b": True}, {"trans_a": True, "dtype": "fp16"}]
     for seed in range(3):  # ragged M, N and K: chunks past N read zeros and TMA clips their stores
-        before = build(replace(REQ, **variants[seed]), CHUNKED)
+        before = build(replace(REQ, **variants[seed]), opts)
         _both_match(before, pipeline.run(before, verify=True), seed, nprog=2 + seed % 2)
 
 
