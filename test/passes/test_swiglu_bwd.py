@@ -120,8 +120,9 @@ def test_a_mutated_epilogue_is_caught(mutation):
 
 # ---- the epilogue in column chunks (Options.epilogue_chunk): a 256-wide tile's temporaries in a chunk's registers
 
-CHUNKED = Options(block_m=128, block_n=128, block_k=32, stages=3, data_partition=2, persistent=True,
-                  epilogue_tma=True, epilogue_chunk=32)
+CHUNKED = Options(block_m=128, block_n=256, block_k=32, stages=3, data_partition=2, persistent=True,
+                  epilogue_tma=True, epilogue_chunk=64)
+PING_PONG = replace(CHUNKED, block_n=128, block_k=64, data_partition=1, tile_consumers=2)
 
 
 def test_chunked_template_ir():
@@ -129,21 +130,21 @@ def test_chunked_template_ir():
     stored at the chunk's columns, then U's columns read and dG stored; no whole-tile read of G or U."""
     p = build(REQ, CHUNKED)
     tail = _lines(p)[_lines(p).index("}") + 1:-1]
-    assert tail[:3] == ["%g_tile_s:bf16[128,128]@smem = load() {arg='g', coords=('pid_m*128', 'pid_n*128')}",
-                        "%u_tile_s:bf16[128,128]@smem = load() {arg='u', coords=('pid_m*128', 'pid_n*128')}",
-                        "%acc_out_k0:f32[128,32], %acc_out_k1:f32[128,32], %acc_out_k2:f32[128,32], "
-                        "%acc_out_k3:f32[128,32] = col_split(%acc_out)"]
+    assert tail[:3] == ["%g_tile_s:bf16[128,256]@smem = load() {arg='g', coords=('pid_m*128', 'pid_n*256')}",
+                        "%u_tile_s:bf16[128,256]@smem = load() {arg='u', coords=('pid_m*128', 'pid_n*256')}",
+                        "%acc_out_k0:f32[128,64], %acc_out_k1:f32[128,64], %acc_out_k2:f32[128,64], "
+                        "%acc_out_k3:f32[128,64] = col_split(%acc_out)"]
     stores = [ln for ln in tail if ln.startswith("store(")]
     assert stores == [f"store(%{x}_k{i}) {{arg='{a}', coords=('pid_m*128', '{col}')}}"
-                      for i, col in enumerate(("pid_n*128", "pid_n*128+32", "pid_n*128+64", "pid_n*128+96"))
+                      for i, col in enumerate(("pid_n*256", "pid_n*256+64", "pid_n*256+128", "pid_n*256+192"))
                       for x, a in (("du_out", "du"), ("out", "c"))]
     reads = [ln for ln in tail if "slice(" in ln]
-    assert reads[:2] == ["%g_s_k0:bf16[128,32]@smem = slice(%g_tile_s) {size=32, start=0}",
-                         "%u_s_k0:bf16[128,32]@smem = slice(%u_tile_s) {size=32, start=0}"]
+    assert reads[:2] == ["%g_s_k0:bf16[128,64]@smem = slice(%g_tile_s) {size=64, start=0}",
+                         "%u_s_k0:bf16[128,64]@smem = slice(%u_tile_s) {size=64, start=0}"]
     assert not any("smem_read(%g_tile_s)" in ln or "smem_read(%u_tile_s)" in ln for ln in tail)
 
 
-@pytest.mark.parametrize("bad,match", [({"epilogue_chunk": 48}, "power of two"), ({"epilogue_chunk": 8}, "16"),
+@pytest.mark.parametrize("bad,match", [({"epilogue_chunk": 96}, "power of two"), ({"epilogue_chunk": 8}, "16"),
                                        ({"epilogue_tma": False}, "epilogue_tma=True")])
 def test_chunked_template_refuses(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -170,11 +171,12 @@ def test_chunked_stores_stage_in_the_columns_just_read_and_wait_once():
         assert [o.kind for o in flat[last + 1:]] == ["release", "advance"]  # the slots' release right after it
 
 
-@pytest.mark.parametrize("opts", [CHUNKED, replace(CHUNKED, data_partition=1, tile_consumers=2, block_k=64)],
-                         ids=["two_chains", "ping_pong"])
+@pytest.mark.parametrize("opts", [CHUNKED, PING_PONG, replace(PING_PONG, epilogue_chunk=32)],
+                         ids=["two_chains", "ping_pong", "ping_pong_narrow"])
 def test_chunked_matches_torch_under_every_policy(opts):
     """The chunked epilogue on a tile split between two chains, and on whole tiles two consumers take turns over (G's
-    and U's tiles shared by the consumers' fills; the chunk stores then stage in buffers of their own)."""
+    and U's tiles shared by the consumers' fills, each fill one consumer's tile); chunks narrower than a 128-byte
+    swizzle row stage their stores in buffers of their own."""
     variants = [{}, {"trans_b": True}, {"trans_a": True, "dtype": "fp16"}]
     for seed in range(3):  # ragged M, N and K: chunks past N read zeros and TMA clips their stores
         before = build(replace(REQ, **variants[seed]), opts)
@@ -182,10 +184,10 @@ def test_chunked_matches_torch_under_every_policy(opts):
 
 
 def test_a_chunk_read_from_columns_already_staged_over_is_caught():
-    """G's chunk 1 read from columns 0..31, which hold chunk 0's staged du by then: the interpreter's slot model
+    """G's chunk 1 read from columns 0..63, which hold chunk 0's staged du by then: the interpreter's slot model
     tracks the columns a staged store wrote (an ``unfilled-read``), not only whole slots."""
     after = pipeline.run(build(REQ, CHUNKED))
-    bad, n = re.subn(r"(%g_s_k1_c\d:bf16\[64,32\]@smem = slice\(%g_tile_s_c\d\) \{size=32, start=)32", r"\g<1>0",
+    bad, n = re.subn(r"(%g_s_k1_c\d:bf16\[64,64\]@smem = slice\(%g_tile_s_c\d\) \{size=64, start=)64", r"\g<1>0",
                      format_program(after))
     assert n == 4  # each chain's, in the body and in its partition
     assert set(violation_kinds(parse_program(bad), seeds=1, policies=("round_robin",))) == {"unfilled-read"}

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..ir import Buffer, Channel, Op, Program, defs, map_ops, walk
+from ..ir import DTYPE_BYTES, Buffer, Channel, Op, Program, defs, map_ops, walk
 from . import PassError
 
 
@@ -164,7 +164,8 @@ def stage_in_slots(body: tuple[Op, ...]) -> tuple[Op, ...]:
             continue
         t = types.get(st.operands[0])
         for ld in body[:i]:
-            y = ld.results[0] if (ld.kind == "load" or (ld.kind == "slice" and ld.operands[0] in chunked)) \
+            y = ld.results[0] if (ld.kind == "load" or (ld.kind == "slice" and ld.operands[0] in chunked
+                                                          and _whole_swizzle_rows(ld.results[0].type))) \
                 and ld.chain == st.chain else None
             if (y is None or y.name in taken or t is None or y.type.space != "smem"
                     or (y.type.dtype, y.type.shape) != (t.dtype, t.shape)):
@@ -184,21 +185,31 @@ def stage_in_slots(body: tuple[Op, ...]) -> tuple[Op, ...]:
     return tuple(out)
 
 
+def _whole_swizzle_rows(t) -> bool:
+    """Whether a column slice of an SMEM tile spans whole 128-byte rows of its swizzle (TMA tiles of 16-bit elements
+    64 columns or more wide are 128-byte swizzled): only such a slice can be a TMA store's source (a narrower one
+    would need the narrower swizzle of its own descriptor; Triton refuses it)."""
+    return t.shape[-1] * DTYPE_BYTES[t.dtype] % 128 == 0
+
+
 def _column_chunked(body: tuple[Op, ...]) -> set[str]:
-    """Top-level TMA ``load`` results read only through top-level ``slice`` views of disjoint columns (an epilogue in
-    column chunks: templates/gemm.py): a store may stage in one view's columns (its chunk) while the others still
-    hold their loaded data."""
+    """Top-level TMA ``load`` results read only through top-level ``slice`` views, those of each chain of disjoint
+    columns (an epilogue in column chunks: templates/gemm.py): a store may stage in one view's columns (its chunk)
+    while the others still hold their loaded data. Views of one load in different chains read different fills of it
+    (tile consumers: each fill is one consumer's tile), so only a chain's own views must not overlap."""
     loads = {o.results[0].name for o in body if o.kind == "load"}
     top = {id(o) for o in body}
-    spans: dict[str, list[tuple[int, int]]] = {}
+    spans: dict[str, dict] = {}
     for o in walk(body):
         for x in o.operands:
             if x in loads:
                 ok = o.kind == "slice" and id(o) in top
-                spans.setdefault(x, []).append((o.attr("start"), o.attr("start") + o.attr("size")) if ok else None)
+                span = (o.attr("start"), o.attr("start") + o.attr("size")) if ok else None
+                spans.setdefault(x, {}).setdefault(o.chain, []).append(span)
     out = set()
-    for x, cols in spans.items():
-        if None not in cols and all(a[1] <= b[0] for a, b in zip(sorted(cols), sorted(cols)[1:])):
+    for x, per_chain in spans.items():
+        if all(None not in cols and all(a[1] <= b[0] for a, b in zip(sorted(cols), sorted(cols)[1:]))
+               for cols in per_chain.values()):
             out.add(x)
     return out
 

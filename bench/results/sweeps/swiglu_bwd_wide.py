@@ -9,8 +9,9 @@ poisoning, then 3 interleaved do_bench rounds, medians (us):
 * ``fused_128x128``: today's pick (``swiglu_bwd_p_128x128``);
 * ``fused_128x256``, ``fused_128x256_k64``: the chunked configs (32-deep K steps x 4 stages, 64-deep x 2: G's and U's
   tiles take 128 KB of SMEM); ``fused_128x256_whole``: the first without chunks (spills);
-* ``fused_pp_128x128`` (added after the run below): two consumers taking turns over whole 128x128 tiles
-  (``tile_consumers=2``), the epilogue in 32-column chunks, so one consumer's epilogue runs under the other's K loop;
+* ``fused_pp_128x128``, ``fused_pp_128x128_c64`` (added after the run below): two consumers taking turns over whole
+  128x128 tiles (``tile_consumers=2``), the epilogue in 32- or 64-column chunks, so one consumer's epilogue runs under
+  the other's K loop;
 * ``gemm_128x256_k{64,32}``: our plain GEMM on the wide tile, 64-deep x 4 stages and 32-deep x 4 (the K loop's
   ceiling without the epilogue's SMEM).
 
@@ -41,7 +42,8 @@ from torch_autows.runtime import swiglu_bwd as rt
 
 SHAPES = [(16384, 14336, 4096), (4096, 14336, 4096), (4096, 28672, 8192)]
 FUSED = {"fused_128x128": "swiglu_bwd_p_128x128", "fused_128x256": "swiglu_bwd_p_128x256",
-         "fused_128x256_k64": "sweep_k64", "fused_128x256_whole": "sweep_whole", "fused_pp_128x128": "sweep_pp"}
+         "fused_128x256_k64": "sweep_k64", "fused_128x256_whole": "sweep_whole", "fused_pp_128x128": "sweep_pp",
+         "fused_pp_128x128_c64": "sweep_pp_c64"}
 
 
 def _shape(m: int, n: int, k: int) -> dict:
@@ -90,6 +92,9 @@ def main(path: str) -> None:
     # chunks (64-column ones spill 144 bytes there): 0 spill bytes offline, 180 KB of SMEM
     rt.CONFIGS["sweep_pp"] = replace(wide, block_n=128, block_k=64, stages=3, data_partition=1, tile_consumers=2,
                                      epilogue_chunk=32)
+    # ... in 64-column chunks, whose stores stage in the slices of G and U just read (32-column ones are narrower
+    # than a 128-byte swizzle row, so they stage in buffers of their own): 144 spill bytes, 164 KB, a fourth stage
+    rt.CONFIGS["sweep_pp_c64"] = replace(rt.CONFIGS["sweep_pp"], epilogue_chunk=64, stages=4)
     rg.CONFIGS["sweep_g_k64"] = replace(wide, block_k=64, epilogue_tma=False, epilogue_chunk=0)
     rg.CONFIGS["sweep_g_k32"] = replace(wide, epilogue_tma=False, epilogue_chunk=0)
     out = {"device": torch.cuda.get_device_name(),
