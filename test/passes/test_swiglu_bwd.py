@@ -205,3 +205,24 @@ def test_a_release_before_the_last_chunk_store_is_caught():
     assert moved == 2
     kinds = set(violation_kinds(parse_program("\n".join(lines)), seeds=1, policies=("round_robin",)))
     assert kinds and kinds <= {"release-before-retire", "use-after-release", "overwrite"}
+
+
+@pytest.mark.parametrize("req", [REQ, GemmRequest(1, 1, 1, bias=True, residual=True)], ids=["swiglu_bwd", "residual"])
+def test_prefetched_epilogue_operands_match_torch(req):
+    """``Options.epilogue_prefetch``: the epilogue's TMA loads move before the K loop (the producer issues them at the
+    tile's start, the consumers read them after their K steps), for any epilogue operand; the interpreter agrees with
+    torch under every policy, and the option without TMA operands is refused."""
+    opts = replace(CHUNKED if req.epilogue == "swiglu_bwd" else replace(CHUNKED, epilogue_chunk=0),
+                   epilogue_prefetch=True)
+    before = build(req, opts)
+    loop = next(i for i, o in enumerate(before.body) if o.kind == "loop")
+    assert {o.attr("arg") for o in before.body[:loop] if o.kind == "load"} == (
+        {"g", "u"} if req.epilogue == "swiglu_bwd" else {"r"})
+    after = pipeline.run(before, verify=True)
+    for seed in range(2):
+        inst = make_instance(after, seed)
+        for policy in POLICIES:
+            out = run_partitioned(after, inst.inputs(), policy=policy, seed=seed, nprog=2)
+            assert inst.matches(out), (policy, seed, inst.desc)
+    with pytest.raises(ValueError, match="epilogue_prefetch"):
+        build(GemmRequest(1, 1, 1), replace(opts, epilogue_chunk=0))

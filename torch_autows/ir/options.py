@@ -102,6 +102,11 @@ class Options:
     # chunk of the accumulator a register split of it (col_split) and G's and U's chunks column slices of their SMEM
     # tiles, so that a 256-wide tile's fp32 temporaries take a chunk's registers beside the accumulator, not a tile's
     epilogue_chunk: int = 0
+    # GEMM template, with epilogue_tma: the epilogue's operand tiles are loaded at the tile's start, before its K loop,
+    # instead of after its K loads, so they have the whole K loop to land (at every SM's share of HBM bandwidth the
+    # SwiGLU backward's 128 KB of G and U take longer than the few K steps the producer runs ahead); the producer then
+    # waits at each tile's start for the previous tile's epilogue to release their slots before its first K loads
+    epilogue_prefetch: bool = False
 
     def items(self) -> list[tuple[str, Any]]:
         return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]

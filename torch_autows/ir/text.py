@@ -54,7 +54,8 @@ _UNSET = {("split_k", 1), ("cross_tile", False), ("tile_consumers", 1), ("swap_a
           ("fold_rows", False), ("split_d", False), ("split_d_binary", False),
           ("lead_chains", False), ("carry_index", False),
           ("epilogue_tma", False), ("ctas_per_sm", 1), ("early_reduce_wait", False),
-          ("q_regs", False), ("kv_regs", False), ("store_in_ring", False), ("epilogue_chunk", 0)}
+          ("q_regs", False), ("kv_regs", False), ("store_in_ring", False), ("epilogue_chunk", 0),
+          ("epilogue_prefetch", False)}
 
 
 def format_program(p: Program) -> str:

@@ -220,6 +220,15 @@ def _tma_epilogue_tile(arg: str, name: str, coords: tuple[str, str], dt: str, sh
             op("cast", [Value(name, TileType("f32", shape))], [f"{name}_m"])]
 
 
+def _prefetched(body: list) -> list:
+    """``body`` with the epilogue's TMA loads (``load`` ops after the K loop) moved before it (``Options.
+    epilogue_prefetch``): the producer issues them at the tile's start; the consumers' reads stay after the loop."""
+    i = next(i for i, o in enumerate(body) if o.kind == "loop")
+    late = [o for o in body[i + 1:] if o.kind == "load"]
+    moved = {id(o) for o in late}
+    return body[:i] + late + [o for o in body[i:] if id(o) not in moved]
+
+
 def _swiglu_bwd_chunks(dh: str, BM: int, BN: int, chunk: int, dt: str, odt: str, tma_epi: bool) -> list:
     """The SwiGLU backward's epilogue in column chunks (``Options.epilogue_chunk``): the accumulator ``dh`` split into
     BN/chunk register chunks (col_split), G's and U's TMA-loaded tiles read a chunk at a time through column slices of
@@ -403,6 +412,12 @@ def build(req: GemmRequest, opts: Options) -> Program:
     if last is not None:
         body += [op("cast", [Value("out", T(odt, (BM, BN)))], [last]),
                  op("store", [], ["out"], arg="c", coords=(row_a if batched else "pid_m*%d" % BM, "pid_n*%d" % BN))]
+
+    if opts.epilogue_prefetch:
+        if not tma_epi:
+            raise ValueError("gemm template: epilogue_prefetch moves the epilogue's TMA loads before the K loop; it "
+                             "needs epilogue_tma=True and an epilogue operand (residual, RoPE, swiglu_bwd)")
+        body = _prefetched(body)
 
     tiles = [("pid_m", "cdiv(M,%d)" % BM), ("pid_n", "cdiv(N,%d)" % BN)]
     if batched:
