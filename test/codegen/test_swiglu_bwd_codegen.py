@@ -92,6 +92,7 @@ def test_prefetched_forms_compile_without_spills(prefetch_of):
     """The sweep's ``epilogue_prefetch`` candidates (G and U loaded at the tile's start) compile without spills."""
     o = CONFIGS["swiglu_bwd_p_128x256"]
     if prefetch_of == "ping_pong":
-        o = replace(o, block_n=128, block_k=64, stages=3, data_partition=1, tile_consumers=2, epilogue_chunk=32)
+        o = replace(o, block_n=128, block_k=64, stages=3, data_partition=1, tile_consumers=2, epilogue_chunk=32,
+                    tile_buffers=2)  # two copies of G and U: the consumers' turns do not wait on one slot
     compile_ws_cubin(pipeline.run(build(GemmRequest(16384, 14336, 4096, epilogue="swiglu_bwd"),
                                         replace(o, epilogue_prefetch=True))))

@@ -207,13 +207,17 @@ def test_a_release_before_the_last_chunk_store_is_caught():
     assert kinds and kinds <= {"release-before-retire", "use-after-release", "overwrite"}
 
 
-@pytest.mark.parametrize("req", [REQ, GemmRequest(1, 1, 1, bias=True, residual=True)], ids=["swiglu_bwd", "residual"])
-def test_prefetched_epilogue_operands_match_torch(req):
+@pytest.mark.parametrize("req,form", [(REQ, "chains"), (REQ, "ping_pong"), (GemmRequest(1, 1, 1, bias=True,
+                                                                                      residual=True), "chains")],
+                         ids=["swiglu_bwd", "swiglu_bwd_ping_pong", "residual"])
+def test_prefetched_epilogue_operands_match_torch(req, form):
     """``Options.epilogue_prefetch``: the epilogue's TMA loads move before the K loop (the producer issues them at the
     tile's start, the consumers read them after their K steps), for any epilogue operand; the interpreter agrees with
     torch under every policy, and the option without TMA operands is refused."""
-    opts = replace(CHUNKED if req.epilogue == "swiglu_bwd" else replace(CHUNKED, epilogue_chunk=0),
-                   epilogue_prefetch=True)
+    opts = CHUNKED if req.epilogue == "swiglu_bwd" else replace(CHUNKED, epilogue_chunk=0)
+    if form == "ping_pong":  # two copies of G and U, so one consumer's turn does not wait on the other's slot
+        opts = replace(PING_PONG, epilogue_chunk=32, tile_buffers=2)
+    opts = replace(opts, epilogue_prefetch=True)
     before = build(req, opts)
     loop = next(i for i, o in enumerate(before.body) if o.kind == "loop")
     assert {o.attr("arg") for o in before.body[:loop] if o.kind == "load"} == (

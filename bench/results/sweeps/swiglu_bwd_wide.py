@@ -11,9 +11,9 @@ poisoning, then 3 interleaved do_bench rounds, medians (us):
   tiles take 128 KB of SMEM); ``fused_128x256_whole``: the first without chunks (spills);
 * ``fused_pp_128x128``, ``fused_pp_128x128_c64`` (added after the run below): two consumers taking turns over whole
   128x128 tiles (``tile_consumers=2``), the epilogue in 32- or 64-column chunks, so one consumer's epilogue runs under
-  the other's K loop; ``fused_128x256_prefetch``, ``fused_pp_128x128_prefetch``: G and U loaded at each tile's start
-  (``Options.epilogue_prefetch``): after its K loads the producer runs a few steps ahead, too little for 128 KB at an
-  SM's share of HBM bandwidth;
+  the other's K loop; ``fused_128x256_prefetch``, ``fused_pp_128x128_prefetch`` / ``_c32_prefetch``: G and U
+  loaded at each tile's start (``Options.epilogue_prefetch``): after its K loads the producer runs a few steps ahead,
+  too little for 128 KB at an SM's share of HBM bandwidth;
 * ``gemm_128x256_k{64,32}``: our plain GEMM on the wide tile, 64-deep x 4 stages and 32-deep x 4 (the K loop's
   ceiling without the epilogue's SMEM).
 
@@ -46,7 +46,7 @@ SHAPES = [(16384, 14336, 4096), (4096, 14336, 4096), (4096, 28672, 8192)]
 FUSED = {"fused_128x128": "swiglu_bwd_p_128x128", "fused_128x256": "swiglu_bwd_p_128x256",
          "fused_128x256_k64": "sweep_k64", "fused_128x256_whole": "sweep_whole", "fused_pp_128x128": "sweep_pp",
          "fused_pp_128x128_c64": "sweep_pp_c64", "fused_128x256_prefetch": "sweep_prefetch",
-         "fused_pp_128x128_prefetch": "sweep_pp_prefetch"}
+         "fused_pp_128x128_prefetch": "sweep_pp_prefetch", "fused_pp_128x128_c32_prefetch": "sweep_pp_c32_prefetch"}
 
 
 def _shape(m: int, n: int, k: int) -> dict:
@@ -100,7 +100,12 @@ def main(path: str) -> None:
     rt.CONFIGS["sweep_pp_c64"] = replace(rt.CONFIGS["sweep_pp"], epilogue_chunk=64, stages=4)
     # G and U loaded at each tile's start instead of after its K loads (Options.epilogue_prefetch)
     rt.CONFIGS["sweep_prefetch"] = replace(wide, epilogue_prefetch=True)
-    rt.CONFIGS["sweep_pp_prefetch"] = replace(rt.CONFIGS["sweep_pp"], epilogue_prefetch=True)
+    # ... under ping-pong with two copies of G and U (tile_buffers=2): with one, the producer would wait at tile t+1's
+    # start for tile t's epilogue, and the other consumer's K loop with it (64-column chunks: 144 spill bytes, three
+    # stages; 32-column ones: none, but two stages)
+    rt.CONFIGS["sweep_pp_prefetch"] = replace(rt.CONFIGS["sweep_pp_c64"], stages=3, tile_buffers=2,
+                                              epilogue_prefetch=True)
+    rt.CONFIGS["sweep_pp_c32_prefetch"] = replace(rt.CONFIGS["sweep_pp"], tile_buffers=2, epilogue_prefetch=True)
     rg.CONFIGS["sweep_g_k64"] = replace(wide, block_k=64, epilogue_tma=False, epilogue_chunk=0)
     rg.CONFIGS["sweep_g_k32"] = replace(wide, epilogue_tma=False, epilogue_chunk=0)
     out = {"device": torch.cuda.get_device_name(),
