@@ -58,18 +58,32 @@ def _timed(monkeypatch, ours_ms, vendor_ms, **more_ms):
 
 
 def test_measured_rule_keeps_the_vendor_unless_ours_wins_every_round(measure, monkeypatch):
-    ours, vendor, calls, _ = _timed(monkeypatch, [0.90, 0.95, 1.00], [1.0, 1.0, 1.0])  # ~5% faster, one round tied
+    # ~5% faster, one round tied: measured again (the median is ahead), and tied again there
+    ours, vendor, calls, _ = _timed(monkeypatch, [0.90, 0.95, 1.00] * 2, [1.0, 1.0, 1.0] * 2)
     d = choice.decide(KEY, ours, vendor, prior=True, device=CUDA)
-    assert not d.use_ours and d.source == "measured"
+    assert not d.use_ours and d.source == "measured" and counters["choice.remeasured"] == 1
     assert d.spread == pytest.approx((1 / 0.90 - 1.0) / (1 / 0.95))
     # interleaved rounds, the vendor first in every other one
-    assert calls == ["ours", "vendor", "vendor", "ours", "ours", "vendor"] and choice.ROUNDS == 3
+    assert calls == ["ours", "vendor", "vendor", "ours", "ours", "vendor"] * 2 and choice.ROUNDS == 3
     choice.reset()
     ours, vendor, _, _ = _timed(monkeypatch, [0.80, 0.81, 0.80], [1.0, 1.0, 1.01])
     key2 = (*KEY[:-1], 8192)
     d = choice.decide(key2, ours, vendor, prior=False, device=CUDA)
     assert d.use_ours and d.ours_ms == 0.80 and d.vendor_ms == 1.0
     assert "autows" in d.describe() and "1.25x" in d.describe()
+
+
+def test_one_noisy_round_is_measured_again_and_the_second_verdict_stands(measure, monkeypatch):
+    """Ours ahead by its median but not in one round: the rounds run once more; winning every one of them keeps
+    ours. A vendor ahead by its median is not measured again."""
+    ours, vendor, calls, _ = _timed(monkeypatch, [0.90, 1.00, 0.90, 0.92, 0.93, 0.92], [1.0] * 6)
+    d = choice.decide(KEY, ours, vendor, prior=False, device=CUDA)
+    assert d.use_ours and d.ours_ms == 0.92 and counters["choice.remeasured"] == 1 and len(calls) == 12
+    choice.reset()
+    counters.clear()
+    ours, vendor, calls, _ = _timed(monkeypatch, [1.0, 1.1, 1.05], [1.0, 1.0, 1.0])
+    d = choice.decide((*KEY[:-1], 8192), ours, vendor, prior=True, device=CUDA)
+    assert not d.use_ours and counters["choice.remeasured"] == 0 and len(calls) == 6
 
 
 def test_second_process_reads_the_disk_and_measures_nothing(measure, monkeypatch):
