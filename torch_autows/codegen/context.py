@@ -77,7 +77,7 @@ class Ctx:
         wgmma's A-operand layout of that mma's accumulator; unknowns are filled from their users. Iterated to a
         fixpoint (loop-carried values tie inits, iter_args and results together)."""
         ops = list(walk(self.part.body))
-        types = value_types(self.part.body)
+        types = self.types
         L = self.layouts
 
         def forward():

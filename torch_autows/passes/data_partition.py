@@ -63,8 +63,8 @@ def _operand_axes(o: Op, axis: int, types: dict[str, TileType]) -> dict[str, int
         return {x: (axis if types[x].shape[axis] != 1 else None) for x in o.operands}
     if rule == "columns":  # rows follow the operands; a column split would cut the chunks
         if axis != 0:
-            raise PassError(f"data_partition: {o.kind} splits or joins columns; its result cannot be split along "
-                            f"columns")
+            raise PassError(f"data_partition: {o.kind} takes a part of its operand's columns; its result cannot be "
+                            f"split along columns")
         return {x: 0 for x in o.operands}
     if rule == "mma":  # acc is optional (use_acc=False without it)
         a, b, *acc = o.operands

@@ -229,6 +229,28 @@ def _prefetched(body: list) -> list:
     return body[:i] + late + [o for o in body[i:] if id(o) not in moved]
 
 
+def _swiglu_bwd_grads(dh: str, read, k: str, shape: tuple[int, int], odt: str, coords: tuple[str, str]) -> list:
+    """The SwiGLU backward's gradients of one tile (or one column chunk of it: value names end in ``k``) from the
+    accumulator values ``dh``, in fp32: ``du = dh silu(G)`` stored as ``du``, ``dG = dh silu'(G) U`` stored as ``c``,
+    both at ``coords``. ``read(t)`` gives (the ops that make saved projection t's fp32 values, their name). In this
+    order, so that G, dh and U are never all live beside the products (registers): both uses of G (and dh) before
+    du's store, U after it."""
+    ct = TileType("f32", shape)
+    (g_ops, g), (u_ops, u) = read("g"), read("u")
+    return [*g_ops,
+            op("sigmoid", [Value(f"sig_g{k}", ct)], [g]),
+            op("mul", [Value(f"silu_g{k}", ct)], [g, f"sig_g{k}"]),
+            op("mul", [Value(f"d_up{k}", ct)], [dh, f"silu_g{k}"]),
+            op("silu_grad", [Value(f"dsilu_g{k}", ct)], [g, f"sig_g{k}"]),
+            op("mul", [Value(f"d_act{k}", ct)], [dh, f"dsilu_g{k}"]),
+            op("cast", [Value(f"du_out{k}", TileType(odt, shape))], [f"d_up{k}"]),
+            op("store", [], [f"du_out{k}"], arg="du", coords=coords),
+            *u_ops,
+            op("mul", [Value(f"d_gate{k}", ct)], [f"d_act{k}", u]),
+            op("cast", [Value(f"out{k}", TileType(odt, shape))], [f"d_gate{k}"]),
+            op("store", [], [f"out{k}"], arg="c", coords=coords)]
+
+
 def _swiglu_bwd_chunks(dh: str, BM: int, BN: int, chunk: int, dt: str, odt: str, tma_epi: bool) -> list:
     """The SwiGLU backward's epilogue in column chunks (``Options.epilogue_chunk``): the accumulator ``dh`` split into
     BN/chunk register chunks (col_split), G's and U's TMA-loaded tiles read a chunk at a time through column slices of
@@ -244,30 +266,21 @@ def _swiglu_bwd_chunks(dh: str, BM: int, BN: int, chunk: int, dt: str, odt: str,
                          "needs epilogue_tma=True")
     T = TileType
     ct = T("f32", (BM, chunk))
+    # G's and U's whole tiles by TMA (their loads alone: each chunk reads a column slice of them)
     body = [*_tma_epilogue_tile("g", "g_tile", ("pid_m*%d" % BM, "pid_n*%d" % BN), dt, (BM, BN))[:1],
             *_tma_epilogue_tile("u", "u_tile", ("pid_m*%d" % BM, "pid_n*%d" % BN), dt, (BM, BN))[:1],
             op("col_split", [Value(f"{dh}_k{i}", ct) for i in range(n)], [dh])]
     for i in range(n):
-        k, d, col = f"_k{i}", f"{dh}_k{i}", "pid_n*%d+%d" % (BN, i * chunk) if i else "pid_n*%d" % BN
+        k = f"_k{i}"
 
         def read(t, k=k, i=i):  # chunk i of the saved projection t's SMEM tile, in fp32
             return [op("slice", [Value(f"{t}_s{k}", T(dt, (BM, chunk), "smem"))], [f"{t}_tile_s"], start=i * chunk,
                        size=chunk),
                     op("smem_read", [Value(f"{t}_m{k}", T(dt, (BM, chunk)))], [f"{t}_s{k}"]),
-                    op("cast", [Value(f"{t}{k}", ct)], [f"{t}_m{k}"])]
+                    op("cast", [Value(f"{t}{k}", ct)], [f"{t}_m{k}"])], f"{t}{k}"
 
-        body += [*read("g"),
-                 op("sigmoid", [Value(f"sig_g{k}", ct)], [f"g{k}"]),
-                 op("mul", [Value(f"silu_g{k}", ct)], [f"g{k}", f"sig_g{k}"]),
-                 op("mul", [Value(f"d_up{k}", ct)], [d, f"silu_g{k}"]),
-                 op("silu_grad", [Value(f"dsilu_g{k}", ct)], [f"g{k}", f"sig_g{k}"]),
-                 op("mul", [Value(f"d_act{k}", ct)], [d, f"dsilu_g{k}"]),
-                 op("cast", [Value(f"du_out{k}", T(odt, (BM, chunk)))], [f"d_up{k}"]),
-                 op("store", [], [f"du_out{k}"], arg="du", coords=("pid_m*%d" % BM, col)),
-                 *read("u"),
-                 op("mul", [Value(f"d_gate{k}", ct)], [f"d_act{k}", f"u{k}"]),
-                 op("cast", [Value(f"out{k}", T(odt, (BM, chunk)))], [f"d_gate{k}"]),
-                 op("store", [], [f"out{k}"], arg="c", coords=("pid_m*%d" % BM, col))]
+        body += _swiglu_bwd_grads(f"{dh}{k}", read, k, (BM, chunk), odt,
+                                  ("pid_m*%d" % BM, "pid_n*%d+%d" % (BN, i * chunk) if i else "pid_n*%d" % BN))
     return body
 
 
@@ -376,31 +389,19 @@ def build(req: GemmRequest, opts: Options) -> Program:
                  op("mul", [Value("acc_sin", acc_t)], ["acc_rot", "sin_tile"]),
                  op("add", [Value("acc_rope", acc_t)], ["acc_cos", "acc_sin"])]
         last = "acc_rope"
-    if swiglu_bwd:  # du = dh silu(G), stored; dG = dh silu'(G) U, stored below as c; all in fp32
+    if swiglu_bwd:  # du = dh silu(G) and dG = dh silu'(G) U, both stored (_swiglu_bwd_grads); all in fp32
         def saved_tile(t):  # a saved projection's tile, masked at the ragged edges, in fp32
             if tma_epi:
-                return _tma_epilogue_tile(t, f"{t}_tile", ("pid_m*%d" % BM, "pid_n*%d" % BN), dt, (BM, BN))
+                return _tma_epilogue_tile(t, f"{t}_tile", ("pid_m*%d" % BM, "pid_n*%d" % BN), dt, (BM, BN)), f"{t}_tile"
             return [op("load_ptr", [Value(f"{t}_tile", acc_t)], arg=t, row="pid_m*%d" % BM, col="pid_n*%d" % BN,
-                       ld="N", rows_valid="M-pid_m*%d" % BM, cols_valid="N-pid_n*%d" % BN)]
+                       ld="N", rows_valid="M-pid_m*%d" % BM, cols_valid="N-pid_n*%d" % BN)], f"{t}_tile"
 
         chunk = opts.epilogue_chunk
         if chunk and chunk != BN:
             body += _swiglu_bwd_chunks(last, BM, BN, chunk, dt, odt, tma_epi)
-            last = None  # both outputs stored, chunk by chunk
         else:
-            # in this order, so that G, dh and U are never all live beside the products (registers): both uses of G
-            # (and dh) before du's store, U after it
-            body += [*saved_tile("g"),
-                 op("sigmoid", [Value("sig_g", acc_t)], ["g_tile"]),
-                 op("mul", [Value("silu_g", acc_t)], ["g_tile", "sig_g"]),
-                 op("mul", [Value("d_up", acc_t)], [last, "silu_g"]),
-                 op("silu_grad", [Value("dsilu_g", acc_t)], ["g_tile", "sig_g"]),
-                     op("mul", [Value("d_act", acc_t)], [last, "dsilu_g"]),
-                     op("cast", [Value("du_out", T(odt, (BM, BN)))], ["d_up"]),
-                     op("store", [], ["du_out"], arg="du", coords=("pid_m*%d" % BM, "pid_n*%d" % BN)),
-                     *saved_tile("u"),
-                     op("mul", [Value("d_gate", acc_t)], ["d_act", "u_tile"])]
-            last = "d_gate"
+            body += _swiglu_bwd_grads(last, saved_tile, "", (BM, BN), odt, ("pid_m*%d" % BM, "pid_n*%d" % BN))
+        last = None  # both outputs stored
     if req.residual:  # R's tile, masked at the ragged edges, in fp32 (the rows of c: a batch's rows follow its own)
         if tma_epi:
             body += _tma_epilogue_tile("r", "res", (row_a, "pid_n*%d" % BN), dt, (BM, BN))
