@@ -32,9 +32,10 @@ pointwise kernel costs +29% over cuBLAS.
 Second run, with the ping-pong and prefetch forms (sweeps/2026-12-06-h100-swiglu-bwd-wide-2.json, H100, same
 tolerances), us at the three shapes: fused_128x256 **3133 / 817 / 2974** (vendor 3427 / 865 / 2997); prefetch 3542 /
 917 / 3219; fused_pp_128x128 3913 / 983 / 3897, _c64 3506 / 823 / 3338, _prefetch 3873 / 1030 / 3731, _c32_prefetch
-6378 / 1714 / 6333. None beats the chunked 128x256 tile: loading G and U at the tile's start takes their 128 KB from
-the K loop's ring for the whole tile (the prefetch forms run fewer stages), and the 128x128 ping-pong tiles lose the
-wide tile's GEMM efficiency (+12-25% before any epilogue) that their hidden epilogue was to pay for.
+6378 / 1714 / 6333. None beats the chunked 128x256 tile: with one copy of G and U, loading them at the tile's start
+puts their 128 KB (free only once the previous tile's epilogue has read them) in front of the tile's first K steps,
+and the 128x128 ping-pong tiles lose the wide tile's GEMM efficiency (+12-25% before any epilogue) that their hidden
+epilogue was to pay for.
 """
 from __future__ import annotations
 
