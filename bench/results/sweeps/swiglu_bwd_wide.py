@@ -34,8 +34,8 @@ tolerances), us at the three shapes: fused_128x256 **3133 / 817 / 2974** (vendor
 917 / 3219; fused_pp_128x128 3913 / 983 / 3897, _c64 3506 / 823 / 3338, _prefetch 3873 / 1030 / 3731, _c32_prefetch
 6378 / 1714 / 6333. None beats the chunked 128x256 tile: with one copy of G and U, loading them at the tile's start
 puts their 128 KB (free only once the previous tile's epilogue has read them) in front of the tile's first K steps,
-and the 128x128 ping-pong tiles lose the wide tile's GEMM efficiency (+12-25% before any epilogue) that their hidden
-epilogue was to pay for.
+and the 128x128 ping-pong tiles give up more in their K loop than hiding the epilogue saves (a 128x128 GEMM tile runs
+at 0.91x the 128x256 one on the H200, gemm_configs.py; the 64-column form is the best of them, 1.05-1.12x slower).
 """
 from __future__ import annotations
 
