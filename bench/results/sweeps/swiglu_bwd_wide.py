@@ -35,7 +35,7 @@ tolerances), us at the three shapes: fused_128x256 **3133 / 817 / 2974** (vendor
 6378 / 1714 / 6333. None beats the chunked 128x256 tile: with one copy of G and U, loading them at the tile's start
 puts their 128 KB (free only once the previous tile's epilogue has read them) in front of the tile's first K steps,
 and the 128x128 ping-pong tiles give up more in their K loop than hiding the epilogue saves (a 128x128 GEMM tile runs
-at 0.91x the 128x256 one on the H200, gemm_configs.py; the 64-column form is the best of them, 1.05-1.12x slower).
+at 0.91x the 128x256 one on the H200, gemm_configs.py; the 64-column form is the best of them, 1.01-1.12x slower).
 """
 from __future__ import annotations
 
