@@ -34,19 +34,18 @@ def measure(monkeypatch, tmp_path):
 
 
 def _timed(monkeypatch, ours_ms, vendor_ms, **more_ms):
-    """do_bench returns fixed medians per side (one list of rounds each; ``more_ms``: further sides by name);
-    counts the calls. Returns the "ours" and "vendor" runs, the calls, and a maker of runs of the other sides."""
-    import triton.testing
-
+    """The timer (``choice._time_ms``) returns fixed medians per side (one list of rounds each; ``more_ms``: further
+    sides by name); counts the calls. Returns the "ours" and "vendor" runs, the calls, and a maker of runs of the
+    other sides."""
     seq = {"ours": list(ours_ms), "vendor": list(vendor_ms), **more_ms}
     calls = []
 
-    def do_bench(fn, **kw):
+    def time_ms(fn, warmup_ms, rep_ms):
         side = fn.side
         calls.append(side)
         return seq[side][sum(c == side for c in calls) - 1]
 
-    monkeypatch.setattr(triton.testing, "do_bench", do_bench)
+    monkeypatch.setattr(choice, "_time_ms", time_ms)
 
     def side(name):
         def run():
