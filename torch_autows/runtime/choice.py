@@ -140,20 +140,23 @@ def _settle(runs: list, ms: float) -> None:
         torch.cuda.synchronize()
 
 
-#: The most runs timed in one round (each queues a flush, two events and the run: the stream's queue is bounded),
-#: the least and most sleep queued before them (ms; a host slower than the most is timed with its launches, as
-#: before), and an upper bound on SM clocks (cycles a second) to size it with.
-MAX_RUNS, MIN_SLEEP_MS, MAX_SLEEP_MS, SM_HZ = 100, 5.0, 1000.0, 2.0e9
+#: The least and most runs timed in one round (a round's median of the 3-4 runs that 20 ms holds of a 5 ms kernel
+#: moved by 5-20% between rounds on an H100, where the kernels' own difference was 2-9%; each run queues a flush, two
+#: events and the run: the stream's queue is bounded), the least and most sleep queued before them (ms; a host slower
+#: than the most is timed with its launches, as before), and an upper bound on SM clocks (cycles a second) to size it
+#: with.
+MIN_RUNS, MAX_RUNS, MIN_SLEEP_MS, MAX_SLEEP_MS, SM_HZ = 10, 100, 5.0, 1000.0, 2.0e9
 
 
 def _time_ms(run: Callable[[], object], warmup_ms: float, rep_ms: float) -> float:
-    """Median milliseconds of ``run`` on the GPU, the L2 flushed before each run, as ``triton.testing.do_bench``
-    times it, but with the timed runs queued behind a GPU sleep long enough for the host to launch them all.
-    do_bench launches each run after the previous run's flush, which the GPU ends in ~0.1 ms, so where the host took
-    longer to launch a run its time was counted as the kernel's (H100, the train step's compile: a 5.4 ms SwiGLU
-    launched through Python measured 6.7 ms at a 24% spread, while cuBLAS's C++ launch measured as in a quiet
-    process). In the compiled program the host launches ahead of the GPU; a kernel as short as its launch is timed
-    as before (do_bench's head start is the warm-up runs, here the sleep)."""
+    """Median milliseconds of ``run`` on the GPU over at least ``MIN_RUNS`` runs (``rep_ms`` of them where more fit),
+    the L2 flushed before each, as ``triton.testing.do_bench`` times it, but with the timed runs queued behind a GPU
+    sleep long enough for the host to launch them all. do_bench launches each run after the previous run's flush,
+    which the GPU ends in ~0.1 ms, so any host time beyond that is counted as the kernel's: with another thread
+    holding the GIL (H100, .dev probe of 2026-12-06) it timed a 5.4 ms SwiGLU at 10.5 ms and the vendor's three
+    launches at 21.4 ms, a verdict of 2.03x, where this timer gave 4.9 / 5.2 ms (1.06x, as in a quiet process). In
+    the compiled program the host launches ahead of the GPU; a kernel as short as its launch is timed as before
+    (do_bench's head start is the warm-up runs, here the sleep)."""
     from triton import runtime
 
     driver = runtime.driver.active
@@ -170,7 +173,7 @@ def _time_ms(run: Callable[[], object], warmup_ms: float, rep_ms: float) -> floa
     host_s = (time.perf_counter() - t0) / 3
     torch.cuda.synchronize()
     estimate = max(start.elapsed_time(end) / 3, 1e-3)
-    n = min(MAX_RUNS, max(3, int(rep_ms / estimate)))
+    n = min(MAX_RUNS, max(MIN_RUNS, int(rep_ms / estimate)))
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
     for _ in range(max(1, int(warmup_ms / estimate))):
         run()
