@@ -54,3 +54,27 @@ def test_attention_repeated_calls_on_a_fused_qkv(causal):
         o2, l2 = rta.attention(q, k, v, causal, D ** -0.5)  # outputs allocated by the bound path
         assert _rel(o2, ref) < 1e-2 and torch.equal(l2, lse) and o2.stride() == out.stride(), i
     assert len(rta._BOUND) == 2  # one key with out/lse given, one without
+
+
+@pytest.mark.parametrize("d,bias,tables", [(128, False, "auto"), (128, True, "auto"), (64, True, "auto"),
+                                           (128, False, "pointer")])
+def test_gemm_rope_repeated_calls(d, bias, tables, monkeypatch):
+    # from the second call on, runtime.gemm_rope replays its Bound: the full path (checks, config, plan, launch) must
+    # not run again, and each call's fresh tables and operands reach the kernel (TMA tables where D is the tile's
+    # width, pointer loads otherwise)
+    from torch_autows.ops import torch_gemm_rope
+    from torch_autows.runtime import gemm_rope as rtr
+
+    rtr._BOUND.clear()
+    for i in range(4):
+        a = torch.randn(300, 256, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16).t()
+        cos, sin = (torch.randn(256, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        bv = torch.randn(512, device="cuda", dtype=torch.bfloat16) if bias else None
+        out = torch.full((300, 512), float("nan"), device="cuda", dtype=torch.bfloat16)
+        assert rtr.gemm_rope(a, b, cos, sin, bv, out=out, tables=tables) is out
+        assert _rel(out, torch_gemm_rope(a.float(), b.float(), cos.float(), sin.float(),
+                                         bv.float() if bias else None)) < 1e-2, i
+        assert len(rtr._BOUND) == 1
+        if i == 0:
+            monkeypatch.setattr(rtr, "launch_template", lambda *a, **k: pytest.fail("the full path ran again"))

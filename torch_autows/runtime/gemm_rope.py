@@ -29,6 +29,7 @@ from .gemm import (
     decode_name,
     decode_pick,
     launch_template,
+    replay,
     serves_rope,
     support_reason,
 )
@@ -84,6 +85,17 @@ def gemm_rope(a, b, cos, sin, bias=None, config: str = "auto", out: torch.Tensor
     ``Unsupported`` with the reason where the kernel cannot serve the call."""
     if tables not in ("auto", "pointer"):
         raise ValueError(f"tables={tables!r}: use 'auto' (TMA where the tiles fit) or 'pointer'")
+    # a call seen before launches through its Bound: the checks, config and plan below are functions of this key (an
+    # address of another alignment makes the Bound refuse, and the full path runs); 205 us of host time a call
+    # without it at the Llama q projection (H100), against cuBLAS and the pointwise kernel's 71
+    key = ("rope", a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, cos.shape, cos.stride(),
+           cos.dtype, sin.shape, sin.stride(), sin.dtype, bias is not None and (bias.shape, bias.stride(), bias.dtype),
+           out is not None and (out.shape, out.stride(), out.dtype), config, tables)
+    hit = _BOUND.get(key)
+    if hit is not None:
+        c = replay(hit, [a, b], out, a.dtype, [t for t in (bias, cos, sin) if t is not None])
+        if c is not None:
+            return c
     why = rope_reason(a, b, cos, sin, bias)
     if why:
         raise Unsupported(why)
@@ -101,8 +113,6 @@ def gemm_rope(a, b, cos, sin, bias=None, config: str = "auto", out: torch.Tensor
     options = tables_options(CONFIGS[config], cos, sin, M) if tables == "auto" else \
         replace(CONFIGS[config], epilogue_tma=False)
     req = GemmRequest(1, 1, 1, DTYPES[a.dtype], None, ta, tb, bias is not None, rope=D)  # sizes at run time
-    key = ("rope", a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, P, D, config, bias is not None,
-           options.epilogue_tma)
     operands = {"a": a.t() if ta else a, "b": b.t() if tb else b, "c": c, "cos": cos, "sin": sin, "P": P,
                 **({"bias": bias} if bias is not None else {})}
     launch_template(req, options, operands, M, N, K, a.device, _BOUND, key, (M, N))
