@@ -352,7 +352,7 @@ def gemm_rope_into(out: Tensor, a: Tensor, b: Tensor, cos: Tensor, sin: Tensor, 
         out.copy_(_kernels.torch_gemm_rope(a, b, cos, sin, bias))
         return
     try:
-        rt.gemm_rope(a, b, cos.contiguous(), sin.contiguous(), bias, out=out)
+        rt.gemm_rope(a, b, cos.contiguous(), sin.contiguous(), bias, config=None, out=out)
     except Unsupported as e:
         note_fallback(op, str(e))
         out.copy_(_kernels.torch_gemm_rope(a, b, cos, sin, bias))

@@ -58,3 +58,17 @@ def test_generated_epilogue():
     # two heads of 64 in a tile: the four-axis form
     src64 = gluon.generate(pipeline.run(build(GemmRequest(1, 1, 1, trans_b=True, rope=64), CONFIGS["ws_p_128x128"])))
     assert "gl.reshape(v_acc_out_c0_done, [64, 2, 2, 32]), (0, 1, 3, 2))" in src64
+
+
+@pytest.mark.parametrize("dtype,bias", [("bf16", False), ("bf16", True), ("fp16", False)])
+def test_wide_chunked_tile_compiles_without_spills(dtype, bias):
+    """runtime.gemm_rope.WIDE: the 128x256 tile with RoPE in half-head chunks (what the 256-wide tile above spills
+    without them) keeps the large-GEMM pick's 64-deep ring of 3 stages beside the tables' tiles, within SMEM."""
+    from torch_autows.runtime.gemm_rope import WIDE
+
+    opts = WIDE["rope_p_128x256"]
+    program = pipeline.run(build(GemmRequest(4096, 4096, 4096, dtype, None, False, True, bias, rope=128), opts))
+    kernel, _ = compile_ws_cubin(program)
+    s = summary(program, kernel)
+    assert s["spills"] == 0 and s["smem_bytes"] <= 232448, s
+    assert "barriers g0: 3 slots of 49152 B" in gluon.generate(program)

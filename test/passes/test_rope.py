@@ -19,6 +19,7 @@ from torch_autows.interp import make_instance, run_partitioned
 from torch_autows.ir import Op, format_program, parse_program, walk
 from torch_autows.passes import pipeline
 from torch_autows.runtime import gemm as rt
+from torch_autows.runtime.fallback import Unsupported
 from torch_autows.templates.gemm import GemmRequest, build
 from torch_autows.verify import VerifyError, check
 
@@ -148,3 +149,92 @@ def test_runtime_checks_and_config(monkeypatch):
     assert gemm_rope.choose_config(8192, 4096, 4096, 128) == "ws_p_128x128"
     with pytest.raises(ValueError, match="does not serve the RoPE epilogue at head dim 128"):
         gemm_rope.gemm_rope(a, w.t(), cos, sin, config="ws_p_128x256")
+
+
+# ---- RoPE in half-head column chunks of a 128x256 tile (runtime.gemm_rope.WIDE, Options.epilogue_chunk = D/2)
+
+
+def _wide():
+    from torch_autows.runtime.gemm_rope import WIDE
+
+    return WIDE["rope_p_128x256"]
+
+
+def test_chunked_template_ir():
+    """The accumulator in 4 register chunks (two heads' halves); each half-head chunk reads its half of the tables
+    through slices of their TMA tiles (one [BM, D] tile each, for both heads) and is stored at once; x1 cos1 - x2 sin1
+    and x2 cos2 + x1 sin2 need no rotate_half."""
+    lines = _lines(build(GemmRequest(1, 1, 1, trans_b=True, rope=128), _wide()))
+    assert "%cos_tile_s:bf16[128,128]@smem = load() {arg='cos', coords=('(pid_m*128)%P', '0')}" in lines
+    assert "%acc_out_k0:f32[128,64], %acc_out_k1:f32[128,64], %acc_out_k2:f32[128,64], %acc_out_k3:f32[128,64] = " \
+           "col_split(%acc_out)" in lines
+    assert "%cos_s1:bf16[128,64]@smem = slice(%cos_tile_s) {size=64, start=64}" in lines
+    assert not any("rotate_half" in ln for ln in lines)
+    assert ["%rc_h1_0:f32[128,64] = mul(%acc_out_k2, %cos_h1_0)", "%rope_h1_0:f32[128,64] = sub(%rc_h1_0, %rs_h1_0)",
+            "%rs_h1_0:f32[128,64] = mul(%acc_out_k3, %sin_h1_0)"] == sorted(
+        ln for ln in lines if ln.startswith(("%rope_h1_0:", "%rc_h1_0:", "%rs_h1_0:")))
+    stores = [ln for ln in lines if ln.startswith("store(")]
+    assert [ln[ln.index("coords"):] for ln in stores] == [
+        "coords=('pid_m*128', 'pid_n*256')}", "coords=('pid_m*128', 'pid_n*256+64')}",
+        "coords=('pid_m*128', 'pid_n*256+128')}", "coords=('pid_m*128', 'pid_n*256+192')}"]
+
+
+@pytest.mark.parametrize("bad,match", [({"epilogue_chunk": 32}, "D/2 = 64"), ({"epilogue_tma": False}, "TMA tiles")])
+def test_chunked_template_refuses(bad, match):
+    with pytest.raises(ValueError, match=match):
+        build(GemmRequest(1, 1, 1, trans_b=True, rope=128), replace(_wide(), **bad))
+
+
+def test_chunked_matches_torch_under_every_policy():
+    variants = [{"trans_b": True, "rope": 128}, {"trans_b": True, "bias": True, "rope": 128},
+                {"dtype": "fp16", "out_dtype": "f32", "rope": 128}]
+    for seed, kw in enumerate(variants):  # ragged M and K, N whole heads (half a tile too), periods of whole tiles
+        before = build(GemmRequest(1, 1, 1, **kw), _wide())
+        assert_matches_reference(before, pipeline.run(before, verify=True), seed, nprog=2 + seed % 2)
+
+
+def test_chunked_mutated_sign_is_caught():
+    """The second half's x2 cos2 + x1 sin2 with the first half's sign: the interpreter's output differs."""
+    after = pipeline.run(build(GemmRequest(1, 1, 1, trans_b=True, rope=128), replace(_wide(), block_k=32)))
+    inst = make_instance(after, 1)
+    out = run_partitioned(after, inst.inputs(), policy="adversarial", seed=1, nprog=2)
+    assert torch.equal(out["c"], inst.reference["c"])
+    text = format_program(after)
+    bad_text = text.replace("= add(%rc_h0_1", "= sub(%rc_h0_1")
+    assert bad_text != text
+    bad = run_partitioned(parse_program(bad_text), inst.inputs(), policy="random", seed=0, nprog=2)
+    assert not torch.equal(bad["c"], inst.reference["c"])
+
+
+def test_runtime_wide_config(monkeypatch):
+    """runtime.gemm_rope: the wide config serves D = 128 only; the site's race offers it only once GPU-checked, with
+    more rows than decode tiles take and tables by TMA; a call with config=None runs the config the site's
+    measurement kept; a named wide config whose tables cannot come by TMA is refused with the reason."""
+    from torch_autows.runtime import choice, gemm_rope
+    from torch_autows.runtime import device as dev
+
+    monkeypatch.setattr(dev, "sm90_reason", lambda device, check_device=True: None)
+    assert gemm_rope.serves("rope_p_128x256", 128) and not gemm_rope.serves("rope_p_128x256", 64)
+    bf = torch.bfloat16
+    a, w = torch.randn(512, 256, dtype=bf), torch.randn(512, 256, dtype=bf)
+    cos, sin = torch.randn(256, 128, dtype=bf), torch.randn(256, 128, dtype=bf)
+    assert gemm_rope.candidates(512, 512, 256, 128, cos, sin) == ["ws_p_128x128"]
+    monkeypatch.setattr(gemm_rope, "WIDE_GPU_CHECKED", True)
+    assert gemm_rope.candidates(512, 512, 256, 128, cos, sin) == ["ws_p_128x128", "rope_p_128x256"]
+    assert gemm_rope.candidates(64, 512, 256, 128, cos, sin)[1:] == []  # decode rows
+    assert gemm_rope.candidates(512, 512, 256, 128, cos[:200], sin[:200])[1:] == []  # P = 200: tiles would wrap
+    launched = []
+    monkeypatch.setattr(gemm_rope, "launch_template", lambda req, opts, *args: launched.append(opts))
+    out = torch.empty(512, 512, dtype=bf)
+    gemm_rope.gemm_rope(a, w.t(), cos, sin, config=None, out=out)  # nothing measured: choose_config's
+    assert launched[-1].block_n == 128
+    key = gemm_rope._site_key(a, w.t(), cos, 512, 512, 256, ["ws_p_128x128", "rope_p_128x256"])
+    choice.records[key] = choice.Decision(True, "measured", 1.0, 1.2, 0.01, "rope_p_128x256")
+    try:
+        gemm_rope._BOUND.clear()
+        gemm_rope.gemm_rope(a, w.t(), cos, sin, config=None, out=out)
+        assert launched[-1] == replace(gemm_rope.WIDE["rope_p_128x256"], epilogue_tma=True)
+    finally:
+        choice.records.pop(key)
+    with pytest.raises(Unsupported, match="TMA tiles"):
+        gemm_rope.gemm_rope(a, w.t(), cos[:200], sin[:200], config="rope_p_128x256", out=out)

@@ -149,7 +149,7 @@ def test_chunked_template_ir():
 def test_chunked_template_refuses(bad, match):
     with pytest.raises(ValueError, match=match):
         build(REQ, replace(CHUNKED, **bad))
-    with pytest.raises(ValueError, match="swiglu_bwd epilogue only"):
+    with pytest.raises(ValueError, match="swiglu_bwd and RoPE epilogues only"):
         build(GemmRequest(1, 1, 1, residual=True), CHUNKED)
 
 

@@ -105,7 +105,7 @@ def _gemm(program: Program, seed: int, shape, trans_a: bool, trans_b: bool, bias
     BM, BN, BK = o.block_m, o.block_n, o.block_k
     rng = random.Random(seed)
     count = max([g.count for g in program.groups] or [o.stages])
-    rope = next((int(x.attr("width")) for x in walk(program.body) if x.kind == "rotate_half"), 0)  # RoPE's head dim
+    rope = next((int(a.dims[1]) for a in program.args if a.name == "cos"), 0)  # RoPE's head dim (the tables' width)
 
     def tail(b):
         return 8 * rng.randrange(0, max(b // 8, 1))

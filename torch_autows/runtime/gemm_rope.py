@@ -37,6 +37,27 @@ from .launch import BoundCache
 
 _BOUND = BoundCache(64)
 
+#: RoPE on the large-GEMM tile (128x256, 64-deep K steps: ``ws_p_128x256``'s ring), two heads of 128 a tile, the
+#: epilogue in half-head column chunks (templates.gemm_epilogue ``rope_chunks``, ``epilogue_chunk`` = D/2: 0 spills
+#: offline for sm_90a, 225 KB of SMEM with the tables' tiles, which also serve both heads) and the tables by TMA. The
+#: 128x128 RoPE kernel measured 0.82x the default's path on an H100 where our plain GEMM on that tile was at parity
+#: with cuBLAS: its epilogue costs 5-9 us of a tile's ~25 (sweeps/rope_epilogue.py tells the parts apart).
+WIDE: dict[str, Options] = {"rope_p_128x256": replace(CONFIGS["ws_p_128x256"], epilogue_tma=True, epilogue_chunk=64)}
+#: Whether the measured choice may race the wide config at a site (it times, it does not check numbers): it waits
+#: for test/gpu/test_rope_gpu.py's wide cases; until then it runs only where named.
+WIDE_GPU_CHECKED = False
+
+
+def _options(config: str) -> Options:
+    return WIDE[config] if config in WIDE else CONFIGS[config]
+
+
+def serves(config: str, d: int) -> bool:
+    """Whether ``config`` (runtime.gemm's, or ``WIDE``'s) serves the RoPE epilogue at head dim ``d``."""
+    if config in WIDE:
+        return d == 2 * WIDE[config].epilogue_chunk
+    return config in CONFIGS and serves_rope(config, d)
+
 
 def rope_reason(a, b, cos, sin, bias=None, *, check_device: bool = True) -> str | None:
     """Why ``gemm_rope`` cannot serve the call (None: it can). Works on fake tensors."""
@@ -76,11 +97,13 @@ def choose_config(m: int, n: int, k: int, d: int) -> str:
     raise Unsupported(f"no GEMM config serves the RoPE epilogue at head dim {d} (runtime.gemm.serves_rope)")
 
 
-def gemm_rope(a, b, cos, sin, bias=None, config: str = "auto", out: torch.Tensor | None = None,
+def gemm_rope(a, b, cos, sin, bias=None, config: str | None = "auto", out: torch.Tensor | None = None,
               tables: str = "auto") -> torch.Tensor:
     """``rope(a @ b (+ bias))``: a [M, K], b [K, N] (nn.Linear's ``x @ w.t()`` included), cos/sin [P, D] of the
     operands' dtype, N a multiple of D; row m rotates by the tables' row m % P. Output [M, N] of the operands' dtype
-    (into ``out`` if given, contiguous). ``config`` "auto" or a config name that ``serves_rope``; ``tables`` "auto"
+    (into ``out`` if given, contiguous). ``config`` "auto" (``choose_config``'s), None (the config this site's
+    measurement kept, ``site_decision``, where this process made one; else "auto"'s) or a config name that
+    ``serves``; ``tables`` "auto"
     (by TMA where ``tables_options`` allows it) or "pointer" (pointer loads always: for measuring the two). Raises
     ``Unsupported`` with the reason where the kernel cannot serve the call."""
     if tables not in ("auto", "pointer"):
@@ -102,16 +125,23 @@ def gemm_rope(a, b, cos, sin, bias=None, config: str = "auto", out: torch.Tensor
     M, K = a.shape
     N = b.shape[1]
     P, D = cos.shape
+    if config is None:  # the config the site's measurement kept (site_decision), where this process made one
+        d = choice.records.get(_site_key(a, b, cos, M, N, K, candidates(M, N, K, D, cos, sin), bias is not None))
+        config = d.config if d is not None and d.config is not None else "auto"
     config = choose_config(M, N, K, D) if config == "auto" else config
-    if config not in CONFIGS or not serves_rope(config, D):
+    if not serves(config, D):
         raise ValueError(f"config {config!r} does not serve the RoPE epilogue at head dim {D}; use 'auto' or one of "
-                         f"{[c for c in CONFIGS if serves_rope(c, D)]}")
+                         f"{[c for c in (*CONFIGS, *WIDE) if serves(c, D)]}")
     if out is not None and (tuple(out.shape) != (M, N) or out.dtype != a.dtype or not out.is_contiguous()):
         raise ValueError(f"out must be a contiguous [{M}, {N}] {a.dtype} tensor, not {tuple(out.shape)} {out.dtype}")
     ta, tb = _tma_view(a, M, K)[0], _tma_view(b, K, N)[0]
     c = out if out is not None else torch.empty((M, N), device=a.device, dtype=a.dtype)
-    options = tables_options(CONFIGS[config], cos, sin, M) if tables == "auto" else \
-        replace(CONFIGS[config], epilogue_tma=False)
+    options = tables_options(_options(config), cos, sin, M) if tables == "auto" else \
+        replace(_options(config), epilogue_tma=False)
+    if options.epilogue_chunk and not options.epilogue_tma:
+        raise Unsupported(f"config {config} reads the tables' column halves from their TMA tiles, which this call "
+                          f"cannot take (tables {tuple(cos.shape)} at rows m % P: P a multiple of {options.block_m} "
+                          f"or at least M={M}, 16-byte aligned; tables='auto'); use config='auto'")
     req = GemmRequest(1, 1, 1, DTYPES[a.dtype], None, ta, tb, bias is not None, rope=D)  # sizes at run time
     operands = {"a": a.t() if ta else a, "b": b.t() if tb else b, "c": c, "cos": cos, "sin": sin, "P": P,
                 **({"bias": bias} if bias is not None else {})}
@@ -128,9 +158,10 @@ def tables_options(options: Options, cos, sin, m: int) -> Options:
     copy: with two of their own the ring keeps 3 stages, 1076 us) and both tables are 16-byte aligned; pointer loads
     everywhere else."""
     P, D = cos.shape
-    fits = (options.block_n == D and (P % options.block_m == 0 or P >= m) and options.split_k == 1
+    heads = options.block_n == D or (options.epilogue_chunk and D == 2 * options.epilogue_chunk)  # ``WIDE``: [BM, D]
+    fits = (heads and (P % options.block_m == 0 or P >= m) and options.split_k == 1
             and options.store_buffers == 1 and not (cos.data_ptr() % 16 or sin.data_ptr() % 16))
-    return replace(options, epilogue_tma=fits)
+    return replace(options, epilogue_tma=bool(fits))
 
 
 def vendor_rope(a, b, cos, sin, bias, out):
@@ -178,9 +209,28 @@ def site_decision(a, b, cos, sin, bias=None) -> choice.Decision:
     bias = choice.materialize(bias) if bias is not None else None
     M, K = a.shape
     N = b.shape[1]
-    key = ("rope", str(a.dtype), (_tma_view(a, M, K)[0], _tma_view(b, K, N)[0]), bias is not None,
-           choice.bucket(M), N, K, tuple(cos.shape))
+    cands = candidates(M, N, K, cos.shape[1], cos, sin)
+    key = _site_key(a, b, cos, M, N, K, cands, bias is not None)
     outs = [torch.empty((M, N), device=a.device, dtype=a.dtype) for _ in range(2)]
-    return choice.decide(key, lambda: gemm_rope(a, b, cos, sin, bias, out=outs[0]),
-                         lambda: vendor_rope(a, b, cos, sin, bias, outs[1]), False, a.device)
+
+    def ours(cfg="auto"):
+        return gemm_rope(a, b, cos, sin, bias, config=cfg, out=outs[0])
+
+    runs = {c: functools.partial(ours, c) for c in cands} if len(cands) > 1 else ours
+    return choice.decide(key, runs, lambda: vendor_rope(a, b, cos, sin, bias, outs[1]), False, a.device)
+
+
+def candidates(m: int, n: int, k: int, d: int, cos, sin) -> list[str]:
+    """The configs a site's measurement races: ``choose_config``'s, and the wide ``WIDE`` tile where it is GPU-checked
+    (``WIDE_GPU_CHECKED``), the call has more rows than the decode tiles take, and the tables come by TMA."""
+    out = [choose_config(m, n, k, d)]
+    if WIDE_GPU_CHECKED and m > 128:
+        out += [c for c, o in WIDE.items() if serves(c, d) and tables_options(o, cos, sin, m).epilogue_tma]
+    return out
+
+
+def _site_key(a, b, cos, m: int, n: int, k: int, cands: list, bias: bool = False) -> tuple:
+    key = ("rope", str(a.dtype), (_tma_view(a, m, k)[0], _tma_view(b, k, n)[0]), bias, choice.bucket(m), n, k,
+           tuple(cos.shape))
+    return key + (tuple(cands),) if len(cands) > 1 else key  # (a one-config key stays as the choice cache has it)
 

@@ -54,7 +54,7 @@ G and U come in as the residual's R does (pointer loads, or by TMA with ``Option
 residual, activation, RoPE, swap-AB or split-K (two stores of the one reduced sum are not built).
 ``Options.epilogue_chunk`` (with ``epilogue_tma``) runs this epilogue in column chunks: the accumulator split in
 registers (``col_split``), G's and U's chunks read through ``slice`` views of their tiles, each chunk's du and dG
-stored by TMA at once (``_swiglu_bwd_chunks``), so a 256-wide tile's temporaries take a chunk's registers.
+stored by TMA at once (``swiglu_bwd_chunks``), so a 256-wide tile's temporaries take a chunk's registers.
 
 ``Options.epilogue_tma`` brings the epilogue's operand tiles (R; cos and sin) by TMA instead: args of kind "tensor",
 ``load`` ops after the K loop, so the producer partition loads them into SMEM while the consumers run the tile's last
@@ -87,6 +87,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..ir import Arg, Grid, Options, Program, TileType, Value, op
+from .gemm_epilogue import prefetched, rope_chunks, swiglu_bwd_chunks, swiglu_bwd_grads, tma_operand_tile
 
 #: The epilogues the template builds: "none" (C = A @ B (+ bias)), "swiglu" (C = silu(A @ B) * (A @ Bu)),
 #: "swiglu_save" (swiglu, also storing G = A @ B and U = A @ Bu, which a training graph saves for the backward),
@@ -212,78 +213,6 @@ def _build_swapped(req: GemmRequest, opts: Options) -> Program:
     return Program(name, tuple(args), grid, opts, tuple(body), template="gemm")
 
 
-def _tma_epilogue_tile(arg: str, name: str, coords: tuple[str, str], dt: str, shape: tuple[int, int]) -> list:
-    """An epilogue operand tile by TMA (``Options.epilogue_tma``): the producer loads it into SMEM (out-of-bounds
-    rows and columns read as zeros), the consumer reads it into registers and widens it to fp32 as ``name``."""
-    return [op("load", [Value(f"{name}_s", TileType(dt, shape, "smem"))], arg=arg, coords=coords),
-            op("smem_read", [Value(f"{name}_m", TileType(dt, shape))], [f"{name}_s"]),
-            op("cast", [Value(name, TileType("f32", shape))], [f"{name}_m"])]
-
-
-def _prefetched(body: list) -> list:
-    """``body`` with the epilogue's TMA loads (``load`` ops after the K loop) moved before it (``Options.
-    epilogue_prefetch``): the producer issues them at the tile's start; the consumers' reads stay after the loop."""
-    i = next(i for i, o in enumerate(body) if o.kind == "loop")
-    late = [o for o in body[i + 1:] if o.kind == "load"]
-    moved = {id(o) for o in late}
-    return body[:i] + late + [o for o in body[i:] if id(o) not in moved]
-
-
-def _swiglu_bwd_grads(dh: str, read, k: str, shape: tuple[int, int], odt: str, coords: tuple[str, str]) -> list:
-    """The SwiGLU backward's gradients of one tile (or one column chunk of it: value names end in ``k``) from the
-    accumulator values ``dh``, in fp32: ``du = dh silu(G)`` stored as ``du``, ``dG = dh silu'(G) U`` stored as ``c``,
-    both at ``coords``. ``read(t)`` gives (the ops that make saved projection t's fp32 values, their name). In this
-    order, so that G, dh and U are never all live beside the products (registers): both uses of G (and dh) before
-    du's store, U after it."""
-    ct = TileType("f32", shape)
-    (g_ops, g), (u_ops, u) = read("g"), read("u")
-    return [*g_ops,
-            op("sigmoid", [Value(f"sig_g{k}", ct)], [g]),
-            op("mul", [Value(f"silu_g{k}", ct)], [g, f"sig_g{k}"]),
-            op("mul", [Value(f"d_up{k}", ct)], [dh, f"silu_g{k}"]),
-            op("silu_grad", [Value(f"dsilu_g{k}", ct)], [g, f"sig_g{k}"]),
-            op("mul", [Value(f"d_act{k}", ct)], [dh, f"dsilu_g{k}"]),
-            op("cast", [Value(f"du_out{k}", TileType(odt, shape))], [f"d_up{k}"]),
-            op("store", [], [f"du_out{k}"], arg="du", coords=coords),
-            *u_ops,
-            op("mul", [Value(f"d_gate{k}", ct)], [f"d_act{k}", u]),
-            op("cast", [Value(f"out{k}", TileType(odt, shape))], [f"d_gate{k}"]),
-            op("store", [], [f"out{k}"], arg="c", coords=coords)]
-
-
-def _swiglu_bwd_chunks(dh: str, BM: int, BN: int, chunk: int, dt: str, odt: str, tma_epi: bool) -> list:
-    """The SwiGLU backward's epilogue in column chunks (``Options.epilogue_chunk``): the accumulator ``dh`` split into
-    BN/chunk register chunks (col_split), G's and U's TMA-loaded tiles read a chunk at a time through column slices of
-    their SMEM tiles, and each chunk's du and dG stored at once (TMA stores of [BM, chunk] tiles, staged in the slices
-    of G and U just read: passes/buffers). A 256-wide tile's fp32 temporaries then take a chunk's registers beside
-    the accumulator instead of a whole tile's (which spilled)."""
-    n = BN // chunk
-    if BN % chunk or n & (n - 1) or chunk % 16:
-        raise ValueError(f"gemm template: epilogue_chunk={chunk} must split block_n={BN} into a power of two of "
-                         f"chunks of a multiple of 16 columns; use 0 (the whole tile) or such a width")
-    if not tma_epi:
-        raise ValueError("gemm template: epilogue_chunk reads G's and U's chunks from their TMA-loaded tiles; it "
-                         "needs epilogue_tma=True")
-    T = TileType
-    ct = T("f32", (BM, chunk))
-    # G's and U's whole tiles by TMA (their loads alone: each chunk reads a column slice of them)
-    body = [*_tma_epilogue_tile("g", "g_tile", ("pid_m*%d" % BM, "pid_n*%d" % BN), dt, (BM, BN))[:1],
-            *_tma_epilogue_tile("u", "u_tile", ("pid_m*%d" % BM, "pid_n*%d" % BN), dt, (BM, BN))[:1],
-            op("col_split", [Value(f"{dh}_k{i}", ct) for i in range(n)], [dh])]
-    for i in range(n):
-        k = f"_k{i}"
-
-        def read(t, k=k, i=i):  # chunk i of the saved projection t's SMEM tile, in fp32
-            return [op("slice", [Value(f"{t}_s{k}", T(dt, (BM, chunk), "smem"))], [f"{t}_tile_s"], start=i * chunk,
-                       size=chunk),
-                    op("smem_read", [Value(f"{t}_m{k}", T(dt, (BM, chunk)))], [f"{t}_s{k}"]),
-                    op("cast", [Value(f"{t}{k}", ct)], [f"{t}_m{k}"])], f"{t}{k}"
-
-        body += _swiglu_bwd_grads(f"{dh}{k}", read, k, (BM, chunk), odt,
-                                  ("pid_m*%d" % BM, "pid_n*%d+%d" % (BN, i * chunk) if i else "pid_n*%d" % BN))
-    return body
-
-
 def build(req: GemmRequest, opts: Options) -> Program:
     """The Program of one output tile [BM, BN]; K loop of cdiv(K, BK) steps with a carried accumulator
     (``opts.swap_ab``: the tile of C^T, module docstring)."""
@@ -309,9 +238,9 @@ def build(req: GemmRequest, opts: Options) -> Program:
     if swiglu_bwd and opts.split_k > 1:
         raise ValueError("gemm template: the swiglu_bwd epilogue with split_k > 1 is not built (its two stores of the "
                          "reduced sum); use a config without split_k")
-    if opts.epilogue_chunk and not swiglu_bwd:
-        raise ValueError("gemm template: epilogue_chunk is built for the swiglu_bwd epilogue only (the others fit a "
-                         "256-wide tile's registers whole); use epilogue_chunk=0")
+    if opts.epilogue_chunk and not (swiglu_bwd or req.rope):
+        raise ValueError("gemm template: epilogue_chunk is built for the swiglu_bwd and RoPE epilogues only (the "
+                         "others fit a 256-wide tile's registers whole); use epilogue_chunk=0")
     if save and opts.split_k > 1:
         raise ValueError("gemm template: the swiglu_save epilogue with split_k > 1 is not built (three stores of the "
                          "reduced sums); use a config without split_k")
@@ -327,8 +256,9 @@ def build(req: GemmRequest, opts: Options) -> Program:
     if req.residual:
         args.append(Arg("r", "tensor" if tma_epi else "ptr", dt, ("M", "N")))
     if req.rope:
-        if BN % req.rope or (tma_epi and BN != req.rope):
-            raise ValueError(f"gemm template: rope={req.rope} needs tiles of whole heads (by TMA: of one head); "
+        if BN % req.rope or (tma_epi and BN != req.rope and not opts.epilogue_chunk):
+            raise ValueError(f"gemm template: rope={req.rope} needs tiles of whole heads (by TMA: of one head, or "
+                             f"epilogue_chunk=D/2); "
                              f"block_n={BN} is not {'equal to' if tma_epi else 'a multiple of'} it")
         args += [Arg(t, "tensor" if tma_epi else "ptr", dt, ("P", str(req.rope))) for t in ("cos", "sin")]
     args += [Arg("M", "scalar", "i32"), Arg("N", "scalar", "i32"), Arg("K", "scalar", "i32")]
@@ -375,11 +305,14 @@ def build(req: GemmRequest, opts: Options) -> Program:
     if req.activation != "none":  # after the bias, in fp32
         body.append(op("gelu", [Value("acc_act", acc_t)], [last], approximate=ACTIVATIONS[req.activation]))
         last = "acc_act"
-    if req.rope:  # x * cos + rotate_half(x) * sin per head, the tables' rows m % P and columns n % D, in fp32
+    if req.rope and opts.epilogue_chunk:  # the same, in half-head column chunks of a tile of several heads
+        body += rope_chunks(last, BM, BN, req.rope, opts.epilogue_chunk, dt, odt, tma_epi)
+        last = None  # every chunk stored
+    elif req.rope:  # x * cos + rotate_half(x) * sin per head, the tables' rows m % P and columns n % D, in fp32
         D = req.rope
         if tma_epi:  # rows (m0 % P) + r: whole tiles of rows inside the table (the runtime's P % BM == 0, or P >= M)
             for t in ("cos", "sin"):
-                body += _tma_epilogue_tile(t, f"{t}_tile", ("(pid_m*%d)%%P" % BM, "0"), dt, (BM, BN))
+                body += tma_operand_tile(t, f"{t}_tile", ("(pid_m*%d)%%P" % BM, "0"), dt, (BM, BN))
         else:
             body += [op("load_ptr", [Value(f"{t}_tile", acc_t)], arg=t, row=row_a, col="0", ld=str(D),
                         rows_valid="M-pid_m*%d" % BM, cols_valid="N-pid_n*%d" % BN, row_mod="P", col_mod=str(D))
@@ -389,22 +322,22 @@ def build(req: GemmRequest, opts: Options) -> Program:
                  op("mul", [Value("acc_sin", acc_t)], ["acc_rot", "sin_tile"]),
                  op("add", [Value("acc_rope", acc_t)], ["acc_cos", "acc_sin"])]
         last = "acc_rope"
-    if swiglu_bwd:  # du = dh silu(G) and dG = dh silu'(G) U, both stored (_swiglu_bwd_grads); all in fp32
+    if swiglu_bwd:  # du = dh silu(G) and dG = dh silu'(G) U, both stored (swiglu_bwd_grads); all in fp32
         def saved_tile(t):  # a saved projection's tile, masked at the ragged edges, in fp32
             if tma_epi:
-                return _tma_epilogue_tile(t, f"{t}_tile", ("pid_m*%d" % BM, "pid_n*%d" % BN), dt, (BM, BN)), f"{t}_tile"
+                return tma_operand_tile(t, f"{t}_tile", ("pid_m*%d" % BM, "pid_n*%d" % BN), dt, (BM, BN)), f"{t}_tile"
             return [op("load_ptr", [Value(f"{t}_tile", acc_t)], arg=t, row="pid_m*%d" % BM, col="pid_n*%d" % BN,
                        ld="N", rows_valid="M-pid_m*%d" % BM, cols_valid="N-pid_n*%d" % BN)], f"{t}_tile"
 
         chunk = opts.epilogue_chunk
         if chunk and chunk != BN:
-            body += _swiglu_bwd_chunks(last, BM, BN, chunk, dt, odt, tma_epi)
+            body += swiglu_bwd_chunks(last, BM, BN, chunk, dt, odt, tma_epi)
         else:
-            body += _swiglu_bwd_grads(last, saved_tile, "", (BM, BN), odt, ("pid_m*%d" % BM, "pid_n*%d" % BN))
+            body += swiglu_bwd_grads(last, saved_tile, "", (BM, BN), odt, ("pid_m*%d" % BM, "pid_n*%d" % BN))
         last = None  # both outputs stored
     if req.residual:  # R's tile, masked at the ragged edges, in fp32 (the rows of c: a batch's rows follow its own)
         if tma_epi:
-            body += _tma_epilogue_tile("r", "res", (row_a, "pid_n*%d" % BN), dt, (BM, BN))
+            body += tma_operand_tile("r", "res", (row_a, "pid_n*%d" % BN), dt, (BM, BN))
         else:
             body.append(op("load_ptr", [Value("res", acc_t)], arg="r", row=row_a, col="pid_n*%d" % BN, ld="N",
                            rows_valid="M-pid_m*%d" % BM, cols_valid="N-pid_n*%d" % BN))
@@ -418,7 +351,7 @@ def build(req: GemmRequest, opts: Options) -> Program:
         if not tma_epi:
             raise ValueError("gemm template: epilogue_prefetch moves the epilogue's TMA loads before the K loop; it "
                              "needs epilogue_tma=True and an epilogue operand (residual, RoPE, swiglu_bwd)")
-        body = _prefetched(body)
+        body = prefetched(body)
 
     tiles = [("pid_m", "cdiv(M,%d)" % BM), ("pid_n", "cdiv(N,%d)" % BN)]
     if batched:
