@@ -9,7 +9,9 @@ medians of 3 interleaved do_bench rounds (us), outputs checked after NaN poisoni
 * ``plain_128x128``, ``plain_128x256``: our GEMM alone on each tile;
 * ``residual_128x128``, ``residual_128x256``: the residual epilogue (R by TMA) on each tile: the operand-tile
   structure without RoPE's second table and math;
-* ``rope_tma``, ``rope_pointer``: the RoPE kernel with the tables by TMA (the runtime's pick) and by pointer loads.
+* ``rope_tma``, ``rope_pointer``: the RoPE kernel with the tables by TMA (the runtime's pick) and by pointer loads;
+* ``rope_wide``: ``runtime.gemm_rope.WIDE``'s 128x256 tile, RoPE in half-head chunks (built after the run that found
+  the gap; its numerics on the GPU are test/gpu/test_rope_gpu.py's wide cases, checked here too).
 
 If ``residual_128x128`` costs as much over ``plain_128x128`` as ``rope_tma`` does, the cost is the operand-tile
 epilogue on a short tile (its waits exposed twice as often as on 128x256), and a wider RoPE tile (two heads, the
@@ -40,7 +42,7 @@ def _shape(n: int) -> dict:
     cos, sin = (torch.randn(P, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     outs = {c: torch.full((M, n), float("nan"), device="cuda", dtype=torch.bfloat16)
             for c in ("cublas", "vendor_rope", "plain_128x128", "plain_128x256", "residual_128x128",
-                      "residual_128x256", "rope_tma", "rope_pointer")}
+                      "residual_128x256", "rope_tma", "rope_pointer", "rope_wide")}
     runs = {"cublas": lambda: torch.mm(a, w, out=outs["cublas"]),
             "vendor_rope": lambda: gr.vendor_rope(a, w, cos, sin, None, outs["vendor_rope"]),
             **{f"plain_{t}": (lambda t=t: rg.gemm(a, w, None, torch.bfloat16, config=f"ws_p_{t}",
@@ -49,7 +51,8 @@ def _shape(n: int) -> dict:
                                                       out=outs[f"residual_{t}"])) for t in ("128x128", "128x256")},
             **{f"rope_{x}": (lambda x=x: gr.gemm_rope(a, w, cos, sin, None, out=outs[f"rope_{x}"],
                                                        tables="auto" if x == "tma" else "pointer"))
-               for x in ("tma", "pointer")}}
+               for x in ("tma", "pointer")},
+            "rope_wide": lambda: gr.gemm_rope(a, w, cos, sin, None, out=outs["rope_wide"], config="rope_p_128x256")}
     row = {"n": n, "rel_err": {}}
     for c, f in runs.items():
         try:
