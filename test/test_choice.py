@@ -206,6 +206,25 @@ def test_forced_modes_and_no_vendor(measure, monkeypatch):
         choice.decide(KEY, ours, vendor, prior=False, device=CUDA)
 
 
+def test_used_since_lists_the_decisions_a_compile_asked_for(measure, monkeypatch):
+    """The bench's note on a compiled peer: the sites decided after a mark, measured or already known, in the order
+    asked; forced decisions are not recorded, so not listed."""
+    ours, vendor, _, _ = _timed(monkeypatch, [0.5] * 3, [1.0] * 3)
+    choice.decide(KEY, ours, vendor, prior=False, device=CUDA)
+    since = choice.mark()
+    assert choice.used_since(since) is None
+    key2 = ("swiglu", "torch.bfloat16", "torch.bfloat16", (False, True), 16384, 14336, 4096, "save")
+    ours2, vendor2, _, _ = _timed(monkeypatch, [1.0] * 3, [0.9] * 3)
+    choice.decide(key2, ours2, vendor2, prior=False, device=CUDA)
+    choice.decide(KEY, ours, vendor, prior=False, device=CUDA)  # known: asked again, listed, not measured
+    monkeypatch.setattr(config, "choice", "vendor")
+    choice.decide(("mm", 1, 2), ours, vendor, prior=False, device=CUDA)
+    note = choice.used_since(since)
+    assert note == ("swiglu 16384x14336x4096 save: vendor (measured: autows 1000.0 us, vendor 900.0 us, 0.90x, "
+                    "spread 0.0%); mm 8x4096x4096: autows (measured: autows 500.0 us, vendor 1000.0 us, 2.00x, "
+                    "spread 0.0%)"), note
+
+
 @pytest.mark.parametrize("m,n,k,ours", [(1, 4096, 4096, False), (256, 14336, 4096, False), (512, 4096, 4096, False),
                                         (4096, 4096, 4096, True), (8192, 1024, 4096, True), (16384, 1024, 4096, True),
                                         (8192, 128, 4096, False)])

@@ -156,7 +156,17 @@ def _bind_autows(case, inp) -> Bound:
     cm = torch.compile(model, backend=backend, dynamic=False)
     b = _bound(lambda: cm(x))
     b.counters = ("gemm", "bmm", "attention")
+    b.inspect = site_notes()
     return b
+
+
+def site_notes():
+    """An ``inspect`` for a compiled autows peer: the measured choice's decisions its compile asked for (each site's
+    side, both times and how it was decided), as the row's note."""
+    from torch_autows.runtime import choice
+
+    since = choice.mark()
+    return lambda: choice.used_since(since)
 
 
 def all_peers() -> tuple[list[Peer], list[str]]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .model import autows_backend, profile_split, tolerance
+from .model import autows_backend, profile_split, site_notes, tolerance
 from .runner import Bound, Peer, Ref, Suite
 
 
@@ -96,6 +96,7 @@ def _bind_autows(case, inp, backend=None) -> Bound:
     cm = torch.compile(inp["model"], backend=backend or autows_backend(), dynamic=False)
     b = _bound(_step(inp["model"], cm, inp["x"], inp["dy"]))
     b.counters = ("gemm", "bmm", "attention")
+    b.inspect = site_notes()
     return b
 
 

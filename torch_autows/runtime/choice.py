@@ -78,7 +78,31 @@ class Decision:
 
 #: Every decision this process made or read, by decision key (``explain()`` and tests read it).
 records: dict[tuple, Decision] = {}
+#: When each recorded key was last asked for (the running count ``_asked``: ``mark()`` / ``used_since()``).
+_used: dict[tuple, int] = {}
+_asked = [0]
 _lock = threading.RLock()
+
+
+def mark() -> int:
+    """The count of decisions asked for so far: ``used_since(mark())`` after a compile lists the sites it decided."""
+    with _lock:
+        return _asked[0]
+
+
+def used_since(since: int) -> str | None:
+    """The recorded decisions asked for after ``mark()`` gave ``since``, one ``op NxMxK...: side (how)`` each, in the
+    order first asked (the bench's note on a compiled peer: which sites ran which side); None: none."""
+    with _lock:
+        keys = sorted((k for k, n in _used.items() if n > since), key=_used.get)
+        return "; ".join(f"{_short(k)}: {records[k].describe()}" for k in keys if k in records) or None
+
+
+def _short(key: tuple) -> str:
+    """A decision key without its dtypes and layout: the op, its sizes, and its kind words (residual, save, ...)."""
+    words = [str(x) for x in key[1:] if isinstance(x, str) and not x.startswith("torch.")]
+    sizes = [str(x) for x in key[1:] if isinstance(x, int) and not isinstance(x, bool)]
+    return " ".join([key[0], "x".join(sizes), *words])
 
 
 def mode() -> str:
@@ -109,6 +133,8 @@ def decide(key: tuple, run_ours: Callable[[], object] | dict[str, Callable[[], o
         if m == "prior" or _capturing(device):  # not recorded: measure mode measures on an uncaptured call
             counters["choice.prior"] += 1
             return Decision(prior, "prior")
+        _asked[0] += 1
+        _used[key] = _asked[0]
         d = records.get(key)
         if d is not None:
             return d
@@ -359,3 +385,4 @@ def reset() -> None:
     """Forget this process's decisions (tests; the disk is left alone)."""
     with _lock:
         records.clear()
+        _used.clear()
