@@ -24,7 +24,7 @@ def _rel(out, ref):
 @pytest.mark.parametrize("config,d", [(c, d) for c in (*rt.CONFIGS, *WIDE) for d in (64, 128) if serves(c, d)])
 def test_numerics(config, d, shape):
     B, S, K = shape
-    heads = 3 if d == 64 else 6 if config in WIDE else 2  # the wide tile: two heads a tile, the last tile half full
+    heads = 3 if d == 64 else 5 if config in WIDE else 2  # the wide tile: two heads a tile, the last tile half full
     g = torch.Generator(device="cuda").manual_seed(B * S + K)
     x = torch.randn(B * S, K, device="cuda", dtype=torch.bfloat16, generator=g)
     w = torch.randn(heads * d, K, device="cuda", dtype=torch.bfloat16, generator=g) / K ** 0.5
