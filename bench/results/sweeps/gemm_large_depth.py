@@ -21,12 +21,11 @@ measured choice's own spread (1-5%), so it would pick noise.
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from dataclasses import replace
 
 import torch
-from triton.testing import do_bench
+from sweep_timing import first_runs, interleaved_us
 
 from torch_autows.runtime import gemm as rg
 
@@ -53,20 +52,13 @@ def _shape(name: str, m: int, n: int, k: int, layout: str) -> dict:
     runs = {"cublas": lambda: torch.mm(a, b, out=outs["cublas"]),
             **{c: (lambda c=c: rg.gemm(a, b, None, torch.bfloat16, config=CONFIGS[c], out=outs[c])) for c in CONFIGS}}
     row = {"case": name, "shape": [m, n, k], "layout": layout, "picked": rg.choose_config(m, n, k), "rel_err": {}}
-    for c, f in runs.items():
-        try:
-            f()
-        except Exception as e:  # noqa: BLE001 - a config that fails is recorded, the others still run
-            row.setdefault("failed", {})[c] = repr(e)[:300]
-    torch.cuda.synchronize()
+    failed = first_runs(runs)
+    if failed:
+        row["failed"] = failed
     for c, o in outs.items():
         row["rel_err"][c] = ((o.float() - ref).norm() / ref.norm()).item()
     del ref
-    t = {c: [] for c in runs if c not in row.get("failed", {})}
-    for _ in range(3):
-        for c in t:
-            t[c].append(do_bench(runs[c], warmup=10, rep=60))
-    row["us"] = {c: round(statistics.median(v) * 1e3, 1) for c, v in t.items()}
+    row["us"] = interleaved_us(runs, failed)
     row["tflops"] = {c: round(2 * m * n * k / v / 1e6, 1) for c, v in row["us"].items()}
     print(row, flush=True)
     return row

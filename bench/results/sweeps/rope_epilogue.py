@@ -22,11 +22,10 @@ Run from the repository root: ``PYTHONPATH=. python bench/results/sweeps/rope_ep
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 
 import torch
-from triton.testing import do_bench
+from sweep_timing import first_runs, interleaved_us
 
 from torch_autows.ops import torch_gemm_rope
 from torch_autows.runtime import gemm as rg
@@ -54,12 +53,9 @@ def _shape(n: int) -> dict:
                for x in ("tma", "pointer")},
             "rope_wide": lambda: gr.gemm_rope(a, w, cos, sin, None, out=outs["rope_wide"], config="rope_p_128x256")}
     row = {"n": n, "rel_err": {}}
-    for c, f in runs.items():
-        try:
-            f()
-        except Exception as e:  # noqa: BLE001 - a variant that fails is recorded, the others still run
-            row.setdefault("failed", {})[c] = repr(e)[:300]
-    torch.cuda.synchronize()
+    failed = first_runs(runs)
+    if failed:
+        row["failed"] = failed
     y = a.float() @ w.float()
     refs = {"cublas": y, "plain_128x128": y, "plain_128x256": y, "residual_128x128": y + r.float(),
             "residual_128x256": y + r.float()}
@@ -68,11 +64,7 @@ def _shape(n: int) -> dict:
         ref = refs.get(c, rope_ref)
         row["rel_err"][c] = ((o.float() - ref).norm() / ref.norm()).item()
     del y, refs, rope_ref
-    t = {c: [] for c in runs if c not in row.get("failed", {})}
-    for _ in range(3):
-        for c in t:
-            t[c].append(do_bench(runs[c], warmup=10, rep=60))
-    row["us"] = {c: round(statistics.median(v) * 1e3, 1) for c, v in t.items()}
+    row["us"] = interleaved_us(runs, failed)
     print(row, flush=True)
     return row
 

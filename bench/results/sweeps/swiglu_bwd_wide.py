@@ -40,12 +40,11 @@ at 0.91x the 128x256 one on the H200, gemm_configs.py; the 64-column form is the
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from dataclasses import replace
 
 import torch
-from triton.testing import do_bench
+from sweep_timing import first_runs, interleaved_us
 
 from torch_autows.runtime import gemm as rg
 from torch_autows.runtime import swiglu_bwd as rt
@@ -75,22 +74,15 @@ def _shape(m: int, n: int, k: int) -> dict:
                                                                       out=c_mm))
                for x in ("k64", "k32")}}
     row = {"shape": [m, n, k], "rel_err": {}, "nan": {}}
-    for c, f in runs.items():
-        try:
-            f()
-        except Exception as e:  # noqa: BLE001 - a config that fails is recorded, the others still run
-            row.setdefault("failed", {})[c] = repr(e)[:300]
-    torch.cuda.synchronize()
+    failed = first_runs(runs)
+    if failed:
+        row["failed"] = failed
     for c, o in outs.items():
         row["rel_err"][c] = [((a.float() - r).norm() / r.norm()).item() for a, r in zip(o, ref)]
         row["nan"][c] = any(x.isnan().any().item() for x in o)
     del ref
     if m * n > 10 ** 7:
-        t = {c: [] for c in runs if c not in row.get("failed", {})}
-        for _ in range(3):
-            for c in t:
-                t[c].append(do_bench(runs[c], warmup=10, rep=60))
-        row["us"] = {c: round(statistics.median(v) * 1e3, 1) for c, v in t.items()}
+        row["us"] = interleaved_us(runs, failed)
     print(row, flush=True)
     return row
 
