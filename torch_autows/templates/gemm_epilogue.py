@@ -53,18 +53,12 @@ def swiglu_bwd_chunks(dh: str, BM: int, BN: int, chunk: int, dt: str, odt: str, 
     of G and U just read: passes/buffers). A 256-wide tile's fp32 temporaries then take a chunk's registers beside
     the accumulator instead of a whole tile's (which spilled)."""
     n = BN // chunk
-    if BN % chunk or n & (n - 1) or chunk % 16:
-        raise ValueError(f"gemm template: epilogue_chunk={chunk} must split block_n={BN} into a power of two of "
-                         f"chunks of a multiple of 16 columns; use 0 (the whole tile) or such a width")
-    if not tma_epi:
-        raise ValueError("gemm template: epilogue_chunk reads G's and U's chunks from their TMA-loaded tiles; it "
-                         "needs epilogue_tma=True")
     T = TileType
     ct = T("f32", (BM, chunk))
     # G's and U's whole tiles by TMA (their loads alone: each chunk reads a column slice of them)
     body = [*tma_operand_tile("g", "g_tile", ("pid_m*%d" % BM, "pid_n*%d" % BN), dt, (BM, BN))[:1],
             *tma_operand_tile("u", "u_tile", ("pid_m*%d" % BM, "pid_n*%d" % BN), dt, (BM, BN))[:1],
-            op("col_split", [Value(f"{dh}_k{i}", ct) for i in range(n)], [dh])]
+            _col_split(dh, BM, BN, chunk, tma_epi, "G's and U's chunks")]
     for i in range(n):
         k = f"_k{i}"
 
@@ -74,8 +68,7 @@ def swiglu_bwd_chunks(dh: str, BM: int, BN: int, chunk: int, dt: str, odt: str, 
                     op("smem_read", [Value(f"{t}_m{k}", T(dt, (BM, chunk)))], [f"{t}_s{k}"]),
                     op("cast", [Value(f"{t}{k}", ct)], [f"{t}_m{k}"])], f"{t}{k}"
 
-        body += swiglu_bwd_grads(f"{dh}{k}", read, k, (BM, chunk), odt,
-                                  ("pid_m*%d" % BM, "pid_n*%d+%d" % (BN, i * chunk) if i else "pid_n*%d" % BN))
+        body += swiglu_bwd_grads(f"{dh}{k}", read, k, (BM, chunk), odt, ("pid_m*%d" % BM, _col(BN, i * chunk)))
     return body
 
 
@@ -85,18 +78,14 @@ def rope_chunks(acc: str, BM: int, BN: int, D: int, chunk: int, dt: str, odt: st
     ``rotate_half`` needs no op (out1 = x1 cos1 - x2 sin1, out2 = x2 cos2 + x1 sin2, cos_i / sin_i the tables'
     column halves: slices of their TMA tiles, one [BM, D] tile each for all the tile's heads), each chunk stored at
     once by a TMA store of [BM, D/2]. A 256-wide tile's fp32 temporaries are then a chunk's beside the accumulator."""
+    if D != 2 * chunk:
+        raise ValueError(f"gemm template: RoPE in chunks takes epilogue_chunk = D/2 = {D // 2}; got {chunk}")
     n = BN // chunk
-    if D != 2 * chunk or n & (n - 1) or chunk % 16:
-        raise ValueError(f"gemm template: RoPE in chunks takes epilogue_chunk = D/2 = {D // 2} (a multiple of 16, "
-                         f"block_n={BN} a power of two of heads); got {chunk}")
-    if not tma_epi:
-        raise ValueError("gemm template: RoPE in chunks reads the tables' column halves from their TMA tiles; it "
-                         "needs epilogue_tma=True")
     T = TileType
     ct = T("f32", (BM, chunk))
     # the tables' tiles by TMA (their loads alone: each chunk reads a column half of them)
     body = [tma_operand_tile(t, f"{t}_tile", ("(pid_m*%d)%%P" % BM, "0"), dt, (BM, D))[0] for t in ("cos", "sin")]
-    body.append(op("col_split", [Value(f"{acc}_k{i}", ct) for i in range(n)], [acc]))
+    body.append(_col_split(acc, BM, BN, chunk, tma_epi, "the tables' column halves"))
     for t in ("cos", "sin"):
         for half in range(2):
             body += [op("slice", [Value(f"{t}_s{half}", T(dt, (BM, chunk), "smem"))], [f"{t}_tile_s"],
@@ -108,10 +97,29 @@ def rope_chunks(acc: str, BM: int, BN: int, D: int, chunk: int, dt: str, odt: st
             for t in ("cos", "sin"):  # the tables' half, read where it is used (registers for one chunk at a time)
                 body += [op("smem_read", [Value(f"{t}_m{k}", T(dt, (BM, chunk)))], [f"{t}_s{half}"]),
                          op("cast", [Value(f"{t}{k}", ct)], [f"{t}_m{k}"])]
-            col = "pid_n*%d" % BN if 2 * h + half == 0 else "pid_n*%d+%d" % (BN, (2 * h + half) * chunk)
+            col = _col(BN, (2 * h + half) * chunk)
             body += [op("mul", [Value(f"rc{k}", ct)], [a, f"cos{k}"]),
                      op("mul", [Value(f"rs{k}", ct)], [b, f"sin{k}"]),
                      op(sign, [Value(f"rope{k}", ct)], [f"rc{k}", f"rs{k}"]),
                      op("cast", [Value(f"out{k}", T(odt, (BM, chunk)))], [f"rope{k}"]),
                      op("store", [], [f"out{k}"], arg="c", coords=("pid_m*%d" % BM, col))]
     return body
+
+
+def _col_split(acc: str, BM: int, BN: int, chunk: int, tma_epi: bool, reads: str):
+    """The ``col_split`` of the accumulator ``acc`` into BN/chunk register chunks, after the checks every chunked
+    epilogue needs: a power of two of chunks of a multiple of 16 columns, and its operand tiles (``reads``, read through
+    column slices) by TMA."""
+    n = BN // chunk
+    if BN % chunk or n & (n - 1) or chunk % 16:
+        raise ValueError(f"gemm template: epilogue_chunk={chunk} must split block_n={BN} into a power of two of "
+                         f"chunks of a multiple of 16 columns; use 0 (the whole tile) or such a width")
+    if not tma_epi:
+        raise ValueError(f"gemm template: epilogue_chunk reads {reads} through column slices of their TMA tiles; it "
+                         f"needs epilogue_tma=True")
+    return op("col_split", [Value(f"{acc}_k{i}", TileType("f32", (BM, chunk))) for i in range(n)], [acc])
+
+
+def _col(BN: int, offset: int) -> str:
+    """The column coordinate of a chunk ``offset`` columns into this tile."""
+    return "pid_n*%d+%d" % (BN, offset) if offset else "pid_n*%d" % BN
